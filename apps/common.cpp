@@ -1,0 +1,60 @@
+#include "apps/common.h"
+
+#include <spdlog/spdlog.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+
+namespace troupe::app {
+
+void ModelFlags::add_to(CLI::App& app) {
+  app.add_option("-m,--model", model,
+                 "GGUF file, Hugging Face model directory, or 'default' (SmolLM2-135M-Instruct Q4_1 from the cache); "
+                 "with --load-format dummy, a config.json describing the shape (see configs/)")
+      ->capture_default_str();
+  app.add_option("--load-format", load_format, "auto | gguf | safetensors | dummy (random weights from a config)")
+      ->capture_default_str();
+  app.add_option("--dtype", dtype, "weight type for --load-format dummy: f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1")
+      ->capture_default_str();
+  app.add_option("-t,--threads", threads, "CPU threads (0: all cores)")->capture_default_str();
+  app.add_option("-c,--ctx", ctx, "context length in tokens (capped by the model's)")->capture_default_str();
+  app.add_option("-b,--batch", batch, "largest number of tokens per forward step (prompt chunk)")->capture_default_str();
+}
+
+void progress_bar(const char* what, size_t done, size_t total) {
+  static const bool tty = isatty(STDERR_FILENO);
+  if (!tty && done != total) return;
+  const int width = 30;
+  const int fill = total ? static_cast<int>(width * done / total) : width;
+  std::fprintf(stderr, "\r%s [%.*s%*s] %zu/%zu", what, fill, "##############################", width - fill, "", done, total);
+  if (done == total) std::fputc('\n', stderr);
+  std::fflush(stderr);
+}
+
+Result<LoadedEngine> load_engine(const ModelFlags& flags) {
+  LoadedEngine e;
+  OpenOptions oo;
+  oo.load_format = flags.load_format;
+  oo.dummy_dtype = flags.dtype;
+  const auto t0 = std::chrono::steady_clock::now();
+  auto files = open_model(flags.model, oo);
+  if (!files) return files.error();
+  e.files = std::move(*files);
+  if (flags.threads < 0 || flags.threads > 1024) return make_error("--threads must be 0..1024");
+  if (flags.batch <= 0 || flags.batch > 65536) return make_error("--batch must be 1..65536");
+  CpuBackendOptions bo;
+  bo.num_threads = flags.threads;
+  e.backend = make_cpu_backend(bo);
+  auto model = Model::build(e.files.config, *e.files.weights, *e.backend, flags.batch,
+                            [](size_t d, size_t t) { progress_bar("loading", d, t); });
+  if (!model) return model.error();
+  e.model = std::move(*model);
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const auto& c = e.files.config;
+  spdlog::info("loaded {} ({}, {}): {} layers, hidden {}, heads {}/{}, vocab {}, on {} in {:.2f} s", e.files.path,
+               e.files.format, c.arch, c.num_layers, c.hidden, c.num_heads, c.num_kv_heads, c.vocab, e.backend->name(), secs);
+  return e;
+}
+
+}  // namespace troupe::app

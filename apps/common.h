@@ -1,0 +1,34 @@
+// Shared wiring for subcommands: flags that load a model, the progress bar, the backend.
+#pragma once
+#include <CLI/CLI.hpp>
+#include <memory>
+#include <string>
+
+#include "kernels/backend.h"
+#include "runtime/model.h"
+#include "runtime/model_files.h"
+
+namespace troupe::app {
+
+struct ModelFlags {
+  std::string model = "default";
+  std::string load_format = "auto";
+  std::string dtype = "bf16";
+  int threads = 0;
+  int ctx = 4096;
+  int batch = 512;
+  void add_to(CLI::App& app);
+};
+
+struct LoadedEngine {
+  ModelFiles files;
+  std::unique_ptr<Backend> backend;
+  std::unique_ptr<Model> model;
+};
+
+// Opens the files, builds the backend and the model with a progress bar on stderr.
+Result<LoadedEngine> load_engine(const ModelFlags& flags);
+
+void progress_bar(const char* what, size_t done, size_t total);
+
+}  // namespace troupe::app

@@ -1,0 +1,254 @@
+// `troupe run`: generate from a prompt, or chat interactively with the model's template.
+#include <spdlog/spdlog.h>
+
+#include <chrono>
+#include <iostream>
+#include <random>
+
+#include "apps/common.h"
+#include "apps/subcommands.h"
+#include "runtime/chat_template.h"
+#include "runtime/sampler.h"
+#include "runtime/sequence_runner.h"
+
+namespace troupe::app {
+namespace {
+
+int g_exit_code = 0;
+
+struct RunFlags {
+  ModelFlags model;
+  std::string prompt;
+  bool chat = false;
+  bool raw = false;
+  int max_tokens = 256;
+  float temperature = 0.8f;
+  float top_p = 0.95f;
+  int top_k = 40;
+  float min_p = 0.05f;
+  float repeat_penalty = 1.0f;
+  int64_t seed = -1;
+  std::string system;
+  bool ignore_eos = false;
+};
+
+using Clock = std::chrono::steady_clock;
+
+struct Stats {
+  int prompt_tokens = 0, gen_tokens = 0;
+  double prompt_s = 0, gen_s = 0;
+  void print() const {
+    std::fprintf(stderr, "\n[prompt: %d tokens, %.1f tok/s | decode: %d tokens, %.1f tok/s]\n", prompt_tokens,
+                 prompt_s > 0 ? prompt_tokens / prompt_s : 0.0, gen_tokens, gen_s > 0 ? gen_tokens / gen_s : 0.0);
+  }
+};
+
+// Feeds `tokens`, then samples until EOS or max_tokens, streaming text to stdout.
+Status generate(SequenceRunner& runner, const Tokenizer& tok, Sampler& sampler, const std::vector<int32_t>& tokens,
+                int max_tokens, bool ignore_eos, Stats& stats, std::string* reply) {
+  auto t0 = Clock::now();
+  auto logits = runner.feed(tokens);
+  if (!logits) return logits.error();
+  stats.prompt_tokens = static_cast<int>(tokens.size());
+  stats.prompt_s = std::chrono::duration<double>(Clock::now() - t0).count();
+  sampler.add_prompt(tokens);
+  IncrementalDecoder dec(tok);
+  auto t1 = Clock::now();
+  stats.gen_tokens = 0;
+  for (int i = 0; i < max_tokens; ++i) {
+    const SampleResult s = sampler.sample(*logits);
+    sampler.accept(s.token);
+    ++stats.gen_tokens;
+    if (!ignore_eos && tok.is_eog(s.token)) break;
+    const std::string piece = dec.push(s.token);
+    std::cout << piece << std::flush;
+    if (reply) *reply += piece;
+    if (i + 1 == max_tokens) break;
+    if (runner.length() >= runner.context()) {
+      spdlog::warn("context of {} tokens is full; stopping", runner.context());
+      break;
+    }
+    logits = runner.feed({s.token});
+    if (!logits) return logits.error();
+  }
+  const std::string rest = dec.flush();
+  std::cout << rest << std::flush;
+  if (reply) *reply += rest;
+  stats.gen_s = std::chrono::duration<double>(Clock::now() - t1).count();
+  return {};
+}
+
+int run(const RunFlags& f) {
+  if (!f.prompt.empty() && !is_valid_utf8(f.prompt)) {
+    spdlog::error("the prompt is not valid UTF-8");
+    return 2;
+  }
+  if (f.max_tokens < 0) {
+    spdlog::error("-n must be >= 0");
+    return 2;
+  }
+  auto engine = load_engine(f.model);
+  if (!engine) {
+    spdlog::error("{}", engine.error().message);
+    return 1;
+  }
+  if (!engine->files.tokenizer) {
+    spdlog::error("this model has no tokenizer (dummy weights): use `troupe bench` instead");
+    return 2;
+  }
+  const Tokenizer& tok = *engine->files.tokenizer;
+  const int ctx = std::min(f.model.ctx, engine->files.config.max_context);
+  auto runner = SequenceRunner::create(*engine->model, *engine->backend, ctx);
+  if (!runner) {
+    spdlog::error("{}", runner.error().message);
+    return 2;
+  }
+  SamplingParams sp;
+  sp.temperature = f.temperature;
+  sp.top_p = f.top_p;
+  sp.top_k = f.top_k;
+  sp.min_p = f.min_p;
+  sp.repetition_penalty = f.repeat_penalty;
+  sp.seed = f.seed >= 0 ? static_cast<uint64_t>(f.seed) : std::random_device{}();
+  if (auto st = sp.validate(tok.vocab_size()); !st) {
+    spdlog::error("{}", st.error().message);
+    return 2;
+  }
+  spdlog::debug("seed {}", sp.seed);
+
+  std::optional<ChatTemplate> tmpl;
+  const bool use_template = !f.raw && !engine->files.chat_template.empty();
+  if (use_template) {
+    auto t = ChatTemplate::parse(engine->files.chat_template);
+    if (!t) {
+      spdlog::error("chat template: {}", t.error().message);
+      return 1;
+    }
+    tmpl = std::move(*t);
+  }
+  const std::string bos = tok.bos_id() >= 0 ? tok.token_text(tok.bos_id()) : "";
+  const std::string eos = tok.eos_id() >= 0 ? tok.token_text(tok.eos_id()) : "";
+  std::vector<ChatMessage> messages;
+  if (!f.system.empty()) messages.push_back({"system", f.system});
+
+  if (!f.chat) {
+    if (f.prompt.empty()) {
+      spdlog::error("the prompt is empty");
+      return 2;
+    }
+    // A plain prompt is completed as text (like llama.cpp's -p without -cnv).
+    std::vector<int32_t> tokens = tok.encode(f.prompt, true, true);
+    if (tokens.empty()) {
+      spdlog::error("the prompt produced no tokens");
+      return 2;
+    }
+    if (static_cast<int>(tokens.size()) >= ctx) {
+      spdlog::error("the prompt has {} tokens, more than the context of {} allows", tokens.size(), ctx);
+      return 2;
+    }
+    Sampler sampler(sp, tok.vocab_size());
+    Stats stats;
+    std::cout << f.prompt << std::flush;
+    if (auto st = generate(**runner, tok, sampler, tokens, f.max_tokens, f.ignore_eos, stats, nullptr); !st) {
+      spdlog::error("{}", st.error().message);
+      return 1;
+    }
+    std::cout << "\n";
+    stats.print();
+    return 0;
+  }
+
+  // Interactive chat: the whole conversation is re-rendered each turn and only the new
+  // tokens beyond what the KV cache already holds are fed.
+  std::vector<int32_t> fed;
+  std::fprintf(stderr, "chat with %s; an empty line or Ctrl-D ends\n", engine->files.config.name.c_str());
+  std::string line = f.prompt;
+  bool first = true;
+  for (;;) {
+    if (!first || line.empty()) {
+      std::fprintf(stderr, "> ");
+      if (!std::getline(std::cin, line) || line.empty()) break;
+    }
+    first = false;
+    if (!is_valid_utf8(line)) {
+      spdlog::error("input is not valid UTF-8; try again");
+      line.clear();
+      continue;
+    }
+    messages.push_back({"user", line});
+    std::string text;
+    if (tmpl) {
+      auto r = tmpl->render(messages, true, bos, eos);
+      if (!r) {
+        spdlog::error("chat template: {}", r.error().message);
+        return 1;
+      }
+      text = std::move(*r);
+    } else {
+      text = line + "\n";
+    }
+    std::vector<int32_t> all = tok.encode(text, true, true);
+    size_t common = 0;
+    while (common < fed.size() && common < all.size() && fed[common] == all[common]) ++common;
+    if (common < fed.size()) {  // history diverged from the cache: start over
+      (*runner)->reset();
+      fed.clear();
+      common = 0;
+    }
+    if (static_cast<int>(all.size()) + f.max_tokens > ctx) {
+      spdlog::error("the conversation ({} tokens) no longer fits the context of {}", all.size(), ctx);
+      return 2;
+    }
+    std::vector<int32_t> fresh(all.begin() + static_cast<long>(common), all.end());
+    if (fresh.empty()) continue;
+    Sampler sampler(sp, tok.vocab_size());
+    Stats stats;
+    std::string reply;
+    if (auto st = generate(**runner, tok, sampler, fresh, f.max_tokens, false, stats, &reply); !st) {
+      spdlog::error("{}", st.error().message);
+      return 1;
+    }
+    std::cout << "\n";
+    stats.print();
+    messages.push_back({"assistant", reply});
+    // The sampled tokens are in the cache but re-rendering may tokenize them differently;
+    // the common-prefix check above handles that.
+    fed = all;
+    fed.resize(static_cast<size_t>((*runner)->length()) < fed.size() ? static_cast<size_t>((*runner)->length()) : fed.size());
+    if (static_cast<int>(fed.size()) != (*runner)->length()) {
+      (*runner)->reset();
+      fed.clear();
+    }
+  }
+  return 0;
+}
+
+}  // namespace
+
+int exit_code() { return g_exit_code; }
+void set_exit_code(int code) { g_exit_code = code; }
+
+void add_run_command(CLI::App& app) {
+  auto flags = std::make_shared<RunFlags>();
+  CLI::App* cmd = app.add_subcommand("run", "Generate text from a prompt (-p) or chat interactively (--chat, the default without -p)");
+  flags->model.add_to(*cmd);
+  cmd->add_option("-p,--prompt", flags->prompt, "prompt to complete (as plain text, without the chat template)");
+  cmd->add_flag("--chat", flags->chat, "interactive chat using the model's chat template (default when no -p is given)");
+  cmd->add_option("--system", flags->system, "system message for --chat");
+  cmd->add_flag("--raw", flags->raw, "in --chat, send lines without the chat template");
+  cmd->add_option("-n,--max-tokens", flags->max_tokens, "tokens to generate per reply")->capture_default_str();
+  cmd->add_option("--temperature,--temp", flags->temperature, "sampling temperature; 0 is greedy")->capture_default_str();
+  cmd->add_option("--top-p", flags->top_p, "nucleus sampling: keep the smallest set with this much probability (1: off)")->capture_default_str();
+  cmd->add_option("--top-k", flags->top_k, "keep the k most likely tokens (0: off)")->capture_default_str();
+  cmd->add_option("--min-p", flags->min_p, "drop tokens below min-p times the top probability (0: off)")->capture_default_str();
+  cmd->add_option("--repeat-penalty", flags->repeat_penalty, "divide logits of tokens already seen (1: off)")->capture_default_str();
+  cmd->add_option("--seed", flags->seed, "sampling seed; the same seed gives the same output (-1: random)")->capture_default_str();
+  cmd->add_flag("--ignore-eos", flags->ignore_eos, "keep generating after the end-of-sequence token");
+  cmd->callback([flags] {
+    RunFlags f = *flags;
+    if (f.prompt.empty()) f.chat = true;
+    set_exit_code(run(f));
+  });
+}
+
+}  // namespace troupe::app

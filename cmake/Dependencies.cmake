@@ -1,0 +1,33 @@
+# Every dependency is a Debian package. CAF 0.17.6 ships no CMake config or pkg-config
+# file, so its libraries are found by hand.
+find_package(Threads REQUIRED)
+find_package(PkgConfig REQUIRED)
+
+find_path(CAF_INCLUDE_DIR caf/all.hpp REQUIRED)
+find_library(CAF_CORE_LIBRARY caf_core REQUIRED)
+find_library(CAF_IO_LIBRARY caf_io REQUIRED)
+add_library(caf::core UNKNOWN IMPORTED)
+set_target_properties(caf::core PROPERTIES IMPORTED_LOCATION ${CAF_CORE_LIBRARY}
+  INTERFACE_INCLUDE_DIRECTORIES ${CAF_INCLUDE_DIR} INTERFACE_LINK_LIBRARIES Threads::Threads)
+add_library(caf::io UNKNOWN IMPORTED)
+set_target_properties(caf::io PROPERTIES IMPORTED_LOCATION ${CAF_IO_LIBRARY}
+  INTERFACE_LINK_LIBRARIES caf::core)
+
+find_package(CapnProto REQUIRED)
+find_package(spdlog REQUIRED)
+find_package(nlohmann_json REQUIRED)
+find_package(CLI11 REQUIRED)
+find_package(Catch2 2 REQUIRED)
+pkg_check_modules(PCRE2 REQUIRED IMPORTED_TARGET libpcre2-8)
+pkg_check_modules(XXHASH REQUIRED IMPORTED_TARGET libxxhash)
+
+# CUDA is optional: on when nvcc exists (kernels come with the CUDA backend issue).
+set(TROUPE_HAS_CUDA OFF)
+if(TROUPE_ENABLE_CUDA)
+  include(CheckLanguage)
+  check_language(CUDA)
+  if(CMAKE_CUDA_COMPILER)
+    set(TROUPE_HAS_CUDA ON)
+  endif()
+endif()
+message(STATUS "troupe: CUDA backend ${TROUPE_HAS_CUDA}")

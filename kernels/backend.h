@@ -1,0 +1,93 @@
+// The backend interface: every op the forward pass needs, over plain pointers and
+// lengths. The CPU backend (kernels/cpu/) is the reference; the CUDA backend implements
+// the same interface. Step metadata (StepInputs) is planned once per step on the host and
+// used by every layer; a device backend uploads it once in begin_step().
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "kernels/dtype.h"
+#include "kernels/result.h"
+
+namespace troupe {
+
+enum class RopeKind : uint8_t { Interleaved, Neox };
+
+// A weight matrix [rows, cols] (y = W x) in the backend's own layout.
+class Weight {
+ public:
+  virtual ~Weight() = default;
+  DType type = DType::F32;
+  int64_t rows = 0, cols = 0;
+};
+
+struct KvCacheShape {
+  int32_t num_layers = 0;
+  int32_t num_blocks = 0;
+  int32_t block_size = 16;
+  int32_t num_kv_heads = 0;
+  int32_t head_dim = 0;
+};
+
+class KvCache {
+ public:
+  virtual ~KvCache() = default;
+  virtual const KvCacheShape& shape() const = 0;
+};
+
+// A packed batch: many sequences of different lengths in one call.
+struct StepInputs {
+  int32_t num_tokens = 0;
+  int32_t num_seqs = 0;
+  const int32_t* token_ids = nullptr;     // [num_tokens]
+  const int32_t* positions = nullptr;     // [num_tokens]
+  const int32_t* query_start = nullptr;   // [num_seqs + 1] token offsets per sequence
+  const int32_t* context_lens = nullptr;  // [num_seqs] KV length once this step is written
+  const int32_t* slot_mapping = nullptr;  // [num_tokens] block * block_size + offset
+  const int32_t* block_tables = nullptr;  // [num_seqs, max_blocks_per_seq]
+  int32_t max_blocks_per_seq = 0;
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual std::string name() const = 0;
+
+  // Prepares one weight from host data in GGUF layout; several parts (same type and cols)
+  // are concatenated by rows (fused QKV, gate/up). `src` may need to outlive the weight.
+  virtual Result<std::unique_ptr<Weight>> make_weight(
+      DType type, int64_t cols, const std::vector<std::pair<const void*, int64_t>>& parts) = 0;
+  virtual Result<std::unique_ptr<KvCache>> make_kv_cache(const KvCacheShape& shape) = 0;
+  virtual float* alloc(size_t num_floats) = 0;  // activation scratch owned by the backend
+
+  virtual void begin_step(const StepInputs& step) = 0;
+  // out[i] = table[ids[i]]  (dequantized)                        out: [n, table.cols]
+  virtual void embed(const Weight& table, const int32_t* ids, int64_t n, float* out) = 0;
+  virtual void rms_norm(const float* x, const float* w, float eps, int64_t n, int64_t dim, float* out) = 0;
+  // y[t, :] = W x[t, :] (+ bias)  x: [n, cols] contiguous, y rows at stride ldy
+  virtual void matmul(const Weight& w, const float* x, int64_t n, float* y, int64_t ldy) = 0;
+  virtual void add_bias(float* y, int64_t ld, const float* bias, int64_t n, int64_t dim) = 0;
+  // Rotates heads in place. cos_sin: [n, head_dim] as (cos, sin) pairs per frequency.
+  virtual void rope(float* x, int64_t ld, int64_t n, int64_t num_heads, int64_t head_dim,
+                    const float* cos_sin, RopeKind kind) = 0;
+  // Writes k and v rows (stride ld) into the cache slots of the current step.
+  virtual void kv_write(KvCache& cache, int32_t layer, const float* k, const float* v, int64_t ld) = 0;
+  // Causal attention of the step's queries over the paged cache.
+  // q: [n, num_heads * head_dim] at stride ld_q; out: [n, num_heads * head_dim] contiguous.
+  virtual void attention(KvCache& cache, int32_t layer, const float* q, int64_t ld_q, int32_t num_heads,
+                         float scale, float* out) = 0;
+  virtual void silu_mul(const float* gate_up, int64_t n, int64_t ffn, float* out) = 0;
+  virtual void add(float* x, const float* y, int64_t count) = 0;
+  // out[i, :] = x[rows[i], :]
+  virtual void gather_rows(const float* x, int64_t dim, const int32_t* rows, int64_t n, float* out) = 0;
+};
+
+struct CpuBackendOptions {
+  int num_threads = 0;  // 0: all cores
+};
+std::unique_ptr<Backend> make_cpu_backend(const CpuBackendOptions& opts);
+
+}  // namespace troupe

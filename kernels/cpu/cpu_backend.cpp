@@ -1,0 +1,200 @@
+// The CPU backend: SIMD kernels with runtime dispatch, parallel over a spin/sleep pool.
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <thread>
+
+#include "kernels/backend.h"
+#include "kernels/cpu/matmul.h"
+#include "kernels/cpu/ops.h"
+#include "kernels/cpu/packed.h"
+#include "kernels/fp16.h"
+
+namespace troupe {
+namespace {
+
+using cpu::PackedWeight;
+
+class CpuWeight final : public Weight {
+ public:
+  PackedWeight packed;
+};
+
+class CpuKvCache final : public KvCache {
+ public:
+  explicit CpuKvCache(const KvCacheShape& s) : shape_(s) {}
+  const KvCacheShape& shape() const override { return shape_; }
+  KvCacheShape shape_;
+  size_t layer_elems = 0;  // num_blocks * block_size * num_kv_heads * head_dim
+  std::vector<uint16_t> k, v;  // [num_layers, layer_elems] f16
+};
+
+class CpuBackend final : public Backend {
+ public:
+  explicit CpuBackend(int threads) : pool_(threads), isa_(cpu::detect_isa()) {
+    scratch_.resize(static_cast<size_t>(pool_.size()));
+  }
+  std::string name() const override {
+    return std::string("cpu(") + cpu::isa_name(isa_) + ", " + std::to_string(pool_.size()) + " threads)";
+  }
+
+  Result<std::unique_ptr<Weight>> make_weight(
+      DType type, int64_t cols, const std::vector<std::pair<const void*, int64_t>>& parts) override {
+    auto w = std::make_unique<CpuWeight>();
+    auto packed = parts.size() == 1 ? cpu::pack_weight(type, parts[0].second, cols, parts[0].first)
+                                    : cpu::pack_concat(type, cols, parts);
+    if (!packed) return packed.error();
+    w->packed = std::move(*packed);
+    w->type = type;
+    w->rows = w->packed.rows;
+    w->cols = cols;
+    return std::unique_ptr<Weight>(std::move(w));
+  }
+
+  Result<std::unique_ptr<KvCache>> make_kv_cache(const KvCacheShape& s) override {
+    if (s.num_layers <= 0 || s.num_blocks <= 0 || s.block_size <= 0 || s.num_kv_heads <= 0 || s.head_dim <= 0)
+      return make_error("invalid KV cache shape");
+    auto c = std::make_unique<CpuKvCache>(s);
+    c->layer_elems = static_cast<size_t>(s.num_blocks) * s.block_size * s.num_kv_heads * s.head_dim;
+    c->k.assign(c->layer_elems * s.num_layers, 0);
+    c->v.assign(c->layer_elems * s.num_layers, 0);
+    return std::unique_ptr<KvCache>(std::move(c));
+  }
+
+  float* alloc(size_t n) override {
+    buffers_.emplace_back(n);
+    return buffers_.back().data();
+  }
+
+  void begin_step(const StepInputs& step) override {
+    step_ = step;
+    seq_of_token_.resize(static_cast<size_t>(step.num_tokens));
+    for (int32_t s = 0; s < step.num_seqs; ++s)
+      for (int32_t t = step.query_start[s]; t < step.query_start[s + 1]; ++t) seq_of_token_[t] = s;
+  }
+
+  void embed(const Weight& table, const int32_t* ids, int64_t n, float* out) override {
+    const auto& w = static_cast<const CpuWeight&>(table).packed;
+    pool_.parallel_for(n, [&](int64_t a, int64_t b) {
+      for (int64_t i = a; i < b; ++i) cpu::unpack_row(w, ids[i], out + i * w.cols);
+    });
+  }
+
+  void rms_norm(const float* x, const float* w, float eps, int64_t n, int64_t dim, float* out) override {
+    pool_.parallel_for(n, [&](int64_t a, int64_t b) { cpu::rms_norm_rows(x, w, eps, a, b, dim, out); });
+  }
+
+  void matmul(const Weight& w, const float* x, int64_t n, float* y, int64_t ldy) override {
+    const auto& p = static_cast<const CpuWeight&>(w).packed;
+    if (ldy == p.rows) {
+      cpu::matmul(p, x, n, y, pool_, scratch_[0], isa_);
+      return;
+    }
+    // Strided output: compute contiguously, then scatter rows.
+    tmp_.resize(static_cast<size_t>(n * p.rows));
+    cpu::matmul(p, x, n, tmp_.data(), pool_, scratch_[0], isa_);
+    for (int64_t t = 0; t < n; ++t) std::memcpy(y + t * ldy, tmp_.data() + t * p.rows, p.rows * sizeof(float));
+  }
+
+  void add_bias(float* y, int64_t ld, const float* bias, int64_t n, int64_t dim) override {
+    for (int64_t t = 0; t < n; ++t)
+      for (int64_t j = 0; j < dim; ++j) y[t * ld + j] += bias[j];
+  }
+
+  void rope(float* x, int64_t ld, int64_t n, int64_t num_heads, int64_t head_dim, const float* cos_sin,
+            RopeKind kind) override {
+    const auto style = kind == RopeKind::Neox ? cpu::RopeStyle::Neox : cpu::RopeStyle::Interleaved;
+    pool_.parallel_for(n, [&](int64_t a, int64_t b) { cpu::rope_rows(x, ld, a, b, num_heads, head_dim, cos_sin, style); });
+  }
+
+  void kv_write(KvCache& cache, int32_t layer, const float* k, const float* v, int64_t ld) override {
+    auto& c = static_cast<CpuKvCache&>(cache);
+    const int64_t row = static_cast<int64_t>(c.shape_.num_kv_heads) * c.shape_.head_dim;
+    uint16_t* kb = c.k.data() + c.layer_elems * layer;
+    uint16_t* vb = c.v.data() + c.layer_elems * layer;
+    for (int32_t t = 0; t < step_.num_tokens; ++t) {
+      const int64_t slot = step_.slot_mapping[t];
+      cpu::f32_to_f16_row(k + t * ld, kb + slot * row, row);
+      cpu::f32_to_f16_row(v + t * ld, vb + slot * row, row);
+    }
+  }
+
+  void attention(KvCache& cache, int32_t layer, const float* q, int64_t ld_q, int32_t num_heads, float scale,
+                 float* out) override {
+    auto& c = static_cast<CpuKvCache&>(cache);
+    const int32_t nkv = c.shape_.num_kv_heads, hd = c.shape_.head_dim, bs = c.shape_.block_size;
+    const int32_t group = num_heads / nkv;
+    const int64_t row = static_cast<int64_t>(nkv) * hd;
+    const uint16_t* kb = c.k.data() + c.layer_elems * layer;
+    const uint16_t* vb = c.v.data() + c.layer_elems * layer;
+    const int64_t tasks = static_cast<int64_t>(step_.num_tokens) * nkv;
+    pool_.parallel_for(tasks, [&](int64_t a, int64_t b) {
+      thread_local std::vector<float> scores, qr;
+      thread_local std::vector<uint16_t> qh;
+      for (int64_t task = a; task < b; ++task) {
+        const int32_t t = static_cast<int32_t>(task / nkv), h = static_cast<int32_t>(task % nkv);
+        const int32_t s = seq_of_token_[t];
+        const int32_t len = step_.positions[t] + 1;
+        const int32_t* bt = step_.block_tables + static_cast<int64_t>(s) * step_.max_blocks_per_seq;
+        scores.resize(static_cast<size_t>(group) * len);
+        // Queries and attention weights are rounded to f16 like the f16 K/V they meet, as
+        // GGML does; this keeps logits close to llama.cpp's on the same file.
+        qh.resize(static_cast<size_t>(group) * hd);
+        qr.resize(static_cast<size_t>(group) * hd);
+        cpu::f32_to_f16_row(q + t * ld_q + h * group * hd, qh.data(), group * hd);
+        for (int64_t i = 0; i < group * hd; ++i) qr[i] = f16_to_f32(qh[i]);
+        for (int32_t p = 0; p < len; ++p) {
+          const int64_t slot = static_cast<int64_t>(bt[p / bs]) * bs + p % bs;
+          const uint16_t* kp = kb + slot * row + h * hd;
+          for (int32_t g = 0; g < group; ++g)
+            scores[g * len + p] = cpu::dot_f16_f32(kp, qr.data() + g * hd, hd) * scale;
+        }
+        for (int32_t g = 0; g < group; ++g) {
+          float* sc = scores.data() + g * len;
+          float mx = -std::numeric_limits<float>::infinity();
+          for (int32_t p = 0; p < len; ++p) mx = std::max(mx, sc[p]);
+          double sum = 0;
+          for (int32_t p = 0; p < len; ++p) { sc[p] = std::exp(sc[p] - mx); sum += sc[p]; }
+          const float inv = static_cast<float>(1.0 / sum);
+          for (int32_t p = 0; p < len; ++p) sc[p] = f16_to_f32(f32_to_f16(sc[p] * inv));
+        }
+        for (int32_t g = 0; g < group; ++g) std::fill_n(out + t * num_heads * hd + (h * group + g) * hd, hd, 0.0f);
+        for (int32_t p = 0; p < len; ++p) {
+          const int64_t slot = static_cast<int64_t>(bt[p / bs]) * bs + p % bs;
+          const uint16_t* vp = vb + slot * row + h * hd;
+          for (int32_t g = 0; g < group; ++g)
+            cpu::axpy_f16(scores[g * len + p], vp, out + t * num_heads * hd + (h * group + g) * hd, hd);
+        }
+      }
+    });
+  }
+
+  void silu_mul(const float* gate_up, int64_t n, int64_t ffn, float* out) override {
+    pool_.parallel_for(n, [&](int64_t a, int64_t b) { cpu::silu_mul_rows(gate_up, a, b, ffn, out); });
+  }
+
+  void add(float* x, const float* y, int64_t count) override { cpu::add_range(x, y, 0, count); }
+
+  void gather_rows(const float* x, int64_t dim, const int32_t* rows, int64_t n, float* out) override {
+    for (int64_t i = 0; i < n; ++i) std::memcpy(out + i * dim, x + static_cast<int64_t>(rows[i]) * dim, dim * sizeof(float));
+  }
+
+ private:
+  cpu::ThreadPool pool_;
+  cpu::Isa isa_;
+  std::vector<cpu::MatmulScratch> scratch_;
+  std::vector<std::vector<float>> buffers_;
+  std::vector<float> tmp_;
+  StepInputs step_{};
+  std::vector<int32_t> seq_of_token_;
+};
+
+}  // namespace
+
+std::unique_ptr<Backend> make_cpu_backend(const CpuBackendOptions& opts) {
+  int n = opts.num_threads > 0 ? opts.num_threads : static_cast<int>(std::thread::hardware_concurrency());
+  return std::make_unique<CpuBackend>(std::max(1, n));
+}
+
+}  // namespace troupe

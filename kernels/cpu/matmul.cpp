@@ -1,0 +1,140 @@
+#include "kernels/cpu/matmul.h"
+
+#include <cpuid.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+
+#include "kernels/cpu/quant_ref.h"
+
+namespace troupe::cpu {
+
+const MatmulKernels& scalar_kernels();
+const MatmulKernels& avx2_kernels();
+const MatmulKernels& avx512_kernels();
+
+namespace {
+bool os_saves_zmm() {
+  unsigned a, b, c, d;
+  if (!__get_cpuid(1, &a, &b, &c, &d) || !(c & (1u << 27))) return false;  // OSXSAVE
+  uint32_t lo, hi;
+  __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+  return (lo & 0xE6) == 0xE6;
+}
+bool os_saves_ymm() {
+  unsigned a, b, c, d;
+  if (!__get_cpuid(1, &a, &b, &c, &d) || !(c & (1u << 27))) return false;
+  uint32_t lo, hi;
+  __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+  return (lo & 0x6) == 0x6;
+}
+}  // namespace
+
+Isa detect_isa() {
+  static const Isa isa = [] {
+    unsigned a, b, c, d;
+    Isa best = Isa::Scalar;
+    bool fma = false, f16c = false;
+    if (__get_cpuid(1, &a, &b, &c, &d)) {
+      fma = c & (1u << 12);
+      f16c = c & (1u << 29);
+    }
+    if (__get_cpuid_count(7, 0, &a, &b, &c, &d)) {
+      const bool avx2 = b & (1u << 5);
+      const bool avx512f = b & (1u << 16), avx512bw = b & (1u << 30), avx512vl = b & (1u << 31);
+      const bool avx512dq = b & (1u << 17), vnni = c & (1u << 11);
+      if (avx2 && fma && f16c && os_saves_ymm()) best = Isa::Avx2;
+      if (best == Isa::Avx2 && avx512f && avx512bw && avx512vl && avx512dq && vnni && os_saves_zmm())
+        best = Isa::Avx512;
+    }
+    if (const char* env = std::getenv("TROUPE_CPU_ISA")) {
+      if (!std::strcmp(env, "scalar")) best = Isa::Scalar;
+      else if (!std::strcmp(env, "avx2") && best == Isa::Avx512) best = Isa::Avx2;
+    }
+    return best;
+  }();
+  return isa;
+}
+
+const char* isa_name(Isa isa) {
+  switch (isa) {
+    case Isa::Scalar: return "scalar";
+    case Isa::Avx2: return "avx2";
+    case Isa::Avx512: return "avx512-vnni";
+  }
+  return "?";
+}
+
+const MatmulKernels& kernels_for(Isa isa) {
+  switch (isa) {
+    case Isa::Avx512: return avx512_kernels();
+    case Isa::Avx2: return avx2_kernels();
+    default: return scalar_kernels();
+  }
+}
+
+void matmul(const PackedWeight& w, const float* x, int64_t n_tokens, float* y, ThreadPool& pool,
+            MatmulScratch& scratch, Isa isa) {
+  const MatmulKernels& k = kernels_for(isa);
+  if (n_tokens <= 0) return;
+  // Rows per task: small enough to balance, large enough to amortise activation reloads.
+  constexpr int64_t kRowChunk = 16;
+  const int64_t num_row_chunks = (w.rows + kRowChunk - 1) / kRowChunk;
+  switch (w.kind) {
+    case PackKind::RQ4:
+    case PackKind::RQ8: {
+      ActQ& a = scratch.act;
+      a.num_pairs = w.num_pairs;
+      const size_t need_q = static_cast<size_t>(n_tokens * w.num_pairs * 64);
+      if (a.q.size() < need_q) a.q.resize(need_q);
+      if (a.scales.size() < static_cast<size_t>(n_tokens * w.num_pairs * 4))
+        a.scales.resize(static_cast<size_t>(n_tokens * w.num_pairs * 4));
+      pool.parallel_for(n_tokens, [&](int64_t t0, int64_t t1) { quantize_activations(x, n_tokens, w.cols, a, t0, t1); });
+      const bool rq4 = w.kind == PackKind::RQ4;
+      pool.parallel_for(num_row_chunks, [&](int64_t c0, int64_t c1) {
+        const int64_t r0 = c0 * kRowChunk, r1 = std::min(w.rows, c1 * kRowChunk);
+        for (int64_t rr = r0; rr < r1; rr += kRowChunk) {
+          const int64_t re = std::min(r1, rr + kRowChunk);
+          for (int64_t t = 0; t < n_tokens; t += kMaxTile) {
+            const int nt = static_cast<int>(std::min<int64_t>(kMaxTile, n_tokens - t));
+            k.rq(rq4, w.data, w.row_stride, w.num_pairs, a.q.data() + t * w.num_pairs * 64,
+                 a.scales.data() + t * w.num_pairs * 4, nt, rr, re, y + t * w.rows, w.rows);
+          }
+        }
+      });
+      return;
+    }
+    case PackKind::Q6K: {
+      const int64_t nb = w.cols / kQKK;
+      auto& xa = scratch.act_k;
+      if (xa.size() < static_cast<size_t>(n_tokens * nb)) xa.resize(static_cast<size_t>(n_tokens * nb));
+      pool.parallel_for(n_tokens, [&](int64_t t0, int64_t t1) {
+        for (int64_t t = t0; t < t1; ++t) quantize_row_ref(DType::Q8_K, x + t * w.cols, xa.data() + t * nb, w.cols);
+      });
+      pool.parallel_for(num_row_chunks, [&](int64_t c0, int64_t c1) {
+        const int64_t r0 = c0 * kRowChunk, r1 = std::min(w.rows, c1 * kRowChunk);
+        for (int64_t t = 0; t < n_tokens; t += kMaxTile) {
+          const int nt = static_cast<int>(std::min<int64_t>(kMaxTile, n_tokens - t));
+          k.q6k(w.data, w.row_stride, nb, xa.data() + t * nb, nt, r0, r1, y + t * w.rows, w.rows);
+        }
+      });
+      return;
+    }
+    default: {
+      pool.parallel_for(num_row_chunks, [&](int64_t c0, int64_t c1) {
+        const int64_t r0 = c0 * kRowChunk, r1 = std::min(w.rows, c1 * kRowChunk);
+        for (int64_t rr = r0; rr < r1; rr += kRowChunk) {
+          const int64_t re = std::min(r1, rr + kRowChunk);
+          for (int64_t t = 0; t < n_tokens; t += kMaxTile) {
+            const int nt = static_cast<int>(std::min<int64_t>(kMaxTile, n_tokens - t));
+            k.flt(w.kind, w.data, w.row_stride, w.cols, x + t * w.cols, nt, rr, re, y + t * w.rows, w.rows);
+          }
+        }
+      });
+      return;
+    }
+  }
+}
+
+}  // namespace troupe::cpu

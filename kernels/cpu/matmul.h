@@ -1,0 +1,41 @@
+// y[t, r] = sum_k W[r, k] * x[t, k] for every packed weight kind, with runtime ISA dispatch.
+//
+// Batch independence: a (token, row) result is computed by the same sequence of
+// operations whatever the number of tokens in the call or the tile it lands in.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "kernels/cpu/packed.h"
+#include "kernels/cpu/thread_pool.h"
+#include "kernels/quant_blocks.h"
+
+namespace troupe::cpu {
+
+enum class Isa { Scalar, Avx2, Avx512 };
+Isa detect_isa();          // the best the CPU supports, capped by env TROUPE_CPU_ISA
+const char* isa_name(Isa isa);
+
+// Kernels for rows [r0, r1) and nt <= kMaxTile tokens.
+constexpr int kMaxTile = 4;
+struct MatmulKernels {
+  void (*rq)(bool is_rq4, const uint8_t* w, size_t row_stride, int64_t num_pairs, const int8_t* xq,
+             const float* xs, int nt, int64_t r0, int64_t r1, float* y, int64_t ldy);
+  void (*q6k)(const uint8_t* w, size_t row_stride, int64_t num_blocks, const BlockQ8_K* x, int nt,
+              int64_t r0, int64_t r1, float* y, int64_t ldy);
+  void (*flt)(PackKind kind, const uint8_t* w, size_t row_stride, int64_t cols, const float* x, int nt,
+              int64_t r0, int64_t r1, float* y, int64_t ldy);
+};
+const MatmulKernels& kernels_for(Isa isa);
+
+struct MatmulScratch {
+  ActQ act;
+  std::vector<BlockQ8_K> act_k;
+};
+
+// x: [n_tokens, w.cols], y: [n_tokens, w.rows].
+void matmul(const PackedWeight& w, const float* x, int64_t n_tokens, float* y, ThreadPool& pool,
+            MatmulScratch& scratch, Isa isa);
+
+}  // namespace troupe::cpu

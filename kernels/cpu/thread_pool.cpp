@@ -1,0 +1,72 @@
+#include "kernels/cpu/thread_pool.h"
+
+#include <immintrin.h>
+
+#include <algorithm>
+
+namespace troupe::cpu {
+
+ThreadPool::ThreadPool(int num_threads) : num_threads_(std::max(1, num_threads)) {
+  for (int i = 1; i < num_threads_; ++i) threads_.emplace_back([this, i] { worker(i); });
+}
+
+ThreadPool::~ThreadPool() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_.store(true);
+    generation_.fetch_add(1);
+  }
+  cv_.notify_all();
+  for (auto& t : threads_) t.join();
+}
+
+void ThreadPool::worker(int index) {
+  uint64_t seen = 0;
+  for (;;) {
+    // Spin for a while (a decode step issues the next region within microseconds), then sleep.
+    uint64_t g = generation_.load(std::memory_order_acquire);
+    for (int spin = 0; g == seen && spin < 200000; ++spin) {
+      _mm_pause();
+      g = generation_.load(std::memory_order_acquire);
+    }
+    if (g == seen) {
+      std::unique_lock<std::mutex> lock(mu_);
+      cv_.wait(lock, [&] { return generation_.load() != seen; });
+      g = generation_.load();
+    }
+    seen = g;
+    if (stop_.load()) return;
+    (*job_)(index, num_threads_);
+    pending_.fetch_sub(1, std::memory_order_acq_rel);
+  }
+}
+
+void ThreadPool::run(const std::function<void(int, int)>& fn) {
+  if (num_threads_ == 1) {
+    fn(0, 1);
+    return;
+  }
+  job_ = &fn;
+  pending_.store(num_threads_ - 1, std::memory_order_release);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    generation_.fetch_add(1, std::memory_order_acq_rel);
+  }
+  cv_.notify_all();
+  fn(0, num_threads_);
+  while (pending_.load(std::memory_order_acquire) != 0) _mm_pause();
+}
+
+void ThreadPool::parallel_for(int64_t n, const std::function<void(int64_t, int64_t)>& fn) {
+  if (n <= 0) return;
+  if (num_threads_ == 1 || n == 1) {
+    fn(0, n);
+    return;
+  }
+  run([&](int t, int nt) {
+    const int64_t begin = n * t / nt, end = n * (t + 1) / nt;
+    if (begin < end) fn(begin, end);
+  });
+}
+
+}  // namespace troupe::cpu

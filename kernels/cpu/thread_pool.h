@@ -1,0 +1,41 @@
+// A small fork-join pool for the CPU backend. Decode runs a few hundred parallel regions
+// per token, so workers spin briefly on an atomic generation counter before sleeping;
+// the calling thread takes part as worker 0. Work is split statically, so which thread
+// computes a row never changes a result (every row is computed the same way by anyone).
+#pragma once
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+namespace troupe::cpu {
+
+class ThreadPool {
+ public:
+  explicit ThreadPool(int num_threads);
+  ~ThreadPool();
+  ThreadPool(const ThreadPool&) = delete;
+  ThreadPool& operator=(const ThreadPool&) = delete;
+
+  int size() const { return num_threads_; }
+  // Calls fn(thread_index, num_threads) on every thread and returns when all are done.
+  void run(const std::function<void(int, int)>& fn);
+  // Splits [0, n) into one contiguous range per thread: fn(begin, end).
+  void parallel_for(int64_t n, const std::function<void(int64_t, int64_t)>& fn);
+
+ private:
+  void worker(int index);
+  int num_threads_;
+  std::vector<std::thread> threads_;
+  const std::function<void(int, int)>* job_ = nullptr;
+  std::atomic<uint64_t> generation_{0};
+  std::atomic<int> pending_{0};
+  std::atomic<bool> stop_{false};
+  std::mutex mu_;
+  std::condition_variable cv_;
+};
+
+}  // namespace troupe::cpu

@@ -1,0 +1,245 @@
+#include "runtime/model.h"
+
+#include <cmath>
+#include <cstring>
+
+#include "kernels/cpu/quant_ref.h"
+
+namespace troupe {
+namespace {
+
+std::string shape_str(const std::vector<int64_t>& s) {
+  std::string r = "[";
+  for (size_t i = 0; i < s.size(); ++i) r += (i ? ", " : "") + std::to_string(s[i]);
+  return r + "]";
+}
+
+// Finds a 2-D tensor [rows, cols] (GGUF order: shape = {cols, rows}).
+Result<const TensorRef*> matrix(const WeightSource& src, const std::string& name, int64_t rows, int64_t cols) {
+  const TensorRef* t = src.find(name);
+  if (!t) return make_error("missing tensor '" + name + "'");
+  if (t->shape.size() != 2 || t->shape[0] != cols || t->shape[1] != rows)
+    return make_error("tensor '" + name + "' has shape " + shape_str(t->shape) + ", expected [" +
+                      std::to_string(cols) + ", " + std::to_string(rows) + "]");
+  return t;
+}
+
+Result<std::vector<float>> vector_f32(const WeightSource& src, const std::string& name, int64_t n) {
+  const TensorRef* t = src.find(name);
+  if (!t) return make_error("missing tensor '" + name + "'");
+  if (t->shape.size() != 1 || t->shape[0] != n)
+    return make_error("tensor '" + name + "' has shape " + shape_str(t->shape) + ", expected [" + std::to_string(n) + "]");
+  std::vector<float> v(static_cast<size_t>(n));
+  if (!cpu::dequantize_row_ref(t->type, t->data, v.data(), n))
+    return make_error("tensor '" + name + "' has an unsupported type for a vector");
+  for (float f : v)
+    if (!std::isfinite(f)) return make_error("tensor '" + name + "' holds a non-finite value");
+  return v;
+}
+
+}  // namespace
+
+Result<std::unique_ptr<Model>> Model::build(const ModelConfig& cfg, const WeightSource& src, Backend& backend,
+                                            int32_t max_batch_tokens, const ProgressFn& progress) {
+  TROUPE_TRY(cfg.validate());
+  if (max_batch_tokens <= 0 || max_batch_tokens > (1 << 20))
+    return make_error("max batch tokens " + std::to_string(max_batch_tokens) + " is out of range");
+  auto m = std::unique_ptr<Model>(new Model());
+  m->cfg_ = cfg;
+  m->backend_ = &backend;
+  m->max_tokens_ = max_batch_tokens;
+  const int64_t H = cfg.hidden, hd = cfg.head_dim;
+  const int64_t q_rows = int64_t{cfg.num_heads} * hd, kv_rows = int64_t{cfg.num_kv_heads} * hd;
+  const size_t total = static_cast<size_t>(cfg.num_layers) + 2;
+  size_t done = 0;
+  auto tick = [&] { if (progress) progress(++done, total); };
+
+  auto emb = matrix(src, "token_embd.weight", cfg.vocab, H);
+  if (!emb) return emb.error();
+  auto mk = [&](const TensorRef* t, int64_t rows) { return backend.make_weight(t->type, t->shape[0], {{t->data, rows}}); };
+  auto e = mk(*emb, cfg.vocab);
+  if (!e) return make_error("token_embd.weight: " + e.error().message);
+  m->embed_ = std::move(*e);
+  tick();
+
+  for (int32_t i = 0; i < cfg.num_layers; ++i) {
+    const std::string p = "blk." + std::to_string(i) + ".";
+    Layer L;
+    auto q = matrix(src, p + "attn_q.weight", q_rows, H);
+    auto k = matrix(src, p + "attn_k.weight", kv_rows, H);
+    auto v = matrix(src, p + "attn_v.weight", kv_rows, H);
+    auto o = matrix(src, p + "attn_output.weight", H, q_rows);
+    auto g = matrix(src, p + "ffn_gate.weight", cfg.ffn, H);
+    auto u = matrix(src, p + "ffn_up.weight", cfg.ffn, H);
+    auto d = matrix(src, p + "ffn_down.weight", H, cfg.ffn);
+    for (auto* r : {&q, &k, &v, &o, &g, &u, &d})
+      if (!*r) return r->error();
+    auto wrap = [&](Result<std::unique_ptr<Weight>> r, const std::string& n) -> Result<std::unique_ptr<Weight>> {
+      if (!r) return make_error(n + ": " + r.error().message);
+      return r;
+    };
+    if ((*q)->type == (*k)->type && (*q)->type == (*v)->type) {
+      auto w = wrap(backend.make_weight((*q)->type, H, {{(*q)->data, q_rows}, {(*k)->data, kv_rows}, {(*v)->data, kv_rows}}), p + "attn_qkv");
+      if (!w) return w.error();
+      L.qkv = std::move(*w);
+    } else {
+      auto wq = wrap(mk(*q, q_rows), p + "attn_q"), wk = wrap(mk(*k, kv_rows), p + "attn_k"), wv = wrap(mk(*v, kv_rows), p + "attn_v");
+      if (!wq) return wq.error();
+      if (!wk) return wk.error();
+      if (!wv) return wv.error();
+      L.q = std::move(*wq); L.k = std::move(*wk); L.v = std::move(*wv);
+    }
+    auto wo = wrap(mk(*o, H), p + "attn_output");
+    if (!wo) return wo.error();
+    L.o = std::move(*wo);
+    if ((*g)->type == (*u)->type) {
+      auto w = wrap(backend.make_weight((*g)->type, H, {{(*g)->data, cfg.ffn}, {(*u)->data, cfg.ffn}}), p + "ffn_gate_up");
+      if (!w) return w.error();
+      L.gate_up = std::move(*w);
+    } else {
+      auto wg = wrap(mk(*g, cfg.ffn), p + "ffn_gate"), wu = wrap(mk(*u, cfg.ffn), p + "ffn_up");
+      if (!wg) return wg.error();
+      if (!wu) return wu.error();
+      L.gate = std::move(*wg); L.up = std::move(*wu);
+    }
+    auto wd = wrap(mk(*d, H), p + "ffn_down");
+    if (!wd) return wd.error();
+    L.down = std::move(*wd);
+    auto an = vector_f32(src, p + "attn_norm.weight", H);
+    if (!an) return an.error();
+    auto fn = vector_f32(src, p + "ffn_norm.weight", H);
+    if (!fn) return fn.error();
+    L.attn_norm = std::move(*an);
+    L.ffn_norm = std::move(*fn);
+    if (cfg.qkv_bias) {
+      auto bq = vector_f32(src, p + "attn_q.bias", q_rows);
+      auto bk = vector_f32(src, p + "attn_k.bias", kv_rows);
+      auto bv = vector_f32(src, p + "attn_v.bias", kv_rows);
+      if (!bq) return bq.error();
+      if (!bk) return bk.error();
+      if (!bv) return bv.error();
+      L.qkv_bias = std::move(*bq);
+      L.qkv_bias.insert(L.qkv_bias.end(), bk->begin(), bk->end());
+      L.qkv_bias.insert(L.qkv_bias.end(), bv->begin(), bv->end());
+    }
+    m->layers_.push_back(std::move(L));
+    tick();
+  }
+
+  auto on = vector_f32(src, "output_norm.weight", H);
+  if (!on) return on.error();
+  m->output_norm_ = std::move(*on);
+  if (!cfg.tied_embeddings || src.find("output.weight")) {
+    auto out = matrix(src, "output.weight", cfg.vocab, H);
+    if (!out) return out.error();
+    auto w = mk(*out, cfg.vocab);
+    if (!w) return make_error("output.weight: " + w.error().message);
+    m->output_ = std::move(*w);
+  }
+  tick();
+
+  m->inv_freq_ = cfg.rope_inv_freq();
+  const size_t T = static_cast<size_t>(max_batch_tokens);
+  m->x_ = backend.alloc(T * H);
+  m->h_ = backend.alloc(T * std::max<int64_t>(H, q_rows));
+  m->qkv_ = backend.alloc(T * (q_rows + 2 * kv_rows));
+  m->attn_ = backend.alloc(T * q_rows);
+  m->gu_ = backend.alloc(T * 2 * cfg.ffn);
+  m->act_ = backend.alloc(T * cfg.ffn);
+  m->cos_sin_ = backend.alloc(T * hd);
+  m->last_ = backend.alloc(T * H);
+  return m;
+}
+
+Status Model::validate_step(const StepInputs& s, const KvCache& cache, const int32_t* rows, int32_t n) const {
+  const KvCacheShape& ks = cache.shape();
+  if (ks.num_layers != cfg_.num_layers || ks.num_kv_heads != cfg_.num_kv_heads || ks.head_dim != cfg_.head_dim)
+    return make_error("KV cache shape does not match the model");
+  if (s.num_tokens <= 0 || s.num_tokens > max_tokens_)
+    return make_error("step has " + std::to_string(s.num_tokens) + " tokens (limit " + std::to_string(max_tokens_) + ")");
+  if (s.num_seqs <= 0 || s.num_seqs > s.num_tokens || s.query_start[0] != 0 || s.query_start[s.num_seqs] != s.num_tokens)
+    return make_error("step sequence offsets are inconsistent");
+  if (n < 0 || n > s.num_tokens) return make_error("bad number of logit rows");
+  for (int32_t i = 0; i < n; ++i)
+    if (rows[i] < 0 || rows[i] >= s.num_tokens) return make_error("logit row out of range");
+  const int64_t num_slots = int64_t{ks.num_blocks} * ks.block_size;
+  for (int32_t q = 0; q < s.num_seqs; ++q) {
+    if (s.query_start[q + 1] <= s.query_start[q]) return make_error("sequence with no tokens in step");
+    const int32_t ctx = s.context_lens[q];
+    if (ctx <= 0 || ctx > cfg_.max_context)
+      return make_error("context length " + std::to_string(ctx) + " exceeds the model's " + std::to_string(cfg_.max_context));
+    const int32_t nblocks = (ctx + ks.block_size - 1) / ks.block_size;
+    if (nblocks > s.max_blocks_per_seq) return make_error("block table too short for the context");
+    const int32_t* bt = s.block_tables + int64_t{q} * s.max_blocks_per_seq;
+    for (int32_t b = 0; b < nblocks; ++b)
+      if (bt[b] < 0 || bt[b] >= ks.num_blocks) return make_error("block id " + std::to_string(bt[b]) + " out of range");
+    for (int32_t t = s.query_start[q]; t < s.query_start[q + 1]; ++t) {
+      if (s.token_ids[t] < 0 || s.token_ids[t] >= cfg_.vocab)
+        return make_error("token id " + std::to_string(s.token_ids[t]) + " is outside the vocabulary");
+      if (s.positions[t] < 0 || s.positions[t] >= ctx) return make_error("token position outside its context");
+      if (s.slot_mapping[t] < 0 || s.slot_mapping[t] >= num_slots) return make_error("KV slot out of range");
+      const int32_t expect = bt[s.positions[t] / ks.block_size] * ks.block_size + s.positions[t] % ks.block_size;
+      if (s.slot_mapping[t] != expect) return make_error("KV slot does not match the block table");
+    }
+  }
+  return {};
+}
+
+Status Model::forward(const StepInputs& s, KvCache& cache, const int32_t* rows, int32_t num_logits, float* logits) {
+  TROUPE_TRY(validate_step(s, cache, rows, num_logits));
+  Backend& be = *backend_;
+  const int64_t n = s.num_tokens, H = cfg_.hidden, hd = cfg_.head_dim;
+  const int64_t q_rows = int64_t{cfg_.num_heads} * hd, kv_rows = int64_t{cfg_.num_kv_heads} * hd;
+  const int64_t qkv_ld = q_rows + 2 * kv_rows;
+  be.begin_step(s);
+  // RoPE angles once per step, shared by every layer. Unscaled RoPE steps theta by a
+  // float ratio as GGML does (bit-compatible angles); scaled RoPE uses the table.
+  const bool plain = cfg_.rope_scaling.type.empty() && cfg_.rope_freq_factors.empty();
+  const float ratio = std::pow(cfg_.rope_theta, -2.0f / static_cast<float>(hd));
+  for (int64_t t = 0; t < n; ++t) {
+    float theta = static_cast<float>(s.positions[t]);
+    for (int64_t i = 0; i < hd / 2; ++i) {
+      const float th = plain ? theta : static_cast<float>(s.positions[t]) * inv_freq_[i];
+      cos_sin_[t * hd + 2 * i] = std::cos(th);
+      cos_sin_[t * hd + 2 * i + 1] = std::sin(th);
+      theta *= ratio;
+    }
+  }
+  be.embed(*embed_, s.token_ids, n, x_);
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+  for (int32_t l = 0; l < cfg_.num_layers; ++l) {
+    Layer& L = layers_[l];
+    be.rms_norm(x_, L.attn_norm.data(), cfg_.rms_eps, n, H, h_);
+    if (L.qkv) {
+      be.matmul(*L.qkv, h_, n, qkv_, qkv_ld);
+    } else {
+      be.matmul(*L.q, h_, n, qkv_, qkv_ld);
+      be.matmul(*L.k, h_, n, qkv_ + q_rows, qkv_ld);
+      be.matmul(*L.v, h_, n, qkv_ + q_rows + kv_rows, qkv_ld);
+    }
+    if (!L.qkv_bias.empty()) be.add_bias(qkv_, qkv_ld, L.qkv_bias.data(), n, qkv_ld);
+    be.rope(qkv_, qkv_ld, n, cfg_.num_heads, hd, cos_sin_, cfg_.rope_kind);
+    be.rope(qkv_ + q_rows, qkv_ld, n, cfg_.num_kv_heads, hd, cos_sin_, cfg_.rope_kind);
+    be.kv_write(cache, l, qkv_ + q_rows, qkv_ + q_rows + kv_rows, qkv_ld);
+    be.attention(cache, l, qkv_, qkv_ld, cfg_.num_heads, scale, attn_);
+    be.matmul(*L.o, attn_, n, h_, H);
+    be.add(x_, h_, n * H);
+    be.rms_norm(x_, L.ffn_norm.data(), cfg_.rms_eps, n, H, h_);
+    if (L.gate_up) {
+      be.matmul(*L.gate_up, h_, n, gu_, 2 * cfg_.ffn);
+    } else {
+      be.matmul(*L.gate, h_, n, gu_, 2 * cfg_.ffn);
+      be.matmul(*L.up, h_, n, gu_ + cfg_.ffn, 2 * cfg_.ffn);
+    }
+    be.silu_mul(gu_, n, cfg_.ffn, act_);
+    be.matmul(*L.down, act_, n, h_, H);
+    be.add(x_, h_, n * H);
+  }
+  if (num_logits == 0) return {};
+  be.gather_rows(x_, H, rows, num_logits, last_);
+  be.rms_norm(last_, output_norm_.data(), cfg_.rms_eps, num_logits, H, h_);
+  be.matmul(output_ ? *output_ : *embed_, h_, num_logits, logits, cfg_.vocab);
+  return {};
+}
+
+}  // namespace troupe

@@ -1,0 +1,122 @@
+#include "runtime/sampler.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <numeric>
+
+namespace troupe {
+
+Status SamplingParams::validate(int32_t vocab) const {
+  auto bad = [](const char* name, double v, const char* range) {
+    return make_error(std::string(name) + " " + std::to_string(v) + " is out of range (" + range + ")");
+  };
+  if (!std::isfinite(temperature) || temperature < 0 || temperature > 100) return bad("temperature", temperature, "0..100");
+  if (top_k < 0) return bad("top_k", top_k, ">= 0");
+  if (!std::isfinite(top_p) || top_p <= 0 || top_p > 1) return bad("top_p", top_p, "(0, 1]");
+  if (!std::isfinite(min_p) || min_p < 0 || min_p > 1) return bad("min_p", min_p, "[0, 1]");
+  if (!std::isfinite(repetition_penalty) || repetition_penalty <= 0 || repetition_penalty > 10)
+    return bad("repetition_penalty", repetition_penalty, "(0, 10]");
+  if (!std::isfinite(presence_penalty) || std::fabs(presence_penalty) > 2) return bad("presence_penalty", presence_penalty, "-2..2");
+  if (!std::isfinite(frequency_penalty) || std::fabs(frequency_penalty) > 2) return bad("frequency_penalty", frequency_penalty, "-2..2");
+  if (logprobs < 0 || logprobs > 20) return bad("logprobs", logprobs, "0..20");
+  if (logit_bias.size() > 1024) return make_error("logit_bias has more than 1024 entries");
+  for (const auto& [tok, b] : logit_bias) {
+    if (tok < 0 || tok >= vocab) return make_error("logit_bias token " + std::to_string(tok) + " is outside the vocabulary");
+    if (!std::isfinite(b) || std::fabs(b) > 100) return make_error("logit_bias value for token " + std::to_string(tok) + " must be finite and within -100..100");
+  }
+  return {};
+}
+
+Sampler::Sampler(SamplingParams params, int32_t vocab_size)
+    : p_(std::move(params)), vocab_(vocab_size), rng_(p_.seed), seen_(static_cast<size_t>(vocab_size), 0) {}
+
+void Sampler::add_prompt(const std::vector<int32_t>& tokens) {
+  for (int32_t t : tokens)
+    if (t >= 0 && t < vocab_) seen_[t] = 1;
+}
+
+void Sampler::accept(int32_t token) {
+  if (token < 0 || token >= vocab_) return;
+  seen_[token] = 1;
+  ++generated_counts_[token];
+}
+
+SampleResult Sampler::sample(const float* logits) {
+  SampleResult res;
+  const int32_t n = vocab_;
+  // Log-softmax of the raw logits for reporting.
+  float mx = -std::numeric_limits<float>::infinity();
+  for (int32_t i = 0; i < n; ++i) mx = std::max(mx, logits[i]);
+  double z = 0;
+  for (int32_t i = 0; i < n; ++i) z += std::exp(static_cast<double>(logits[i] - mx));
+  const float log_z = mx + static_cast<float>(std::log(z));
+
+  work_.assign(logits, logits + n);
+  if (p_.repetition_penalty != 1.0f)
+    for (int32_t i = 0; i < n; ++i)
+      if (seen_[i]) work_[i] = work_[i] > 0 ? work_[i] / p_.repetition_penalty : work_[i] * p_.repetition_penalty;
+  for (const auto& [tok, cnt] : generated_counts_)
+    work_[tok] -= p_.presence_penalty + p_.frequency_penalty * static_cast<float>(cnt);
+  for (const auto& [tok, b] : p_.logit_bias) work_[tok] += b;
+
+  int32_t chosen = 0;
+  if (p_.temperature == 0.0f) {
+    chosen = static_cast<int32_t>(std::max_element(work_.begin(), work_.end()) - work_.begin());
+  } else {
+    idx_.resize(static_cast<size_t>(n));
+    std::iota(idx_.begin(), idx_.end(), 0);
+    // Sort candidates by logit (ties by id, so the order is fully deterministic).
+    auto better = [&](int32_t a, int32_t b) { return work_[a] > work_[b] || (work_[a] == work_[b] && a < b); };
+    int32_t k = n;
+    if (p_.top_k > 0 && p_.top_k < n) {
+      k = p_.top_k;
+      std::partial_sort(idx_.begin(), idx_.begin() + k, idx_.end(), better);
+    } else {
+      std::sort(idx_.begin(), idx_.end(), better);
+    }
+    std::vector<double> probs(static_cast<size_t>(k));
+    const float top = work_[idx_[0]];
+    double sum = 0;
+    for (int32_t i = 0; i < k; ++i) {
+      probs[i] = std::exp(static_cast<double>(work_[idx_[i]] - top) / p_.temperature);
+      sum += probs[i];
+    }
+    for (auto& p : probs) p /= sum;
+    if (p_.min_p > 0) {
+      const double cut = probs[0] * p_.min_p;
+      int32_t keep = 1;
+      while (keep < k && probs[keep] >= cut) ++keep;
+      k = keep;
+    }
+    if (p_.top_p < 1.0f) {
+      double c = 0;
+      int32_t keep = 0;
+      while (keep < k) { c += probs[keep++]; if (c >= p_.top_p) break; }
+      k = std::max(1, keep);
+    }
+    double total = 0;
+    for (int32_t i = 0; i < k; ++i) total += probs[i];
+    // 53 random bits -> uniform double in [0, 1): the same on every platform for a seed.
+    const double u = static_cast<double>(rng_() >> 11) * (1.0 / 9007199254740992.0) * total;
+    double acc = 0;
+    chosen = idx_[k - 1];
+    for (int32_t i = 0; i < k; ++i) {
+      acc += probs[i];
+      if (u < acc) { chosen = idx_[i]; break; }
+    }
+  }
+  res.token = chosen;
+  res.logprob = logits[chosen] - log_z;
+  if (p_.logprobs > 0) {
+    std::vector<int32_t> order(static_cast<size_t>(n));
+    std::iota(order.begin(), order.end(), 0);
+    const int32_t k = std::min(p_.logprobs, n);
+    std::partial_sort(order.begin(), order.begin() + k, order.end(),
+                      [&](int32_t a, int32_t b) { return logits[a] > logits[b] || (logits[a] == logits[b] && a < b); });
+    for (int32_t i = 0; i < k; ++i) res.top.push_back({order[i], logits[order[i]] - log_z});
+  }
+  return res;
+}
+
+}  // namespace troupe

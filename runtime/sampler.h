@@ -1,0 +1,62 @@
+// Token sampling: greedy, temperature, top-k, top-p, min-p, repetition / presence /
+// frequency penalties, logit bias, per-request seeds and logprobs. A Sampler holds one
+// request's state (its RNG and the tokens it has seen), so results never depend on what
+// else is in the batch.
+#pragma once
+#include <cstdint>
+#include <random>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "kernels/result.h"
+
+namespace troupe {
+
+struct SamplingParams {
+  float temperature = 1.0f;  // 0: greedy
+  int32_t top_k = 0;         // 0: off
+  float top_p = 1.0f;        // 1: off
+  float min_p = 0.0f;        // 0: off
+  float repetition_penalty = 1.0f;  // 1: off (divides positive logits, multiplies negative)
+  float presence_penalty = 0.0f;
+  float frequency_penalty = 0.0f;
+  std::unordered_map<int32_t, float> logit_bias;
+  uint64_t seed = 0;
+  int32_t logprobs = 0;  // number of top alternatives to report (0: chosen token only)
+
+  // Range, NaN and vocabulary checks; the error names the parameter.
+  Status validate(int32_t vocab_size) const;
+};
+
+struct TokenLogprob {
+  int32_t token = -1;
+  float logprob = 0;
+};
+
+struct SampleResult {
+  int32_t token = -1;
+  float logprob = 0;                // log-softmax of the unmodified logits
+  std::vector<TokenLogprob> top;    // top `logprobs` alternatives, best first
+};
+
+class Sampler {
+ public:
+  Sampler(SamplingParams params, int32_t vocab_size);
+  // Tokens that count for penalties (the prompt for repetition, generated for all).
+  void add_prompt(const std::vector<int32_t>& tokens);
+  void accept(int32_t token);
+  // logits: [vocab] (not modified).
+  SampleResult sample(const float* logits);
+
+ private:
+  SamplingParams p_;
+  int32_t vocab_;
+  std::mt19937_64 rng_;
+  std::unordered_map<int32_t, int32_t> generated_counts_;
+  std::vector<uint8_t> seen_;  // prompt or generated, for the repetition penalty
+  std::vector<float> work_;
+  std::vector<int32_t> idx_;
+};
+
+}  // namespace troupe

@@ -1,0 +1,31 @@
+// Runs one sequence through a Model: owns its KV cache and block table, feeds prompt
+// tokens in chunks of the model's max batch and returns the last position's logits.
+// Used by `troupe run`, `troupe bench` and the tests; the server batches many sequences
+// through the scheduler instead.
+#pragma once
+#include <memory>
+#include <vector>
+
+#include "runtime/model.h"
+
+namespace troupe {
+
+class SequenceRunner {
+ public:
+  static Result<std::unique_ptr<SequenceRunner>> create(Model& model, Backend& backend, int32_t context,
+                                                        int32_t block_size = 16);
+  // Appends tokens to the sequence; returns the logits [vocab] after the last one.
+  Result<const float*> feed(const std::vector<int32_t>& tokens);
+  int32_t length() const { return length_; }
+  int32_t context() const { return context_; }
+  void reset() { length_ = 0; }
+
+ private:
+  Model* model_ = nullptr;
+  std::unique_ptr<KvCache> cache_;
+  int32_t context_ = 0, block_size_ = 16, length_ = 0;
+  std::vector<int32_t> block_table_;
+  std::vector<float> logits_;
+};
+
+}  // namespace troupe

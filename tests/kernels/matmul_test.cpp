@@ -1,0 +1,156 @@
+// Differential tests of the CPU matmul kernels against the reference dequantizer, for
+// every weight type, every ISA this CPU has, odd shapes and random + structured inputs.
+#include <catch2/catch.hpp>
+#include <cstring>
+
+#include "kernels/cpu/matmul.h"
+#include "kernels/cpu/packed.h"
+#include "kernels/cpu/quant_ref.h"
+#include "tests/kernels/kernel_test_util.h"
+
+using namespace troupe;
+using namespace troupe::cpu;
+
+namespace {
+
+std::vector<Isa> available_isas() {
+  std::vector<Isa> v{Isa::Scalar};
+  if (detect_isa() >= Isa::Avx2) v.push_back(Isa::Avx2);
+  if (detect_isa() >= Isa::Avx512) v.push_back(Isa::Avx512);
+  return v;
+}
+
+// y_ref[t, r] = sum_k deq(W)[r, k] * x[t, k] in double, and the scale sum |w| |x| that bounds
+// the activation-quantization error.
+void reference(DType type, const std::vector<uint8_t>& w, int64_t rows, int64_t cols, const std::vector<float>& x,
+               int64_t n, std::vector<double>& y, std::vector<double>& mag) {
+  const size_t rb = *row_bytes(type, static_cast<uint64_t>(cols));
+  std::vector<float> row(static_cast<size_t>(cols));
+  y.assign(static_cast<size_t>(n * rows), 0);
+  mag.assign(static_cast<size_t>(n * rows), 0);
+  for (int64_t r = 0; r < rows; ++r) {
+    REQUIRE(dequantize_row_ref(type, w.data() + rb * r, row.data(), cols));
+    for (int64_t t = 0; t < n; ++t) {
+      double s = 0, m = 0;
+      for (int64_t k = 0; k < cols; ++k) {
+        s += static_cast<double>(row[k]) * x[t * cols + k];
+        m += std::fabs(static_cast<double>(row[k]) * x[t * cols + k]);
+      }
+      y[t * rows + r] = s;
+      mag[t * rows + r] = m;
+    }
+  }
+}
+
+// Relative tolerance on sum|w x|: int8 activations carry 1/254 relative rounding per
+// element, and errors add like a random walk, so 2% of the magnitude bounds it with room;
+// float weights only see f32 rounding.
+double tolerance(DType type) {
+  switch (type) {
+    case DType::F32: case DType::F16: case DType::BF16: return 1e-5;
+    default: return 2e-2;
+  }
+}
+
+}  // namespace
+
+TEST_CASE("matmul matches the reference for every type, ISA and odd shape", "[kernels][matmul]") {
+  const DType types[] = {DType::F32, DType::F16, DType::BF16, DType::Q4_0, DType::Q4_1, DType::Q5_0,
+                         DType::Q5_1, DType::Q8_0, DType::Q4_K, DType::Q5_K, DType::Q6_K};
+  std::mt19937 rng(1234);
+  for (DType type : types) {
+    const int64_t block = dtype_traits(type).block_size;
+    const int64_t unit = block == 1 ? 1 : (block == 256 ? 256 : 32);
+    const std::pair<int64_t, int64_t> shapes[] = {{1, unit == 1 ? 7 : unit}, {7, unit * 3}, {33, unit == 1 ? 129 : unit * 5}, {18, unit * 2}};
+    for (auto [rows, cols] : shapes) {
+      for (bool structured : {false, true}) {
+        auto w = test::random_weight(type, rows, cols, rng, structured);
+        for (int64_t n : {1, 3, 9}) {
+          auto x = test::random_floats(static_cast<size_t>(n * cols), rng);
+          std::vector<double> yref, mag;
+          reference(type, w, rows, cols, x, n, yref, mag);
+          auto packed = pack_weight(type, rows, cols, w.data());
+          REQUIRE(packed.ok());
+          ThreadPool pool(2);
+          for (Isa isa : available_isas()) {
+            MatmulScratch scratch;
+            std::vector<float> y(static_cast<size_t>(n * rows), -1.0f);
+            matmul(*packed, x.data(), n, y.data(), pool, scratch, isa);
+            for (size_t i = 0; i < y.size(); ++i) {
+              const double err = std::fabs(y[i] - yref[i]);
+              if (err > tolerance(type) * mag[i] + 1e-5) {
+                FAIL("type " << dtype_traits(type).name << " isa " << isa_name(isa) << " shape " << rows << "x" << cols
+                             << " n " << n << " elem " << i << ": got " << y[i] << " want " << yref[i] << " (mag " << mag[i] << ")");
+              }
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("SIMD matmul agrees closely with the scalar kernel", "[kernels][matmul]") {
+  std::mt19937 rng(99);
+  for (DType type : {DType::Q4_1, DType::Q8_0, DType::Q4_0, DType::Q4_K, DType::Q6_K, DType::Q5_1}) {
+    const int64_t unit = dtype_traits(type).block_size;
+    const int64_t rows = 37, cols = unit * (unit == 256 ? 3 : 9);
+    auto w = test::random_weight(type, rows, cols, rng);
+    auto x = test::random_floats(static_cast<size_t>(5 * cols), rng);
+    auto packed = pack_weight(type, rows, cols, w.data());
+    REQUIRE(packed.ok());
+    ThreadPool pool(1);
+    MatmulScratch s;
+    std::vector<float> ys(5 * rows), yv(5 * rows);
+    matmul(*packed, x.data(), 5, ys.data(), pool, s, Isa::Scalar);
+    for (Isa isa : available_isas()) {
+      matmul(*packed, x.data(), 5, yv.data(), pool, s, isa);
+      for (size_t i = 0; i < ys.size(); ++i)
+        REQUIRE(std::fabs(ys[i] - yv[i]) <= 1e-4f * (1 + std::fabs(ys[i])));
+    }
+  }
+}
+
+TEST_CASE("matmul results do not depend on the other tokens in the call", "[kernels][matmul][batch]") {
+  std::mt19937 rng(7);
+  for (DType type : {DType::Q4_1, DType::Q8_0, DType::Q6_K, DType::F16}) {
+    const int64_t unit = dtype_traits(type).block_size == 256 ? 256 : 64;
+    const int64_t rows = 45, cols = unit * 3;
+    auto w = test::random_weight(type, rows, cols, rng);
+    auto packed = pack_weight(type, rows, cols, w.data());
+    REQUIRE(packed.ok());
+    const int64_t n = 11;
+    auto x = test::random_floats(static_cast<size_t>(n * cols), rng);
+    ThreadPool pool(2);
+    for (Isa isa : available_isas()) {
+      MatmulScratch s;
+      std::vector<float> all(static_cast<size_t>(n * rows)), one(static_cast<size_t>(rows));
+      matmul(*packed, x.data(), n, all.data(), pool, s, isa);
+      for (int64_t t = 0; t < n; ++t) {
+        matmul(*packed, x.data() + t * cols, 1, one.data(), pool, s, isa);
+        REQUIRE(std::memcmp(one.data(), all.data() + t * rows, rows * sizeof(float)) == 0);
+      }
+    }
+  }
+}
+
+TEST_CASE("unpack_row reproduces the reference dequantizer", "[kernels][packed]") {
+  std::mt19937 rng(5);
+  for (DType type : {DType::Q4_0, DType::Q4_1, DType::Q5_0, DType::Q5_1, DType::Q8_0, DType::Q4_K, DType::Q5_K, DType::Q6_K, DType::BF16}) {
+    const int64_t cols = dtype_traits(type).block_size == 256 ? 512 : 96, rows = 3;
+    auto w = test::random_weight(type, rows, cols, rng);
+    auto packed = pack_weight(type, rows, cols, w.data());
+    REQUIRE(packed.ok());
+    std::vector<float> a(static_cast<size_t>(cols)), b(static_cast<size_t>(cols));
+    const size_t rb = *row_bytes(type, static_cast<uint64_t>(cols));
+    for (int64_t r = 0; r < rows; ++r) {
+      unpack_row(*packed, r, a.data());
+      dequantize_row_ref(type, w.data() + rb * r, b.data(), cols);
+      // K-quant scale*sub-scale and min*sub-min are folded into f16 per 32-element block:
+      // 2^-11 relative to each term, so bound by the row's largest magnitude.
+      float amax = 0;
+      for (int64_t k = 0; k < cols; ++k) amax = std::max(amax, std::fabs(b[k]));
+      for (int64_t k = 0; k < cols; ++k) REQUIRE(std::fabs(a[k] - b[k]) <= 1e-3f * amax);
+    }
+  }
+}
