@@ -30,6 +30,7 @@ struct RunFlags {
   int64_t seed = -1;
   std::string system;
   bool ignore_eos = false;
+  bool prompt_given = false;
 };
 
 using Clock = std::chrono::steady_clock;
@@ -81,6 +82,10 @@ Status generate(SequenceRunner& runner, const Tokenizer& tok, Sampler& sampler, 
 int run(const RunFlags& f) {
   if (!f.prompt.empty() && !is_valid_utf8(f.prompt)) {
     spdlog::error("the prompt is not valid UTF-8");
+    return 2;
+  }
+  if (f.prompt_given && f.prompt.empty()) {
+    spdlog::error("the prompt is empty");
     return 2;
   }
   if (f.max_tokens < 0) {
@@ -232,7 +237,7 @@ void add_run_command(CLI::App& app) {
   auto flags = std::make_shared<RunFlags>();
   CLI::App* cmd = app.add_subcommand("run", "Generate text from a prompt (-p) or chat interactively (--chat, the default without -p)");
   flags->model.add_to(*cmd);
-  cmd->add_option("-p,--prompt", flags->prompt, "prompt to complete (as plain text, without the chat template)");
+  CLI::Option* prompt = cmd->add_option("-p,--prompt", flags->prompt, "prompt to complete (as plain text, without the chat template)");
   cmd->add_flag("--chat", flags->chat, "interactive chat using the model's chat template (default when no -p is given)");
   cmd->add_option("--system", flags->system, "system message for --chat");
   cmd->add_flag("--raw", flags->raw, "in --chat, send lines without the chat template");
@@ -244,9 +249,10 @@ void add_run_command(CLI::App& app) {
   cmd->add_option("--repeat-penalty", flags->repeat_penalty, "divide logits of tokens already seen (1: off)")->capture_default_str();
   cmd->add_option("--seed", flags->seed, "sampling seed; the same seed gives the same output (-1: random)")->capture_default_str();
   cmd->add_flag("--ignore-eos", flags->ignore_eos, "keep generating after the end-of-sequence token");
-  cmd->callback([flags] {
+  cmd->callback([flags, prompt] {
     RunFlags f = *flags;
-    if (f.prompt.empty()) f.chat = true;
+    f.prompt_given = prompt->count() > 0;
+    if (!f.prompt_given) f.chat = true;
     set_exit_code(run(f));
   });
 }

@@ -2,6 +2,7 @@
 #include <immintrin.h>
 
 #include <cstring>
+#include <type_traits>
 
 #include "kernels/cpu/matmul.h"
 #include "kernels/fp16.h"
@@ -23,6 +24,9 @@ inline float hsum(__m256 v) {
   return _mm_cvtss_f32(s);
 }
 
+// Four independent accumulators per token (blocks A/B of even/odd pairs) hide the FMA
+// latency at one token; tiles hold at most two tokens to stay within 16 registers. The
+// per-token operation sequence is the same for every tile size (batch independence).
 template <bool kRQ4, int kNT>
 void rq_rows(const uint8_t* w, size_t row_stride, int64_t np, const int8_t* xq, const float* xs,
              int64_t r0, int64_t r1, float* y, int64_t ldy) {
@@ -32,12 +36,16 @@ void rq_rows(const uint8_t* w, size_t row_stride, int64_t np, const int8_t* xq, 
   const __m256i bias = _mm256_set1_epi8(static_cast<char>(0x80));
   for (int64_t r = r0; r < r1; ++r) {
     const uint8_t* row = w + r * row_stride;
-    __m256 acc[kNT];
-    __m128 accm[kNT], corr[kNT];
+    __m256 acc[kNT][4];
+    __m128 accm[kNT];
     for (int t = 0; t < kNT; ++t) {
-      acc[t] = _mm256_setzero_ps(); accm[t] = _mm_setzero_ps(); corr[t] = _mm_setzero_ps();
+      for (auto& a : acc[t]) a = _mm256_setzero_ps();
+      accm[t] = _mm_setzero_ps();
     }
-    for (int64_t p = 0; p < np; ++p) {
+    // Pairs alternate between accumulator sets {0,1} and {2,3} (constant indices keep
+    // the accumulators in registers).
+    auto step = [&](int64_t p, auto e_const) {
+      constexpr int e = decltype(e_const)::value;
       const uint8_t* pp = row + p * kPair;
       const __m128 w4 = _mm_cvtph_ps(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(pp)));
       __m256i wa, wb;
@@ -51,30 +59,38 @@ void rq_rows(const uint8_t* w, size_t row_stride, int64_t np, const int8_t* xq, 
       }
       for (int t = 0; t < kNT; ++t) {
         const __m128 x4 = _mm_loadu_ps(xs + (t * np + p) * 4);
-        const __m128 prod = _mm_mul_ps(w4, x4);
-        accm[t] = _mm_add_ps(accm[t], prod);
+        __m128 prod = _mm_mul_ps(w4, x4);  // dA dxA, dB dxB, mA sA, mB sB
         const __m256i xa = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + (t * np + p) * 64));
         const __m256i xb = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + (t * np + p) * 64 + 32));
         __m256i ia, ib;
         if constexpr (kRQ4) {
           ia = dot_u4(wa, xa, ones);
           ib = dot_u4(wb, xb, ones);
+          accm[t] = _mm_add_ps(accm[t], prod);
         } else {
           ia = dot_s8(wa, xa, ones);
           ib = dot_s8(wb, xb, ones);
-          corr[t] = _mm_add_ps(corr[t], _mm_mul_ps(w4, _mm_movehl_ps(x4, x4)));  // d * s per block
+          // sum((u - 128) x) was computed: add back 128 * d * s per block into the m lanes.
+          const __m128 corr = _mm_mul_ps(_mm_mul_ps(w4, _mm_movehl_ps(x4, x4)), _mm_set1_ps(128.0f));
+          accm[t] = _mm_add_ps(accm[t], _mm_add_ps(prod, _mm_movelh_ps(_mm_setzero_ps(), corr)));
         }
-        const __m256 sa = _mm256_set1_ps(_mm_cvtss_f32(prod));
-        const __m256 sb = _mm256_set1_ps(_mm_cvtss_f32(_mm_shuffle_ps(prod, prod, 1)));
-        acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(ia), sa, acc[t]);
-        acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(ib), sb, acc[t]);
+        const __m256 sa = _mm256_broadcastss_ps(prod);
+        const __m256 sb = _mm256_broadcastss_ps(_mm_movehdup_ps(prod));
+        acc[t][e] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(ia), sa, acc[t][e]);
+        acc[t][e + 1] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(ib), sb, acc[t][e + 1]);
       }
+    };
+    int64_t p = 0;
+    for (; p + 1 < np; p += 2) {
+      step(p, std::integral_constant<int, 0>{});
+      step(p + 1, std::integral_constant<int, 2>{});
     }
+    if (p < np) step(p, std::integral_constant<int, 0>{});
     for (int t = 0; t < kNT; ++t) {
-      alignas(16) float m[4], c[4];
+      alignas(16) float m[4];
       _mm_store_ps(m, accm[t]);
-      _mm_store_ps(c, corr[t]);
-      y[t * ldy + r] = hsum(acc[t]) + (m[2] + m[3]) + 128.0f * (c[0] + c[1]);
+      const __m256 sum = _mm256_add_ps(_mm256_add_ps(acc[t][0], acc[t][1]), _mm256_add_ps(acc[t][2], acc[t][3]));
+      y[t * ldy + r] = hsum(sum) + (m[2] + m[3]);
     }
   }
 }
@@ -82,11 +98,9 @@ void rq_rows(const uint8_t* w, size_t row_stride, int64_t np, const int8_t* xq, 
 template <bool kRQ4>
 void rq_dispatch(const uint8_t* w, size_t rs, int64_t np, const int8_t* xq, const float* xs, int nt,
                  int64_t r0, int64_t r1, float* y, int64_t ldy) {
-  switch (nt) {
-    case 1: rq_rows<kRQ4, 1>(w, rs, np, xq, xs, r0, r1, y, ldy); break;
-    case 2: rq_rows<kRQ4, 2>(w, rs, np, xq, xs, r0, r1, y, ldy); break;
-    case 3: rq_rows<kRQ4, 3>(w, rs, np, xq, xs, r0, r1, y, ldy); break;
-    default: rq_rows<kRQ4, 4>(w, rs, np, xq, xs, r0, r1, y, ldy); break;
+  for (int t = 0; t < nt; t += 2) {
+    if (nt - t >= 2) rq_rows<kRQ4, 2>(w, rs, np, xq + t * np * 64, xs + t * np * 4, r0, r1, y + t * ldy, ldy);
+    else rq_rows<kRQ4, 1>(w, rs, np, xq + t * np * 64, xs + t * np * 4, r0, r1, y + t * ldy, ldy);
   }
 }
 

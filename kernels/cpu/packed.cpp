@@ -232,12 +232,17 @@ void quantize_activations(const float* x, int64_t num_tokens, int64_t cols, ActQ
       if (b < nb) {
         const float* xb = xt + b * kQK;
         float amax = 0;
-        for (int j = 0; j < kQK; ++j) amax = std::fmax(amax, std::fabs(xb[j]));
+        for (int j = 0; j < kQK; ++j) {
+          const float a = std::fabs(xb[j]);
+          amax = a > amax ? a : amax;
+        }
         const float dd = amax / 127.0f;
         const float id = amax != 0.0f ? 127.0f / amax : 0.0f;
         int sum = 0;
         for (int j = 0; j < kQK; ++j) {
-          const int v = static_cast<int>(std::nearbyint(xb[j] * id));
+          // Round half to even without a libm call: |x * id| <= 127, far below 2^22.
+          const float r = (xb[j] * id + 12582912.0f) - 12582912.0f;
+          const int v = static_cast<int>(r);
           q[b * 32 + j] = static_cast<int8_t>(v);
           sum += v;
         }

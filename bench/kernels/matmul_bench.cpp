@@ -1,0 +1,65 @@
+// Microbenchmark of the CPU matmul kernels: GB/s of weights streamed and ns per 32-weight
+// block, for decode (1 token) and prefill tiles, per ISA. Usage: troupe_kernel_bench [threads]
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <random>
+#include <vector>
+
+#include "kernels/cpu/matmul.h"
+#include "kernels/cpu/packed.h"
+#include "kernels/cpu/quant_ref.h"
+
+using namespace troupe;
+using namespace troupe::cpu;
+
+int main(int argc, char** argv) {
+  const int threads = argc > 1 ? std::atoi(argv[1]) : 1;
+  ThreadPool pool(threads);
+  std::mt19937 rng(1);
+  std::normal_distribution<float> nd;
+  struct Shape { int64_t rows, cols; const char* what; };
+  const Shape shapes[] = {{576, 576, "576x576 (L2-resident)"}, {3072, 576, "3072x576 (gate+up)"}, {49152, 576, "49152x576 (logits)"}};
+  const DType types[] = {DType::Q4_1, DType::Q8_0, DType::Q4_0, DType::Q4_K, DType::Q6_K, DType::F16};
+  std::vector<Isa> isas{Isa::Scalar};
+  if (detect_isa() >= Isa::Avx2) isas.push_back(Isa::Avx2);
+  if (detect_isa() >= Isa::Avx512) isas.push_back(Isa::Avx512);
+  std::printf("| type | shape | isa | tokens | ms/call | weight GB/s | ns/block/token |\n|---|---|---|---|---|---|---|\n");
+  for (DType t : types) {
+    for (const auto& s : shapes) {
+      const int64_t cols = dtype_traits(t).block_size == 256 ? 512 : s.cols;
+      std::vector<float> src(static_cast<size_t>(cols));
+      const size_t rb = *row_bytes(t, static_cast<uint64_t>(cols));
+      std::vector<uint8_t> w(rb * static_cast<size_t>(s.rows));
+      for (int64_t r = 0; r < s.rows; ++r) {
+        for (auto& x : src) x = nd(rng);
+        if (!quantize_row_ref(t, src.data(), w.data() + rb * r, cols))
+          for (size_t i = 0; i < rb; ++i) w[rb * r + i] = static_cast<uint8_t>(rng() & 0x3f);
+      }
+      auto packed = pack_weight(t, s.rows, cols, w.data());
+      if (!packed) continue;
+      for (int64_t n : {int64_t{1}, int64_t{64}}) {
+        std::vector<float> x(static_cast<size_t>(n * cols)), y(static_cast<size_t>(n * s.rows));
+        for (auto& v : x) v = nd(rng);
+        for (Isa isa : isas) {
+          if (isa == Isa::Scalar && (n > 1 || s.rows > 4096)) continue;
+          MatmulScratch scratch;
+          matmul(*packed, x.data(), n, y.data(), pool, scratch, isa);
+          int iters = 0;
+          const auto t0 = std::chrono::steady_clock::now();
+          double el = 0;
+          do {
+            matmul(*packed, x.data(), n, y.data(), pool, scratch, isa);
+            ++iters;
+            el = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+          } while (el < 0.3);
+          const double per = el / iters;
+          const double bytes = static_cast<double>(packed->row_stride) * s.rows;
+          const double blocks = static_cast<double>(s.rows) * cols / 32;
+          std::printf("| %s | %s | %s | %ld | %.3f | %.1f | %.2f |\n", dtype_traits(t).name.data(), s.what, isa_name(isa),
+                      static_cast<long>(n), per * 1e3, bytes / per / 1e9, per * 1e9 / blocks / n * threads);
+        }
+      }
+    }
+  }
+}

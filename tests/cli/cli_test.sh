@@ -1,0 +1,68 @@
+#!/usr/bin/env bash
+# End-to-end checks of the troupe executable: the main job on the default model, and bad
+# input of every kind the command line can receive (clear one-line error, non-zero exit,
+# no crash). Usage: cli_test.sh path/to/troupe
+set -uo pipefail
+TROUPE="$1"
+MODEL="${TROUPE_MODEL_PATH:-${TROUPE_HOME:-$HOME/.cache/troupe}/models/SmolLM2-135M-Instruct.Q4_1.gguf}"
+TMP="$(mktemp -d)"
+trap 'rm -rf "$TMP"' EXIT
+fails=0
+
+# expect NAME WANT_EXIT PATTERN -- ARGS...: runs troupe, checks the exit code (0, or any
+# non-zero for "nz") and that stdout+stderr match PATTERN; a crash (signal) always fails.
+expect() {
+  local name="$1" want="$2" pattern="$3"
+  shift 4
+  local out rc
+  out="$(timeout 120 "$TROUPE" "$@" 2>&1 </dev/null)"
+  rc=$?
+  local ok=1
+  if [ $rc -ge 124 ]; then ok=0; fi
+  if [ "$want" = "nz" ]; then [ $rc -ne 0 ] || ok=0; else [ $rc -eq "$want" ] || ok=0; fi
+  printf '%s' "$out" | grep -qE -- "$pattern" || ok=0
+  if [ $ok -eq 1 ]; then
+    echo "ok   $name (exit $rc)"
+  else
+    echo "FAIL $name (exit $rc, wanted $want and /$pattern/)"
+    printf '%s\n' "$out" | tail -5 | sed 's/^/     | /'
+    fails=$((fails + 1))
+  fi
+}
+
+if [ ! -f "$MODEL" ]; then
+  echo "FAIL default model missing at $MODEL: run scripts/fetch-model"
+  exit 1
+fi
+
+expect "paris" 0 "Paris" -- run -m "$MODEL" -p "The capital of France is" --temperature 0 -n 16 -t 2
+expect "speed on stderr" 0 "decode: 16 tokens, [0-9.]+ tok/s" -- run -m "$MODEL" -p "Hello" --temperature 0 -n 16 --ignore-eos
+expect "seeded sampling" 0 "." -- run -m "$MODEL" -p "Once upon a time" --seed 7 -n 8
+a="$("$TROUPE" run -m "$MODEL" -p "Once upon a time" --seed 7 -n 12 2>/dev/null)"
+b="$("$TROUPE" run -m "$MODEL" -p "Once upon a time" --seed 7 -n 12 2>/dev/null)"
+if [ "$a" = "$b" ] && [ -n "$a" ]; then echo "ok   same seed, same output"; else echo "FAIL same seed gave different output"; fails=$((fails + 1)); fi
+printf 'What is 2+2?\n' > "$TMP/chat.txt"
+out="$("$TROUPE" run -m "$MODEL" --chat --temperature 0 -n 24 < "$TMP/chat.txt" 2>&1)"
+if printf '%s' "$out" | grep -q "4"; then echo "ok   chat answers"; else echo "FAIL chat: $out" | tail -3; fails=$((fails + 1)); fi
+
+expect "empty prompt" 2 "the prompt is empty" -- run -m "$MODEL" -p ""
+printf '\xff\xfe bad' > "$TMP/bad_utf8"
+expect "invalid utf-8" 2 "not valid UTF-8" -- run -m "$MODEL" -p "$(cat "$TMP/bad_utf8")"
+long="$(python3 -c 'print("word " * 3000)')"
+expect "prompt longer than context" 2 "more than the context" -- run -m "$MODEL" -p "$long" -c 512
+expect "missing model" 1 "cannot open" -- run -m "$TMP/nope.gguf" -p hi
+printf 'GGUF' > "$TMP/trunc.gguf"
+expect "truncated model" 1 "truncated file" -- run -m "$TMP/trunc.gguf" -p hi
+head -c 1000000 "$MODEL" > "$TMP/cut.gguf"
+expect "model cut in the middle" 1 "cannot fit|past the end|truncated" -- run -m "$TMP/cut.gguf" -p hi
+printf 'not a model at all, just text\n' > "$TMP/text.gguf"
+expect "not a gguf" 1 "bad magic" -- run -m "$TMP/text.gguf" -p hi
+expect "negative temperature" 2 "temperature" -- run -m "$MODEL" -p hi --temperature -1
+expect "NaN top-p" 2 "top_p" -- run -m "$MODEL" -p hi --top-p nan
+expect "bad threads" 1 "threads" -- run -m "$MODEL" -p hi -t -3
+expect "unknown flag" nz "not expected|extras|following arguments" -- run --no-such-flag
+expect "help lists flags" 0 "--temperature" -- run --help
+expect "bench json" 0 "\"tg_tok_s\"" -- bench -m "$MODEL" -p 16 -n 4 -r 1 --json
+
+echo "$fails failure(s)"
+[ $fails -eq 0 ]
