@@ -57,7 +57,12 @@ Result<nlohmann::json> read_json(const std::string& path) {
 
 Result<ModelConfig> config_from_hf(const nlohmann::json& j, const std::string& where) {
   if (!j.is_object()) return make_error(where + ": not a JSON object");
-  std::string type = j.value("model_type", std::string("llama"));
+  // j.value() would throw (and end the process) for a non-string model_type.
+  std::string type = "llama";
+  if (auto it = j.find("model_type"); it != j.end() && !it->is_null()) {
+    if (!it->is_string()) return make_error(where + ": model_type must be a string");
+    type = it->get<std::string>();
+  }
   const Architecture* arch = find_architecture(type);
   if (!arch) return make_error(where + ": unsupported model_type '" + type + "' (supported: " + supported_architectures() + ")");
   auto c = arch->from_hf(j);
@@ -102,7 +107,8 @@ Result<ModelFiles> open_hf_dir(const std::string& dir) {
     if (t.is_string()) m.chat_template = t.get<std::string>();
     else if (t.is_array())
       for (const auto& e : t)
-        if (e.is_object() && e.value("name", "") == "default" && e.contains("template") && e["template"].is_string())
+        if (e.is_object() && e.contains("name") && e["name"] == "default" && e.contains("template") &&
+            e["template"].is_string())
           m.chat_template = e["template"].get<std::string>();
   }
   m.weights = std::move(src);

@@ -1,6 +1,7 @@
 #include "runtime/safetensors.h"
 
 #include <algorithm>
+#include <cstring>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <set>
@@ -12,9 +13,11 @@ Result<std::vector<Tensor>> parse(const uint8_t* data, size_t size) {
   if (size < 8) return make_error("safetensors: file of " + std::to_string(size) + " bytes is too short for a header");
   uint64_t hlen;
   std::memcpy(&hlen, data, 8);
-  if (hlen > size - 8 || hlen > (100ull << 20))
+  if (hlen > size - 8)
     return make_error("safetensors: header length " + std::to_string(hlen) + " runs past the end of the " +
                       std::to_string(size) + "-byte file");
+  if (hlen > (100ull << 20))
+    return make_error("safetensors: header length " + std::to_string(hlen) + " is over the 100 MiB limit");
   nlohmann::json h;
   try {
     h = nlohmann::json::parse(data + 8, data + 8 + hlen);
@@ -64,16 +67,23 @@ Result<std::vector<Tensor>> parse(const uint8_t* data, size_t size) {
     t.nbytes = bytes;
     out.push_back(std::move(t));
   }
-  // Offsets must tile the data without overlaps or holes.
+  // Offsets must tile the data without overlaps or holes, to its last byte (as the
+  // safetensors library checks). Sorted by (begin, end) like the library, so an empty
+  // tensor at the offset where another one starts is not taken for an overlap.
   std::vector<const Tensor*> order;
   for (const auto& t : out) order.push_back(&t);
-  std::sort(order.begin(), order.end(), [](auto* a, auto* b) { return a->data < b->data; });
+  std::sort(order.begin(), order.end(), [](auto* a, auto* b) {
+    return a->data < b->data || (a->data == b->data && a->nbytes < b->nbytes);
+  });
   const uint8_t* expect = base;
   for (const Tensor* t : order) {
     if (t->data < expect) return make_error("safetensors: tensor '" + t->name + "' overlaps another tensor");
     if (t->data > expect) return make_error("safetensors: tensor data is not contiguous before '" + t->name + "'");
     expect = t->data + t->nbytes;
   }
+  if (expect != base + data_size)
+    return make_error("safetensors: tensor data is not contiguous: " + std::to_string(base + data_size - expect) +
+                      " bytes after the last tensor belong to none");
   return out;
 }
 

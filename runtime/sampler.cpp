@@ -45,20 +45,29 @@ void Sampler::accept(int32_t token) {
 SampleResult Sampler::sample(const float* logits) {
   SampleResult res;
   const int32_t n = vocab_;
+  // A NaN logit would break the sorts' strict weak ordering (undefined behaviour, possibly
+  // reads outside idx_) and poison the log-softmax; it is never a sensible choice, so it
+  // counts as -inf everywhere.
+  const float neg_inf = -std::numeric_limits<float>::infinity();
+  auto raw = [&](int32_t i) { return std::isnan(logits[i]) ? neg_inf : logits[i]; };
   // Log-softmax of the raw logits for reporting.
-  float mx = -std::numeric_limits<float>::infinity();
-  for (int32_t i = 0; i < n; ++i) mx = std::max(mx, logits[i]);
+  float mx = neg_inf;
+  for (int32_t i = 0; i < n; ++i) mx = std::max(mx, raw(i));
   double z = 0;
-  for (int32_t i = 0; i < n; ++i) z += std::exp(static_cast<double>(logits[i] - mx));
+  for (int32_t i = 0; i < n; ++i) z += std::exp(static_cast<double>(raw(i) - mx));
   const float log_z = mx + static_cast<float>(std::log(z));
 
-  work_.assign(logits, logits + n);
+  work_.resize(static_cast<size_t>(n));
+  for (int32_t i = 0; i < n; ++i) work_[i] = raw(i);
   if (p_.repetition_penalty != 1.0f)
     for (int32_t i = 0; i < n; ++i)
       if (seen_[i]) work_[i] = work_[i] > 0 ? work_[i] / p_.repetition_penalty : work_[i] * p_.repetition_penalty;
   for (const auto& [tok, cnt] : generated_counts_)
     work_[tok] -= p_.presence_penalty + p_.frequency_penalty * static_cast<float>(cnt);
-  for (const auto& [tok, b] : p_.logit_bias) work_[tok] += b;
+  // validate() refuses out-of-vocabulary keys; this `if` keeps a caller that skipped it
+  // from writing outside work_.
+  for (const auto& [tok, b] : p_.logit_bias)
+    if (tok >= 0 && tok < n) work_[tok] += b;
 
   int32_t chosen = 0;
   if (p_.temperature == 0.0f) {
@@ -107,14 +116,14 @@ SampleResult Sampler::sample(const float* logits) {
     }
   }
   res.token = chosen;
-  res.logprob = logits[chosen] - log_z;
+  res.logprob = raw(chosen) - log_z;
   if (p_.logprobs > 0) {
     std::vector<int32_t> order(static_cast<size_t>(n));
     std::iota(order.begin(), order.end(), 0);
     const int32_t k = std::min(p_.logprobs, n);
     std::partial_sort(order.begin(), order.begin() + k, order.end(),
-                      [&](int32_t a, int32_t b) { return logits[a] > logits[b] || (logits[a] == logits[b] && a < b); });
-    for (int32_t i = 0; i < k; ++i) res.top.push_back({order[i], logits[order[i]] - log_z});
+                      [&](int32_t a, int32_t b) { return raw(a) > raw(b) || (raw(a) == raw(b) && a < b); });
+    for (int32_t i = 0; i < k; ++i) res.top.push_back({order[i], raw(order[i]) - log_z});
   }
   return res;
 }

@@ -42,10 +42,16 @@ OUT_JSON="${OUT_JSON:-${OUT_MD%.md}.json}"
 WORK="$(mktemp -d)"
 trap 'rm -rf "$WORK"' EXIT
 
-# Triad, built here with the flags the brief fixes.
+# Other processes over 15% CPU (ps %CPU: CPU time / lifetime, so a rough sign of a shared box).
+busy_others() {
+  ps -eo pcpu=,pid=,comm= --sort=-pcpu | awk -v me=$$ '$1 > 15 && $3 != "ps" && $3 != "llama-bench" && $3 != "triad" && $3 != "troupe" {printf "%s(%s%%) ", $3, $1}'
+}
+
+# Triad, built with -O3 -march=native -fopenmp.
 gcc -O3 -march=native -fopenmp "$ROOT/bench/cpu/triad.c" -o "$WORK/triad"
 
 for T in $THREADS; do
+  { echo "threads $T before: load $(cut -d' ' -f1-3 /proc/loadavg); $(busy_others)"; } >> "$WORK/contention.txt"
   echo "== threads $T: triad" >&2
   OMP_NUM_THREADS=$T OMP_PROC_BIND=spread nice -n "$NICE" "$WORK/triad" > "$WORK/triad-$T.json"
   cat "$WORK/triad-$T.json" >&2
@@ -63,6 +69,7 @@ for T in $THREADS; do
     echo "troupe bench not available ($TROUPE_BIN)" >&2
     : > "$WORK/troupe-$T.out"
   fi
+  { echo "threads $T after: load $(cut -d' ' -f1-3 /proc/loadavg); $(busy_others)"; } >> "$WORK/contention.txt"
 done
 
 "$PEER_BIN/llama-bench" --version > "$WORK/peer-version.txt" 2>&1 || true
@@ -114,6 +121,8 @@ except Exception as e:  # no gguf package: fall back to the file size (an upper 
     by_type = {"file_size_fallback": weight_bytes, "error": str(e)}
 
 peer_version = open(os.path.join(W, "peer-version.txt")).read().strip()
+contention = open(os.path.join(W, "contention.txt")).read().strip().splitlines()
+contended = any(not l.rstrip().endswith(";") for l in contention)
 
 rows = []
 for t in threads:
@@ -159,6 +168,7 @@ doc = {
              "bin": os.environ["PEER_BIN"]},
     "troupe_bin": os.environ["TROUPE_BIN"],
     "settings": {"pp": pp, "tg": tg, "reps": reps},
+    "contention": contention, "contended": contended,
     "results": rows,
 }
 with open(os.environ["OUT_JSON"], "w") as f:
@@ -185,6 +195,10 @@ L.append(f"- Peer: llama-cpp-python {os.environ['LLCPP_VERSION']} vendored llama
 L.append(f"- Weights: {weight_bytes/1e6:.2f} MB of tensors ("
          + ", ".join(f"{k} {v/1e6:.2f} MB" for k, v in by_type.items()) + ")")
 L.append(f"- pp{pp} / tg{tg}, {reps} repetitions each, mean tok/s (llama-bench ± stddev)")
+L.append(f"- Load around the runs (1/5/15-min load average; other processes over 15% CPU by ps, a lifetime average): "
+         + " | ".join(contention))
+if contended:
+    L.append("- **WARNING: other processes were busy during this run; the numbers are not clean.**")
 L.append("")
 L.append(f"| threads | llama.cpp pp{pp} | Troupe pp{pp} | pp ratio T/L | llama.cpp tg{tg} | "
          f"Troupe tg{tg} | tg ratio T/L | triad GB/s | tg roofline tok/s | llama.cpp tg % of roofline |")

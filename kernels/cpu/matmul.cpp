@@ -90,15 +90,15 @@ void matmul(const PackedWeight& w, const float* x, int64_t n_tokens, float* y, T
       if (a.q.size() < need_q) a.q.resize(need_q);
       if (a.scales.size() < static_cast<size_t>(n_tokens * w.num_pairs * 4))
         a.scales.resize(static_cast<size_t>(n_tokens * w.num_pairs * 4));
-      pool.parallel_for(n_tokens, [&](int64_t t0, int64_t t1) { quantize_activations(x, n_tokens, w.cols, a, t0, t1); });
-      const bool rq4 = w.kind == PackKind::RQ4;
+      const ActQuantMode mode = ActQuantMode::for_weight(w.source_type);
+      pool.parallel_for(n_tokens, [&](int64_t t0, int64_t t1) { quantize_activations(x, n_tokens, w.cols, a, t0, t1, mode); });
       pool.parallel_for(num_row_chunks, [&](int64_t c0, int64_t c1) {
         const int64_t r0 = c0 * kRowChunk, r1 = std::min(w.rows, c1 * kRowChunk);
         for (int64_t rr = r0; rr < r1; rr += kRowChunk) {
           const int64_t re = std::min(r1, rr + kRowChunk);
           for (int64_t t = 0; t < n_tokens; t += kMaxTile) {
             const int nt = static_cast<int>(std::min<int64_t>(kMaxTile, n_tokens - t));
-            k.rq(rq4, w.data, w.row_stride, w.num_pairs, a.q.data() + t * w.num_pairs * 64,
+            k.rq(w.rq_layout, w.data, w.row_stride, w.num_pairs, a.q.data() + t * w.num_pairs * 64,
                  a.scales.data() + t * w.num_pairs * 4, nt, rr, re, y + t * w.rows, w.rows);
           }
         }

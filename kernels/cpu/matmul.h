@@ -20,7 +20,7 @@ const char* isa_name(Isa isa);
 // Kernels for rows [r0, r1) and nt <= kMaxTile tokens.
 constexpr int kMaxTile = 4;
 struct MatmulKernels {
-  void (*rq)(bool is_rq4, const uint8_t* w, size_t row_stride, int64_t num_pairs, const int8_t* xq,
+  void (*rq)(RqLayout layout, const uint8_t* w, size_t row_stride, int64_t num_pairs, const int8_t* xq,
              const float* xs, int nt, int64_t r0, int64_t r1, float* y, int64_t ldy);
   void (*q6k)(const uint8_t* w, size_t row_stride, int64_t num_blocks, const BlockQ8_K* x, int nt,
               int64_t r0, int64_t r1, float* y, int64_t ldy);

@@ -24,90 +24,98 @@ inline float hsum(__m256 v) {
   return _mm_cvtss_f32(s);
 }
 
-// Four independent accumulators per token (blocks A/B of even/odd pairs) hide the FMA
-// latency at one token; tiles hold at most two tokens to stay within 16 registers. The
-// per-token operation sequence is the same for every tile size (batch independence).
-template <bool kRQ4, int kNT>
-void rq_rows(const uint8_t* w, size_t row_stride, int64_t np, const int8_t* xq, const float* xs,
-             int64_t r0, int64_t r1, float* y, int64_t ldy) {
+// One accumulator chain per (row, token), blocks in order, offsets summed in a scalar
+// in order: the same arithmetic as GGML's AVX2 q4_1 x q8_1 / q8_0 x q8_0 dot products, so
+// logits track llama.cpp's. Latency is hidden by computing kR rows x kNT tokens at once
+// (independent chains); a (row, token) result never depends on the tile it is in.
+template <RqLayout kL, int kR, int kNT>
+void rq_tile(const uint8_t* w, size_t row_stride, int64_t np, const int8_t* xq, const float* xs, int64_t r,
+             float* y, int64_t ldy) {
+  constexpr bool kRQ4 = kL == RqLayout::Four;
   constexpr size_t kPair = kRQ4 ? kRQ4PairBytes : kRQ8PairBytes;
   const __m256i m4 = _mm256_set1_epi8(0x0F);
   const __m256i ones = _mm256_set1_epi16(1);
   const __m256i bias = _mm256_set1_epi8(static_cast<char>(0x80));
-  for (int64_t r = r0; r < r1; ++r) {
-    const uint8_t* row = w + r * row_stride;
-    __m256 acc[kNT][4];
-    __m128 accm[kNT];
+  __m256 acc[kR][kNT];
+  __m128 summs[kR][kNT];
+  for (int i = 0; i < kR; ++i)
+    for (int t = 0; t < kNT; ++t) { acc[i][t] = _mm256_setzero_ps(); summs[i][t] = _mm_setzero_ps(); }
+  for (int64_t p = 0; p < np; ++p) {
+    __m256i xa[kNT], xb[kNT];
+    __m128 x4[kNT];
     for (int t = 0; t < kNT; ++t) {
-      for (auto& a : acc[t]) a = _mm256_setzero_ps();
-      accm[t] = _mm_setzero_ps();
+      x4[t] = _mm_loadu_ps(xs + (t * np + p) * 4);
+      xa[t] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + (t * np + p) * 64));
+      xb[t] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + (t * np + p) * 64 + 32));
     }
-    // Pairs alternate between accumulator sets {0,1} and {2,3} (constant indices keep
-    // the accumulators in registers).
-    auto step = [&](int64_t p, auto e_const) {
-      constexpr int e = decltype(e_const)::value;
-      const uint8_t* pp = row + p * kPair;
+    for (int i = 0; i < kR; ++i) {
+      const uint8_t* pp = w + (r + i) * row_stride + p * kPair;
       const __m128 w4 = _mm_cvtph_ps(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(pp)));
       __m256i wa, wb;
       if constexpr (kRQ4) {
         const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(pp + 8));
         wa = _mm256_and_si256(v, m4);
         wb = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
+      } else if constexpr (kL == RqLayout::EightSmall) {  // u < 128: maddubs cannot saturate
+        wa = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(pp + 8));
+        wb = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(pp + 40));
       } else {  // u - 128 as signed bytes
         wa = _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(pp + 8)), bias);
         wb = _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(pp + 40)), bias);
       }
       for (int t = 0; t < kNT; ++t) {
-        const __m128 x4 = _mm_loadu_ps(xs + (t * np + p) * 4);
-        __m128 prod = _mm_mul_ps(w4, x4);  // dA dxA, dB dxB, mA sA, mB sB
-        const __m256i xa = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + (t * np + p) * 64));
-        const __m256i xb = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + (t * np + p) * 64 + 32));
+        __m128 prod = _mm_mul_ps(w4, x4[t]);  // dA dxA, dB dxB, mA sA, mB sB
         __m256i ia, ib;
-        if constexpr (kRQ4) {
-          ia = dot_u4(wa, xa, ones);
-          ib = dot_u4(wb, xb, ones);
-          accm[t] = _mm_add_ps(accm[t], prod);
+        if constexpr (kL != RqLayout::Eight) {
+          ia = dot_u4(wa, xa[t], ones);
+          ib = dot_u4(wb, xb[t], ones);
         } else {
-          ia = dot_s8(wa, xa, ones);
-          ib = dot_s8(wb, xb, ones);
-          // sum((u - 128) x) was computed: add back 128 * d * s per block into the m lanes.
-          const __m128 corr = _mm_mul_ps(_mm_mul_ps(w4, _mm_movehl_ps(x4, x4)), _mm_set1_ps(128.0f));
-          accm[t] = _mm_add_ps(accm[t], _mm_add_ps(prod, _mm_movelh_ps(_mm_setzero_ps(), corr)));
+          ia = dot_s8(wa, xa[t], ones);
+          ib = dot_s8(wb, xb[t], ones);
+          // sum((u - 128) x) was computed: the offset lanes become m s + 128 d s (exactly 0
+          // for Q8_0, whose m is -128 d).
+          const __m128 corr = _mm_mul_ps(_mm_mul_ps(w4, _mm_movehl_ps(x4[t], x4[t])), _mm_set1_ps(128.0f));
+          prod = _mm_add_ps(prod, _mm_movelh_ps(_mm_setzero_ps(), corr));
         }
-        const __m256 sa = _mm256_broadcastss_ps(prod);
-        const __m256 sb = _mm256_broadcastss_ps(_mm_movehdup_ps(prod));
-        acc[t][e] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(ia), sa, acc[t][e]);
-        acc[t][e + 1] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(ib), sb, acc[t][e + 1]);
+        acc[i][t] = _mm256_fmadd_ps(_mm256_broadcastss_ps(prod), _mm256_cvtepi32_ps(ia), acc[i][t]);
+        acc[i][t] = _mm256_fmadd_ps(_mm256_broadcastss_ps(_mm_movehdup_ps(prod)), _mm256_cvtepi32_ps(ib), acc[i][t]);
+        const __m128 off = _mm_movehl_ps(prod, prod);
+        summs[i][t] = _mm_add_ss(summs[i][t], off);
+        summs[i][t] = _mm_add_ss(summs[i][t], _mm_movehdup_ps(off));
       }
-    };
-    int64_t p = 0;
-    for (; p + 1 < np; p += 2) {
-      step(p, std::integral_constant<int, 0>{});
-      step(p + 1, std::integral_constant<int, 2>{});
-    }
-    if (p < np) step(p, std::integral_constant<int, 0>{});
-    for (int t = 0; t < kNT; ++t) {
-      alignas(16) float m[4];
-      _mm_store_ps(m, accm[t]);
-      const __m256 sum = _mm256_add_ps(_mm256_add_ps(acc[t][0], acc[t][1]), _mm256_add_ps(acc[t][2], acc[t][3]));
-      y[t * ldy + r] = hsum(sum) + (m[2] + m[3]);
     }
   }
+  for (int i = 0; i < kR; ++i)
+    for (int t = 0; t < kNT; ++t) y[t * ldy + r + i] = hsum(acc[i][t]) + _mm_cvtss_f32(summs[i][t]);
 }
 
-template <bool kRQ4>
+template <RqLayout kRQ4, int kNT>
+void rq_rows(const uint8_t* w, size_t rs, int64_t np, const int8_t* xq, const float* xs, int64_t r0, int64_t r1,
+             float* y, int64_t ldy) {
+  constexpr int kR = 4 / kNT;
+  int64_t r = r0;
+  for (; r + kR <= r1; r += kR) rq_tile<kRQ4, kR, kNT>(w, rs, np, xq, xs, r, y, ldy);
+  for (; r < r1; ++r) rq_tile<kRQ4, 1, kNT>(w, rs, np, xq, xs, r, y, ldy);
+}
+
+template <RqLayout kRQ4>
 void rq_dispatch(const uint8_t* w, size_t rs, int64_t np, const int8_t* xq, const float* xs, int nt,
                  int64_t r0, int64_t r1, float* y, int64_t ldy) {
-  for (int t = 0; t < nt; t += 2) {
-    if (nt - t >= 2) rq_rows<kRQ4, 2>(w, rs, np, xq + t * np * 64, xs + t * np * 4, r0, r1, y + t * ldy, ldy);
-    else rq_rows<kRQ4, 1>(w, rs, np, xq + t * np * 64, xs + t * np * 4, r0, r1, y + t * ldy, ldy);
+  switch (nt) {
+    case 1: rq_rows<kRQ4, 1>(w, rs, np, xq, xs, r0, r1, y, ldy); break;
+    case 2: rq_rows<kRQ4, 2>(w, rs, np, xq, xs, r0, r1, y, ldy); break;
+    case 3: rq_rows<kRQ4, 3>(w, rs, np, xq, xs, r0, r1, y, ldy); break;
+    default: rq_rows<kRQ4, 4>(w, rs, np, xq, xs, r0, r1, y, ldy); break;
   }
 }
 
-void rq_avx2(bool is_rq4, const uint8_t* w, size_t rs, int64_t np, const int8_t* xq, const float* xs, int nt,
+void rq_avx2(RqLayout layout, const uint8_t* w, size_t rs, int64_t np, const int8_t* xq, const float* xs, int nt,
              int64_t r0, int64_t r1, float* y, int64_t ldy) {
-  if (is_rq4) rq_dispatch<true>(w, rs, np, xq, xs, nt, r0, r1, y, ldy);
-  else rq_dispatch<false>(w, rs, np, xq, xs, nt, r0, r1, y, ldy);
+  switch (layout) {
+    case RqLayout::Four: rq_dispatch<RqLayout::Four>(w, rs, np, xq, xs, nt, r0, r1, y, ldy); break;
+    case RqLayout::EightSmall: rq_dispatch<RqLayout::EightSmall>(w, rs, np, xq, xs, nt, r0, r1, y, ldy); break;
+    case RqLayout::Eight: rq_dispatch<RqLayout::Eight>(w, rs, np, xq, xs, nt, r0, r1, y, ldy); break;
+  }
 }
 
 __m256 load8(PackKind kind, const uint8_t* row, int64_t k) {

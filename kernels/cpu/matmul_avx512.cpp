@@ -60,9 +60,9 @@ void rq_dispatch(const uint8_t* w, size_t rs, int64_t np, const int8_t* xq, cons
   }
 }
 
-void rq_avx512(bool is_rq4, const uint8_t* w, size_t rs, int64_t np, const int8_t* xq, const float* xs,
+void rq_avx512(RqLayout layout, const uint8_t* w, size_t rs, int64_t np, const int8_t* xq, const float* xs,
                int nt, int64_t r0, int64_t r1, float* y, int64_t ldy) {
-  if (is_rq4) rq_dispatch<true>(w, rs, np, xq, xs, nt, r0, r1, y, ldy);
+  if (layout == RqLayout::Four) rq_dispatch<true>(w, rs, np, xq, xs, nt, r0, r1, y, ldy);
   else rq_dispatch<false>(w, rs, np, xq, xs, nt, r0, r1, y, ldy);
 }
 

@@ -7,8 +7,9 @@
 namespace troupe::cpu {
 namespace {
 
-void rq_scalar(bool is_rq4, const uint8_t* w, size_t row_stride, int64_t np, const int8_t* xq,
+void rq_scalar(RqLayout layout, const uint8_t* w, size_t row_stride, int64_t np, const int8_t* xq,
                const float* xs, int nt, int64_t r0, int64_t r1, float* y, int64_t ldy) {
+  const bool is_rq4 = layout == RqLayout::Four;
   const size_t pair_bytes = is_rq4 ? kRQ4PairBytes : kRQ8PairBytes;
   for (int64_t r = r0; r < r1; ++r) {
     const uint8_t* row = w + r * row_stride;

@@ -141,6 +141,7 @@ Result<PackedWeight> pack_concat(DType type, int64_t cols,
                       std::to_string(cols) + " columns");
   if (is_rq(type)) {
     w.kind = is_rq4(type) ? PackKind::RQ4 : PackKind::RQ8;
+    w.rq_layout = is_rq4(type) ? RqLayout::Four : (type == DType::Q8_0 ? RqLayout::Eight : RqLayout::EightSmall);
     w.num_pairs = (cols / kQK + 1) / 2;
     w.row_stride = static_cast<size_t>(w.num_pairs) * (is_rq4(type) ? kRQ4PairBytes : kRQ8PairBytes);
   } else {
@@ -218,9 +219,11 @@ void unpack_row(const PackedWeight& w, int64_t r, float* out) {
   }
 }
 
-void quantize_activations(const float* x, int64_t num_tokens, int64_t cols, ActQ& out, int64_t t0, int64_t t1) {
-  // Numerics follow GGML's q8_1 (id = 127 / amax, round half to even, d and s stored as
-  // f16) so that logits agree with llama.cpp on the same file as closely as possible.
+void quantize_activations(const float* x, int64_t num_tokens, int64_t cols, ActQ& out, int64_t t0, int64_t t1,
+                          const ActQuantMode& mode) {
+  // Numerics follow GGML's q8_0/q8_1 (id = 127 / amax, round half to even, d stored as f16;
+  // q8_1 also stores s = d * sum(q) as f16) so that logits agree with llama.cpp on the same
+  // file. Where GGML's dot product needs no offset term (symmetric types) s stays exact.
   const int64_t nb = cols / kQK;
   const int64_t np = out.num_pairs;
   for (int64_t t = t0; t < t1; ++t) {
@@ -246,8 +249,8 @@ void quantize_activations(const float* x, int64_t num_tokens, int64_t cols, ActQ
           q[b * 32 + j] = static_cast<int8_t>(v);
           sum += v;
         }
-        d = f16_to_f32(f32_to_f16(dd));
-        s = f16_to_f32(f32_to_f16(dd * static_cast<float>(sum)));
+        d = mode.d_as_f16 ? f16_to_f32(f32_to_f16(dd)) : dd;
+        s = mode.s_as_f16 ? f16_to_f32(f32_to_f16(dd * static_cast<float>(sum))) : d * static_cast<float>(sum);
       } else {
         std::memset(q + b * 32, 0, 32);
       }

@@ -1,5 +1,6 @@
 // Llama family: Llama 2, Llama 3 (llama3 RoPE scaling), Mistral, SmolLM2 (tied embeddings).
 // GGUF stores Q/K permuted for interleaved RoPE; HF checkpoints use NeoX pairing.
+#include <climits>
 #include <cmath>
 #include <cstring>
 
@@ -57,35 +58,83 @@ Result<ModelConfig> llama_like_from_gguf(const gguf::File& f, std::string_view a
   return c;
 }
 
+namespace {
+
+// config.json readers: absent or null keeps `out` (the default) unless the field is
+// required; a wrong type or an int32 overflow is an error naming the field (nlohmann's
+// own messages do not name it, and a bare get<int32_t>() would silently truncate).
+std::string shown(const nlohmann::json& v) {
+  std::string s = v.dump();
+  return s.size() > 40 ? s.substr(0, 40) + "..." : s;
+}
+
+Status read_int(const nlohmann::json& j, const char* key, int32_t& out, bool required) {
+  const auto it = j.find(key);
+  if (it == j.end() || it->is_null()) {
+    if (required) return make_error(std::string("missing field '") + key + "'");
+    return {};
+  }
+  if (!it->is_number_integer()) return make_error(std::string("'") + key + "' must be an integer, not " + shown(*it));
+  const bool fits = it->is_number_unsigned() ? it->get<uint64_t>() <= INT32_MAX
+                                             : it->get<int64_t>() >= INT32_MIN && it->get<int64_t>() <= INT32_MAX;
+  if (!fits) return make_error(std::string("'") + key + "' is out of range: " + shown(*it));
+  out = static_cast<int32_t>(it->get<int64_t>());
+  return {};
+}
+
+Status read_float(const nlohmann::json& j, const char* key, float& out) {
+  const auto it = j.find(key);
+  if (it == j.end() || it->is_null()) return {};
+  if (!it->is_number()) return make_error(std::string("'") + key + "' must be a number, not " + shown(*it));
+  out = static_cast<float>(it->get<double>());
+  return {};
+}
+
+Status read_bool(const nlohmann::json& j, const char* key, bool& out) {
+  const auto it = j.find(key);
+  if (it == j.end() || it->is_null()) return {};
+  if (!it->is_boolean()) return make_error(std::string("'") + key + "' must be true or false, not " + shown(*it));
+  out = it->get<bool>();
+  return {};
+}
+
+}  // namespace
+
 Result<ModelConfig> llama_like_from_hf(const nlohmann::json& j) {
+  if (!j.is_object()) return make_error("config.json is not a JSON object");
   ModelConfig c;
-  try {
-    c.arch = j.value("model_type", std::string("llama"));
-    c.name = j.value("_name_or_path", c.arch);
-    c.num_layers = j.at("num_hidden_layers").get<int32_t>();
-    c.hidden = j.at("hidden_size").get<int32_t>();
-    c.num_heads = j.at("num_attention_heads").get<int32_t>();
-    c.num_kv_heads = j.value("num_key_value_heads", c.num_heads);
-    c.head_dim = j.contains("head_dim") && j["head_dim"].is_number_integer() ? j["head_dim"].get<int32_t>()
-                                                                              : (c.num_heads ? c.hidden / c.num_heads : 0);
-    c.ffn = j.at("intermediate_size").get<int32_t>();
-    c.vocab = j.at("vocab_size").get<int32_t>();
-    c.max_context = j.value("max_position_embeddings", 4096);
-    c.rms_eps = j.value("rms_norm_eps", 1e-5f);
-    c.rope_theta = j.value("rope_theta", 10000.0f);
-    c.tied_embeddings = j.value("tie_word_embeddings", false);
-    if (j.contains("rope_scaling") && j["rope_scaling"].is_object()) {
-      const auto& rs = j["rope_scaling"];
-      c.rope_scaling.type = rs.value("rope_type", rs.value("type", std::string()));
-      c.rope_scaling.factor = rs.value("factor", 1.0f);
-      c.rope_scaling.low_freq_factor = rs.value("low_freq_factor", 1.0f);
-      c.rope_scaling.high_freq_factor = rs.value("high_freq_factor", 4.0f);
-      c.rope_scaling.original_max_position = rs.value("original_max_position_embeddings", 8192);
-      if (c.rope_scaling.type != "llama3" && c.rope_scaling.type != "linear" && c.rope_scaling.type != "default")
-        return make_error("config.json: unsupported rope_scaling type '" + c.rope_scaling.type + "'");
-    }
-  } catch (const std::exception& e) {
-    return make_error(std::string("config.json: ") + e.what());
+  c.arch = "llama";
+  if (auto it = j.find("model_type"); it != j.end() && it->is_string()) c.arch = it->get<std::string>();
+  c.name = c.arch;
+  if (auto it = j.find("_name_or_path"); it != j.end() && it->is_string()) c.name = it->get<std::string>();
+  TROUPE_TRY(read_int(j, "num_hidden_layers", c.num_layers, true));
+  TROUPE_TRY(read_int(j, "hidden_size", c.hidden, true));
+  TROUPE_TRY(read_int(j, "num_attention_heads", c.num_heads, true));
+  c.num_kv_heads = c.num_heads;
+  TROUPE_TRY(read_int(j, "num_key_value_heads", c.num_kv_heads, false));
+  c.head_dim = c.num_heads > 0 ? c.hidden / c.num_heads : 0;
+  TROUPE_TRY(read_int(j, "head_dim", c.head_dim, false));
+  TROUPE_TRY(read_int(j, "intermediate_size", c.ffn, true));
+  TROUPE_TRY(read_int(j, "vocab_size", c.vocab, true));
+  c.max_context = 4096;
+  TROUPE_TRY(read_int(j, "max_position_embeddings", c.max_context, false));
+  c.rms_eps = 1e-5f;
+  TROUPE_TRY(read_float(j, "rms_norm_eps", c.rms_eps));
+  c.rope_theta = 10000.0f;
+  TROUPE_TRY(read_float(j, "rope_theta", c.rope_theta));
+  c.tied_embeddings = false;
+  TROUPE_TRY(read_bool(j, "tie_word_embeddings", c.tied_embeddings));
+  if (auto it = j.find("rope_scaling"); it != j.end() && !it->is_null()) {
+    if (!it->is_object()) return make_error("'rope_scaling' must be an object, not " + shown(*it));
+    const auto& rs = *it;
+    if (auto t = rs.find("rope_type"); t != rs.end() && t->is_string()) c.rope_scaling.type = t->get<std::string>();
+    else if (auto t2 = rs.find("type"); t2 != rs.end() && t2->is_string()) c.rope_scaling.type = t2->get<std::string>();
+    TROUPE_TRY(read_float(rs, "factor", c.rope_scaling.factor));
+    TROUPE_TRY(read_float(rs, "low_freq_factor", c.rope_scaling.low_freq_factor));
+    TROUPE_TRY(read_float(rs, "high_freq_factor", c.rope_scaling.high_freq_factor));
+    TROUPE_TRY(read_int(rs, "original_max_position_embeddings", c.rope_scaling.original_max_position, false));
+    if (c.rope_scaling.type != "llama3" && c.rope_scaling.type != "linear" && c.rope_scaling.type != "default")
+      return make_error("unsupported rope_scaling type '" + c.rope_scaling.type + "'");
   }
   c.rope_kind = RopeKind::Neox;
   TROUPE_TRY(c.validate());

@@ -105,8 +105,10 @@ TEST_CASE("SIMD matmul agrees closely with the scalar kernel", "[kernels][matmul
     matmul(*packed, x.data(), 5, ys.data(), pool, s, Isa::Scalar);
     for (Isa isa : available_isas()) {
       matmul(*packed, x.data(), 5, yv.data(), pool, s, isa);
-      for (size_t i = 0; i < ys.size(); ++i)
+      for (size_t i = 0; i < ys.size(); ++i) {
+        INFO("type " << dtype_traits(type).name << " isa " << isa_name(isa) << " elem " << i << " scalar " << ys[i] << " simd " << yv[i]);
         REQUIRE(std::fabs(ys[i] - yv[i]) <= 1e-4f * (1 + std::fabs(ys[i])));
+      }
     }
   }
 }
