@@ -1,5 +1,7 @@
 #include "kernels/cpu/packed.h"
 
+#include <sys/mman.h>
+
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -13,9 +15,17 @@ namespace troupe::cpu {
 
 AlignedBytes AlignedBytes::allocate(size_t bytes) {
   AlignedBytes a;
-  const size_t rounded = (bytes + 63) / 64 * 64;
-  void* p = rounded ? std::aligned_alloc(64, rounded) : nullptr;
+  // Large buffers go on 2 MiB boundaries and ask for transparent huge pages: decode streams
+  // every weight once per token, and with 4 KiB pages the TLB misses cost a third of the
+  // DRAM bandwidth on the machines we measured (5-10 GB/s versus 12.9 GB/s).
+  constexpr size_t kHuge = size_t{2} << 20;
+  const size_t align = bytes >= kHuge ? kHuge : 64;
+  const size_t rounded = (bytes + align - 1) / align * align;
+  void* p = rounded ? std::aligned_alloc(align, rounded) : nullptr;
   if (rounded && !p) return a;
+#ifdef MADV_HUGEPAGE
+  if (p && align == kHuge) madvise(p, rounded, MADV_HUGEPAGE);
+#endif
   a.ptr = std::unique_ptr<uint8_t, void (*)(void*)>(static_cast<uint8_t*>(p), std::free);
   a.size = bytes;
   return a;

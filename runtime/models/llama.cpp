@@ -32,10 +32,14 @@ Result<ModelConfig> llama_like_from_gguf(const gguf::File& f, std::string_view a
     return make_error("partial rotary embeddings (rope.dimension_count " + std::to_string(*rd) + ") are not supported");
   c.rms_eps = static_cast<float>(f.opt_number(a + ".attention.layer_norm_rms_epsilon").value_or(1e-5));
   c.rope_theta = static_cast<float>(f.opt_number(a + ".rope.freq_base").value_or(10000.0));
-  if (auto st = f.opt_string(a + ".rope.scaling.type"); st && *st == "linear") {
+  if (auto st = f.opt_string(a + ".rope.scaling.type"); st && *st != "none") {
+    if (*st != "linear") return make_error("unsupported rope scaling type '" + *st + "' (" + a + ".rope.scaling.type)");
     c.rope_scaling.type = "linear";
     c.rope_scaling.factor = static_cast<float>(f.opt_number(a + ".rope.scaling.factor").value_or(1.0));
   }
+  // Sliding-window attention is not implemented: cap the context at the window instead.
+  if (auto sw = f.opt_int(a + ".attention.sliding_window"); sw && *sw > 0 && *sw < c.max_context)
+    c.max_context = static_cast<int32_t>(*sw);
   if (const auto* t = f.tensor("rope_freqs.weight")) {
     if (t->type != DType::F32 || t->n_dims != 1 || t->ne[0] * 2 != static_cast<uint64_t>(c.head_dim))
       return make_error("tensor 'rope_freqs.weight' must be f32 [head_dim/2]");
@@ -135,6 +139,12 @@ Result<ModelConfig> llama_like_from_hf(const nlohmann::json& j) {
     TROUPE_TRY(read_int(rs, "original_max_position_embeddings", c.rope_scaling.original_max_position, false));
     if (c.rope_scaling.type != "llama3" && c.rope_scaling.type != "linear" && c.rope_scaling.type != "default")
       return make_error("unsupported rope_scaling type '" + c.rope_scaling.type + "'");
+  }
+  // Sliding-window attention (Mistral v0.1) is not implemented: within the window it is
+  // ordinary causal attention, so the usable context is capped at the window.
+  if (auto it = j.find("sliding_window"); it != j.end() && it->is_number_integer()) {
+    const int64_t w = it->get<int64_t>();
+    if (w > 0 && w < c.max_context) c.max_context = static_cast<int32_t>(w);
   }
   c.rope_kind = RopeKind::Neox;
   TROUPE_TRY(c.validate());
