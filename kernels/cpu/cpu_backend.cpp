@@ -6,6 +6,7 @@
 #include <thread>
 
 #include "kernels/backend.h"
+#include "kernels/cpu/attention.h"
 #include "kernels/cpu/matmul.h"
 #include "kernels/cpu/ops.h"
 #include "kernels/cpu/packed.h"
@@ -128,44 +129,32 @@ class CpuBackend final : public Backend {
     const int64_t row = static_cast<int64_t>(nkv) * hd;
     const uint16_t* kb = c.k.data() + c.layer_elems * layer;
     const uint16_t* vb = c.v.data() + c.layer_elems * layer;
-    const int64_t tasks = static_cast<int64_t>(step_.num_tokens) * nkv;
-    pool_.parallel_for(tasks, [&](int64_t a, int64_t b) {
-      thread_local std::vector<float> scores, qr;
-      thread_local std::vector<uint16_t> qh;
-      for (int64_t task = a; task < b; ++task) {
-        const int32_t t = static_cast<int32_t>(task / nkv), h = static_cast<int32_t>(task % nkv);
-        const int32_t s = seq_of_token_[t];
-        const int32_t len = step_.positions[t] + 1;
-        const int32_t* bt = step_.block_tables + static_cast<int64_t>(s) * step_.max_blocks_per_seq;
-        scores.resize(static_cast<size_t>(group) * len);
-        // Queries and attention weights are rounded to f16 like the f16 K/V they meet, as
-        // GGML does; this keeps logits close to llama.cpp's on the same file.
-        qh.resize(static_cast<size_t>(group) * hd);
-        qr.resize(static_cast<size_t>(group) * hd);
-        cpu::f32_to_f16_row(q + t * ld_q + h * group * hd, qh.data(), group * hd);
-        for (int64_t i = 0; i < group * hd; ++i) qr[i] = f16_to_f32(qh[i]);
-        for (int32_t p = 0; p < len; ++p) {
-          const int64_t slot = static_cast<int64_t>(bt[p / bs]) * bs + p % bs;
-          const uint16_t* kp = kb + slot * row + h * hd;
-          for (int32_t g = 0; g < group; ++g)
-            scores[g * len + p] = cpu::dot_f16_f32(kp, qr.data() + g * hd, hd) * scale;
-        }
-        for (int32_t g = 0; g < group; ++g) {
-          float* sc = scores.data() + g * len;
-          float mx = -std::numeric_limits<float>::infinity();
-          for (int32_t p = 0; p < len; ++p) mx = std::max(mx, sc[p]);
-          double sum = 0;
-          for (int32_t p = 0; p < len; ++p) { sc[p] = std::exp(sc[p] - mx); sum += sc[p]; }
-          const float inv = static_cast<float>(1.0 / sum);
-          for (int32_t p = 0; p < len; ++p) sc[p] = f16_to_f32(f32_to_f16(sc[p] * inv));
-        }
-        for (int32_t g = 0; g < group; ++g) std::fill_n(out + t * num_heads * hd + (h * group + g) * hd, hd, 0.0f);
-        for (int32_t p = 0; p < len; ++p) {
-          const int64_t slot = static_cast<int64_t>(bt[p / bs]) * bs + p % bs;
-          const uint16_t* vp = vb + slot * row + h * hd;
-          for (int32_t g = 0; g < group; ++g)
-            cpu::axpy_f16(scores[g * len + p], vp, out + t * num_heads * hd + (h * group + g) * hd, hd);
-        }
+    // Tasks: (sequence, KV head, tile of up to 4 consecutive query tokens).
+    constexpr int32_t kTile = 4;
+    tasks_.clear();
+    for (int32_t s = 0; s < step_.num_seqs; ++s)
+      for (int32_t t = step_.query_start[s]; t < step_.query_start[s + 1]; t += kTile)
+        for (int32_t h = 0; h < nkv; ++h) tasks_.push_back({s, t, std::min(kTile, step_.query_start[s + 1] - t), h});
+    pool_.parallel_for(static_cast<int64_t>(tasks_.size()), [&](int64_t a, int64_t b) {
+      for (int64_t i = a; i < b; ++i) {
+        const Task& tk = tasks_[static_cast<size_t>(i)];
+        cpu::AttentionTile at;
+        at.k = kb;
+        at.v = vb;
+        at.row = row;
+        at.head_dim = hd;
+        at.block_size = bs;
+        at.group = group;
+        at.kv_head = tk.head;
+        at.block_table = step_.block_tables + static_cast<int64_t>(tk.seq) * step_.max_blocks_per_seq;
+        at.scale = scale;
+        at.q = q + tk.first * ld_q;
+        at.ld_q = ld_q;
+        at.positions = step_.positions + tk.first;
+        at.num = tk.count;
+        at.out = out + static_cast<int64_t>(tk.first) * num_heads * hd;
+        at.ld_out = static_cast<int64_t>(num_heads) * hd;
+        cpu::attention_tile(at);
       }
     });
   }
@@ -188,6 +177,10 @@ class CpuBackend final : public Backend {
   std::vector<float> tmp_;
   StepInputs step_{};
   std::vector<int32_t> seq_of_token_;
+  struct Task {
+    int32_t seq, first, count, head;
+  };
+  std::vector<Task> tasks_;
 };
 
 }  // namespace

@@ -1,0 +1,33 @@
+// Causal attention of a tile of queries from one sequence and one KV head over the paged
+// f16 KV cache. Each K/V row is converted once and used by every query of the tile and
+// every query head sharing the KV head (GQA), so prefill does not reload the cache per
+// query. A query's result never depends on the tile it is computed in.
+#pragma once
+#include <cstdint>
+
+namespace troupe::cpu {
+
+struct AttentionTile {
+  const uint16_t* k = nullptr;  // layer base of K: [slots, num_kv_heads, head_dim] f16
+  const uint16_t* v = nullptr;
+  int64_t row = 0;              // num_kv_heads * head_dim
+  int32_t head_dim = 0, block_size = 0, group = 0, kv_head = 0;
+  const int32_t* block_table = nullptr;
+  float scale = 1.0f;
+  // Queries: token i of the tile at q + i * ld_q, heads kv_head*group .. +group.
+  const float* q = nullptr;
+  int64_t ld_q = 0;
+  const int32_t* positions = nullptr;  // [num] position of each query (attends to 0..pos)
+  int32_t num = 0;
+  float* out = nullptr;                // token i at out + i * ld_out, same head layout as q
+  int64_t ld_out = 0;
+};
+
+void attention_tile(const AttentionTile& a);
+
+// f32 helpers with runtime dispatch (F16C/FMA when present).
+void f16_to_f32_row(const uint16_t* x, float* y, int64_t n);
+float dot_f32(const float* a, const float* b, int64_t n);
+void axpy_f32(float alpha, const float* x, float* y, int64_t n);
+
+}  // namespace troupe::cpu
