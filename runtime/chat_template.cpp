@@ -40,8 +40,14 @@ static Result<std::string> render_vars(const std::shared_ptr<const jinja::Body>&
   if (!body_) return make_error("chat template was not parsed");
   if (vars.is_null()) return jinja::render(*body_, {}, budget);  // `{}` converts to null
   if (!vars.is_object()) return make_error("chat template variables must be a JSON object");
-  jinja::Value v = jinja::from_json(vars);
-  return jinja::render(*body_, *v.dict, budget);
+  // Each variable is a value like any other: nested at most max_depth deep.
+  jinja::ValueDict globals;
+  for (auto it = vars.begin(); it != vars.end(); ++it) {
+    auto v = jinja::from_json(it.value(), budget.max_depth);
+    if (!v.ok()) return make_error("chat template variable '" + it.key() + "': " + v.error().message);
+    globals.entries.emplace_back(it.key(), std::move(v.value()));
+  }
+  return jinja::render(*body_, globals, budget);
 }
 
 Result<std::string> ChatTemplate::render_json(const nlohmann::json& vars, const TemplateBudget& budget) const {

@@ -38,7 +38,8 @@ struct TemplateBudget {
   uint64_t max_loop_iterations = 100000;  // all loop iterations together (also caps range())
   uint64_t max_output_bytes = 4 << 20;    // output, and any single string/list built on the way
   double max_seconds = 1.0;               // wall time of one render
-  uint32_t max_depth = 64;                // nesting of statements and expressions
+  uint32_t max_depth = 64;                // nesting of statements and expressions, and of values
+                                          // (lists/dicts, template variables included)
 };
 
 class ChatTemplate {

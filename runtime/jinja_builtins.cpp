@@ -97,6 +97,7 @@ Result<Value> select_filter(const std::string& name, const Value& subject, const
   }
   std::string test;
   CallArgs test_args;
+  test_args.max_depth = args.max_depth;
   if (args.positional.size() > first_test_arg) {
     if (!args.positional[first_test_arg].is_string()) return make_error(name + ": test name must be a string");
     test = args.positional[first_test_arg].s;
@@ -130,8 +131,10 @@ Result<Value> map_filter(const Value& subject, const CallArgs& args) {
   ValueList out;
   if (const Value* attr = args.get(99, "attribute")) {
     const Value* dflt = args.get(99, "default");
+    auto path = to_str(*attr, args.max_depth);
+    if (!path.ok()) return path.error();
     for (const Value& item : items.value()) {
-      auto got = attribute_path(item, to_str(*attr));
+      auto got = attribute_path(item, path.value());
       if (!got.ok()) return got.error();
       out.push_back(got.value().is_undefined() && dflt ? *dflt : got.value());
     }
@@ -141,6 +144,7 @@ Result<Value> map_filter(const Value& subject, const CallArgs& args) {
   const std::string filter = args.positional[0].s;
   if (!is_known_filter(filter) || filter == "map") return make_error("map: unsupported filter '" + filter + "'");
   CallArgs rest;
+  rest.max_depth = args.max_depth;
   rest.positional.assign(args.positional.begin() + 1, args.positional.end());
   rest.keyword = args.keyword;
   for (const Value& item : items.value()) {
@@ -188,6 +192,7 @@ Result<Value> to_int(const Value& v, const CallArgs& args) {
 Result<Value> to_json_filter(const Value& v, const CallArgs& args) {
   // transformers' signature: tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False)
   JsonOptions o;
+  o.max_depth = args.max_depth;
   if (const Value* a = args.get(0, "ensure_ascii")) o.ensure_ascii = truthy(*a);
   if (const Value* a = args.get(1, "indent"); a && !a->is_none()) {
     if (a->kind != Kind::kInt) return make_error("tojson: indent must be an integer");
@@ -233,7 +238,9 @@ Result<Value> get_item(const Value& obj, const Value& key) {
     }
     return Value::undefined(std::string(type_name(obj)) + " index out of range");
   }
-  return Value::undefined(std::string("'") + type_name(obj) + " object' has no item " + to_repr(key));
+  auto shown = to_repr(key, 4);  // only a hint: a deeper key shows as its type
+  return Value::undefined(std::string("'") + type_name(obj) + " object' has no item " +
+                          (shown.ok() ? shown.value() : std::string(type_name(key))));
 }
 
 Result<Value> get_slice(const Value& obj, const Value& start_v, const Value& stop_v, const Value& step_v) {
@@ -294,7 +301,6 @@ Result<ValueList> iterate(const Value& v) {
 }
 
 Result<Value> apply_filter(const std::string& name, const Value& v, const CallArgs& args) {
-  auto str = [&] { return to_str(v); };
   if (name == "safe") return v;
   if (name == "default" || name == "d") {
     const Value* dflt = args.get(0, "default_value");
@@ -302,12 +308,18 @@ Result<Value> apply_filter(const std::string& name, const Value& v, const CallAr
     bool use_default = v.is_undefined() || (boolean && truthy(*boolean) && !truthy(v));
     return use_default ? (dflt ? *dflt : Value::string("")) : v;
   }
-  if (name == "trim") return Value::string(strip(str(), args.get(0, "chars"), true, true));
-  if (name == "upper") return Value::string(map_case(str(), to_upper_cp));
-  if (name == "lower") return Value::string(map_case(str(), to_lower_cp));
-  if (name == "capitalize") return Value::string(py_capitalize(str()));
-  if (name == "title") return Value::string(jinja_title(str()));
-  if (name == "string") return Value::string(str());
+  if (name == "trim" || name == "upper" || name == "lower" || name == "capitalize" || name == "title" ||
+      name == "string") {
+    auto text = to_str(v, args.max_depth);
+    if (!text.ok()) return text.error();
+    std::string& s = text.value();
+    if (name == "trim") return Value::string(strip(s, args.get(0, "chars"), true, true));
+    if (name == "upper") return Value::string(map_case(s, to_upper_cp));
+    if (name == "lower") return Value::string(map_case(s, to_lower_cp));
+    if (name == "capitalize") return Value::string(py_capitalize(s));
+    if (name == "title") return Value::string(jinja_title(s));
+    return Value::string(std::move(s));
+  }
   if (name == "tojson") return to_json_filter(v, args);
   if (name == "int") return to_int(v, args);
   if (name == "float") {
@@ -337,7 +349,13 @@ Result<Value> apply_filter(const std::string& name, const Value& v, const CallAr
     const Value* count = args.get(2, "count");
     if (!from || !to) return make_error("replace needs old and new");
     int64_t n = count && count->kind == Kind::kInt ? count->i : -1;
-    return Value::string(py_replace(str(), to_str(*from), to_str(*to), n));
+    auto s = to_str(v, args.max_depth);
+    if (!s.ok()) return s.error();
+    auto old_s = to_str(*from, args.max_depth);
+    if (!old_s.ok()) return old_s.error();
+    auto new_s = to_str(*to, args.max_depth);
+    if (!new_s.ok()) return new_s.error();
+    return Value::string(py_replace(s.value(), old_s.value(), new_s.value(), n));
   }
   if (name == "selectattr" || name == "rejectattr" || name == "select" || name == "reject") {
     return select_filter(name, v, args);
@@ -365,18 +383,24 @@ Result<Value> apply_filter(const std::string& name, const Value& v, const CallAr
     return Value::make_list(std::move(list));
   }
   if (name == "join") {
-    const Value* sep = args.get(0, "d");
-    const Value* attr = args.get(1, "attribute");
+    const Value* sep_v = args.get(0, "d");
+    const Value* attr_v = args.get(1, "attribute");
+    auto sep = to_str(sep_v ? *sep_v : Value::string(""), args.max_depth);
+    if (!sep.ok()) return sep.error();
+    auto attr = to_str(attr_v ? *attr_v : Value::string(""), args.max_depth);
+    if (!attr.ok()) return attr.error();
     std::string out;
     for (size_t k = 0; k < list.size(); ++k) {
-      if (k && sep) out += to_str(*sep);
+      if (k) out += sep.value();
       Value item = list[k];
-      if (attr) {
-        auto got = attribute_path(item, to_str(*attr));
+      if (attr_v) {
+        auto got = attribute_path(item, attr.value());
         if (!got.ok()) return got.error();
         item = std::move(got.value());
       }
-      out += to_str(item);
+      auto text = to_str(item, args.max_depth);
+      if (!text.ok()) return text.error();
+      out += text.value();
     }
     return Value::string(std::move(out));
   }
@@ -403,9 +427,10 @@ Result<bool> apply_test(const std::string& name, const Value& v, const CallArgs&
   if (name == "true") return v.kind == Kind::kBool && v.b;
   if (name == "false") return v.kind == Kind::kBool && !v.b;
   if (name == "lower" || name == "upper") {
-    std::string s = to_str(v);
+    auto s = to_str(v, args.max_depth);
+    if (!s.ok()) return s.error();
     bool any_cased = false;
-    for (char32_t cp : utf8_decode(s)) {
+    for (char32_t cp : utf8_decode(s.value())) {
       if (!is_alpha_cp(cp)) continue;
       any_cased = true;
       if ((name == "lower" ? to_lower_cp(cp) : to_upper_cp(cp)) != cp) return false;
@@ -533,7 +558,9 @@ Result<Value> call_method(const Value& obj, const std::string& name, const CallA
 Result<Value> call_function(const std::string& name, const CallArgs& args, uint64_t max_items) {
   if (name == "raise_exception") {
     const Value* msg = args.get(0, "message");
-    return make_error(msg ? to_str(*msg) : std::string("raise_exception called"));
+    if (!msg) return make_error("raise_exception called");
+    auto text = to_str(*msg, args.max_depth);
+    return make_error(text.ok() ? text.value() : text.error().message);
   }
   if (name == "namespace" || name == "dict") {
     ValueDict d;

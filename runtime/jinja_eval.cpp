@@ -1,7 +1,9 @@
 // Tree-walking renderer for parsed chat templates. Scoping follows Jinja: a for-loop body
 // gets a fresh scope per iteration (its `set`s do not leak), `if` shares its parent's;
 // namespace objects are shared, so `ns.x = ...` is the way to carry state out of a loop.
-// Every budget in TemplateBudget is checked where it can be exceeded.
+// Every budget in TemplateBudget is checked where it can be exceeded; max_depth bounds the
+// nesting of statements and expressions, and of values (every expression's result).
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <unordered_map>
@@ -108,6 +110,17 @@ class Renderer {
     for (const auto& [k, v] : vars.entries) scopes_.back()[k] = v;
   }
 
+  // Namespaces can hold themselves (`ns.x = [ns]`), which reference counting never frees:
+  // empty every namespace still alive.
+  ~Renderer() {
+    for (auto& weak : namespaces_) {
+      if (auto d = weak.lock()) {
+        auto entries = std::move(d->entries);
+        d->entries.clear();
+      }
+    }
+  }
+
   Result<std::string> run(const Body& body) {
     Flow flow = Flow::kNormal;
     TROUPE_TRY(exec_body(body, &flow));
@@ -125,6 +138,13 @@ class Renderer {
     if (depth_ > budget_.max_depth) {
       return error_at(line, "depth budget exceeded (max_depth=" + std::to_string(budget_.max_depth) + ")");
     }
+    return {};
+  }
+
+  // Values nest at most max_depth lists/dicts deep, so nothing that walks one recursively
+  // (str, tojson, ==, freeing) can exhaust the stack.
+  Status check_nesting(const Value& v, int line) const {
+    if (v.depth > budget_.max_depth) return error_at(line, nesting_error(budget_.max_depth).message);
     return {};
   }
 
@@ -187,7 +207,9 @@ class Renderer {
       case StmtKind::kText: return write(s.text, s.line);
       case StmtKind::kOutput: {
         JINJA_EVAL(v, eval(*s.expr));
-        return write(to_str(v), s.line);
+        auto text = to_str(v, budget_.max_depth);
+        if (!text.ok()) return error_at(s.line, text.error().message);
+        return write(text.value(), s.line);
       }
       case StmtKind::kIf: {
         for (size_t k = 0; k < s.bodies.size(); ++k) {
@@ -203,6 +225,7 @@ class Renderer {
       case StmtKind::kSet: {
         JINJA_EVAL(v, eval(*s.expr));
         if (s.attr.empty()) return assign(s.targets, v, s.line);
+        TROUPE_TRY(check_nesting(v, s.line));
         Value ns = lookup(s.targets[0]);
         if (ns.kind != Kind::kNamespace) {
           return error_at(s.line, "cannot assign attribute '" + s.attr + "' on '" + s.targets[0] + "': not a namespace");
@@ -262,8 +285,10 @@ class Renderer {
       loop.entries.emplace_back("length", Value::integer(n));
       if (k > 0) loop.entries.emplace_back("previtem", items[k - 1]);
       if (k + 1 < n) loop.entries.emplace_back("nextitem", items[k + 1]);
+      Value loop_value = Value::make_dict(std::move(loop));
+      TROUPE_TRY(check_nesting(loop_value, s.line));
       scopes_.emplace_back();
-      scopes_.back()["loop"] = Value::make_dict(std::move(loop));
+      scopes_.back()["loop"] = std::move(loop_value);
       Flow flow = Flow::kNormal;
       Status st = assign(s.targets, items[k], s.line);
       if (st.ok()) st = exec_body(s.bodies[0], &flow);
@@ -283,6 +308,7 @@ class Renderer {
 
   Result<CallArgs> eval_args(const Expr& e, size_t first) {
     CallArgs args;
+    args.max_depth = budget_.max_depth;
     for (size_t k = first; k < e.args.size(); ++k) {
       JINJA_EVAL(v, eval(*e.args[k]));
       args.positional.push_back(std::move(v));
@@ -300,7 +326,15 @@ class Renderer {
     return r;
   }
 
+  // Every value an expression makes (a list literal, a filter's or call's result, ...) is
+  // checked, so no value gets more than one level past max_depth, however a loop nests it.
   Result<Value> eval(const Expr& e) {
+    auto v = eval_expr(e);
+    if (v.ok()) TROUPE_TRY(check_nesting(v.value(), e.line));
+    return v;
+  }
+
+  Result<Value> eval_expr(const Expr& e) {
     DepthGuard guard(&depth_);
     TROUPE_TRY(check_depth(e.line));
     if (++evals_ % 1024 == 0) TROUPE_TRY(check_time(e.line));
@@ -403,7 +437,13 @@ class Renderer {
   }
 
   Result<Value> binary(const std::string& op, const Value& a, const Value& b) {
-    if (op == "~") return Value::string(to_str(a) + to_str(b));
+    if (op == "~") {
+      auto x = to_str(a, budget_.max_depth);
+      if (!x.ok()) return x.error();
+      auto y = to_str(b, budget_.max_depth);
+      if (!y.ok()) return y.error();
+      return Value::string(x.value() + y.value());
+    }
     if (op == "==") return Value::boolean(equals(a, b));
     if (op == "!=") return Value::boolean(!equals(a, b));
     if (op == "in" || op == "not in") {
@@ -452,7 +492,9 @@ class Renderer {
     auto args = eval_args(e, 1);
     if (!args.ok()) return args.error();
     if (callee.kind == ExprKind::kName) {
-      return at_line(call_function(callee.name, args.value(), budget_.max_loop_iterations), e.line);
+      JINJA_EVAL(v, at_line(call_function(callee.name, args.value(), budget_.max_loop_iterations), e.line));
+      if (v.kind == Kind::kNamespace) track_namespace(v);
+      return v;
     }
     JINJA_EVAL(obj, eval(*callee.args[0]));
     JINJA_EVAL(v, at_line(call_method(obj, callee.name, args.value()), e.line));
@@ -460,8 +502,20 @@ class Renderer {
     return v;
   }
 
+  // Remembered (weakly) for the destructor; dead entries are dropped as the list doubles.
+  void track_namespace(const Value& ns) {
+    if (namespaces_.size() >= namespaces_prune_at_) {
+      namespaces_.erase(std::remove_if(namespaces_.begin(), namespaces_.end(), [](const auto& w) { return w.expired(); }),
+                        namespaces_.end());
+      namespaces_prune_at_ = std::max<size_t>(64, namespaces_.size() * 2);
+    }
+    namespaces_.push_back(ns.dict);
+  }
+
   const TemplateBudget& budget_;
   const std::chrono::steady_clock::time_point start_;
+  std::vector<std::weak_ptr<ValueDict>> namespaces_;
+  size_t namespaces_prune_at_ = 64;
   std::vector<std::unordered_map<std::string, Value>> scopes_;
   std::string out_;
   uint64_t bytes_written_ = 0;

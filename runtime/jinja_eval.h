@@ -15,6 +15,7 @@ namespace troupe::jinja {
 struct CallArgs {
   std::vector<Value> positional;
   std::vector<std::pair<std::string, Value>> keyword;
+  uint32_t max_depth = TemplateBudget{}.max_depth;  // the render's; bounds str()/tojson of nested values
   // The argument at `index` (after the subject) or passed as `name`; null when absent.
   const Value* get(size_t index, std::string_view name) const;
 };

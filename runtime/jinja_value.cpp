@@ -63,19 +63,54 @@ Value Value::make_list(ValueList items, bool tuple) {
   Value v;
   v.kind = Kind::kList;
   v.is_tuple = tuple;
+  uint32_t deepest = 0;
+  for (const Value& item : items) deepest = std::max(deepest, item.depth);
+  v.depth = deepest + 1;
   v.list = std::make_shared<ValueList>(std::move(items));
   return v;
 }
 Value Value::make_dict(ValueDict d) {
   Value v;
   v.kind = Kind::kDict;
+  uint32_t deepest = 0;
+  for (const auto& entry : d.entries) deepest = std::max(deepest, entry.second.depth);
+  v.depth = deepest + 1;
   v.dict = std::make_shared<ValueDict>(std::move(d));
   return v;
 }
+
+namespace {
+// Frees namespaces one at a time: a namespace released while another is being freed (the
+// next link of a chain) waits in `pending` instead of being freed inside it, so freeing a
+// chain of any length uses a bounded stack.
+struct NamespaceDeleter {
+  void operator()(ValueDict* d) const {
+    thread_local std::vector<ValueDict*> pending;
+    thread_local bool draining = false;
+    pending.push_back(d);
+    if (draining) return;
+    draining = true;
+    while (!pending.empty()) {
+      ValueDict* next = pending.back();
+      pending.pop_back();
+      delete next;
+    }
+    draining = false;
+  }
+};
+}  // namespace
+
 Value Value::make_namespace(ValueDict d) {
-  Value v = make_dict(std::move(d));
+  Value v;
   v.kind = Kind::kNamespace;
+  v.depth = 1;
+  v.dict = std::shared_ptr<ValueDict>(new ValueDict(std::move(d)), NamespaceDeleter{});
   return v;
+}
+
+Error nesting_error(uint32_t max_depth) {
+  const std::string n = std::to_string(max_depth);
+  return make_error("value nested deeper than " + n + " levels (max_depth=" + n + ")");
 }
 
 bool truthy(const Value& v) {
@@ -167,44 +202,62 @@ static std::string repr_string(const std::string& s) {
   return out;
 }
 
-std::string to_repr(const Value& v) {
+// str() of everything but lists and dicts.
+static std::string scalar_str(const Value& v) {
   switch (v.kind) {
-    case Kind::kString: return repr_string(v.s);
-    case Kind::kList: {
-      std::string out = v.is_tuple ? "(" : "[";
-      for (size_t k = 0; k < v.list->size(); ++k) {
-        if (k) out += ", ";
-        out += to_repr((*v.list)[k]);
-      }
-      if (v.is_tuple && v.list->size() == 1) out += ",";
-      return out + (v.is_tuple ? ")" : "]");
-    }
-    case Kind::kDict: {
-      std::string out = "{";
-      bool first = true;
-      for (const auto& [k, item] : v.dict->entries) {
-        if (!first) out += ", ";
-        first = false;
-        out += repr_string(k) + ": " + to_repr(item);
-      }
-      return out + "}";
-    }
-    case Kind::kUndefined: return "Undefined";
-    default: return to_str(v);
-  }
-}
-
-std::string to_str(const Value& v) {
-  switch (v.kind) {
-    case Kind::kUndefined: return "";
     case Kind::kNone: return "None";
     case Kind::kBool: return v.b ? "True" : "False";
     case Kind::kInt: return std::to_string(v.i);
     case Kind::kFloat: return format_float(v.f);
     case Kind::kString: return v.s;
     case Kind::kNamespace: return "<Namespace>";
-    default: return to_repr(v);
+    default: return "";
   }
+}
+
+// `level`: how many lists/dicts enclose `v`.
+static Status repr_into(std::string& out, const Value& v, uint32_t level, uint32_t max_depth) {
+  switch (v.kind) {
+    case Kind::kString: out += repr_string(v.s); return {};
+    case Kind::kList: {
+      if (level >= max_depth) return nesting_error(max_depth);
+      out += v.is_tuple ? "(" : "[";
+      for (size_t k = 0; k < v.list->size(); ++k) {
+        if (k) out += ", ";
+        TROUPE_TRY(repr_into(out, (*v.list)[k], level + 1, max_depth));
+      }
+      if (v.is_tuple && v.list->size() == 1) out += ",";
+      out += v.is_tuple ? ")" : "]";
+      return {};
+    }
+    case Kind::kDict: {
+      if (level >= max_depth) return nesting_error(max_depth);
+      out += "{";
+      bool first = true;
+      for (const auto& [k, item] : v.dict->entries) {
+        if (!first) out += ", ";
+        first = false;
+        out += repr_string(k) + ": ";
+        TROUPE_TRY(repr_into(out, item, level + 1, max_depth));
+      }
+      out += "}";
+      return {};
+    }
+    case Kind::kUndefined: out += "Undefined"; return {};
+    default: out += scalar_str(v); return {};
+  }
+}
+
+Result<std::string> to_repr(const Value& v, uint32_t max_depth) {
+  std::string out;
+  Status st = repr_into(out, v, 0, max_depth);
+  if (!st.ok()) return st.error();
+  return out;
+}
+
+Result<std::string> to_str(const Value& v, uint32_t max_depth) {
+  if (v.is_list() || v.is_dict()) return to_repr(v, max_depth);
+  return scalar_str(v);
 }
 
 bool equals(const Value& a, const Value& b) {
@@ -280,9 +333,10 @@ static void json_string(std::string& out, const std::string& s, bool ensure_asci
   out += '"';
 }
 
-static Status json_value(std::string& out, const Value& v, const JsonOptions& o, int level) {
+// `level`: how many lists/dicts enclose `v`.
+static Status json_value(std::string& out, const Value& v, const JsonOptions& o, uint32_t level) {
   const std::string item_sep = !o.item_separator.empty() ? o.item_separator : (o.indent >= 0 ? "," : ", ");
-  auto newline = [&](int lvl) {
+  auto newline = [&](uint32_t lvl) {
     if (o.indent < 0) return;
     out += '\n';
     out.append(static_cast<size_t>(o.indent) * lvl, ' ');
@@ -301,6 +355,7 @@ static Status json_value(std::string& out, const Value& v, const JsonOptions& o,
       return {};
     case Kind::kString: json_string(out, v.s, o.ensure_ascii); return {};
     case Kind::kList: {
+      if (level >= o.max_depth) return nesting_error(o.max_depth);
       if (v.list->empty()) {
         out += "[]";
         return {};
@@ -316,6 +371,7 @@ static Status json_value(std::string& out, const Value& v, const JsonOptions& o,
       return {};
     }
     case Kind::kDict: {
+      if (level >= o.max_depth) return nesting_error(o.max_depth);
       if (v.dict->entries.empty()) {
         out += "{}";
         return {};
@@ -348,28 +404,38 @@ Result<std::string> to_json(const Value& v, const JsonOptions& options) {
   return out;
 }
 
+// `level`: how many arrays/objects enclose `j`.
 template <typename Json>
-static Value from_json_impl(const Json& j) {
+static Result<Value> from_json_impl(const Json& j, uint32_t level, uint32_t max_depth) {
   if (j.is_null()) return Value::none();
   if (j.is_boolean()) return Value::boolean(j.template get<bool>());
   if (j.is_number_integer()) return Value::integer(j.template get<int64_t>());
   if (j.is_number_float()) return Value::real(j.template get<double>());
   if (j.is_string()) return Value::string(j.template get<std::string>());
+  if ((j.is_array() || j.is_object()) && level >= max_depth) return nesting_error(max_depth);
   if (j.is_array()) {
     ValueList items;
     items.reserve(j.size());
-    for (const auto& e : j) items.push_back(from_json_impl(e));
+    for (const auto& e : j) {
+      auto item = from_json_impl(e, level + 1, max_depth);
+      if (!item.ok()) return item.error();
+      items.push_back(std::move(item.value()));
+    }
     return Value::make_list(std::move(items));
   }
   if (j.is_object()) {
     ValueDict d;
-    for (auto it = j.begin(); it != j.end(); ++it) d.entries.emplace_back(it.key(), from_json_impl(it.value()));
+    for (auto it = j.begin(); it != j.end(); ++it) {
+      auto item = from_json_impl(it.value(), level + 1, max_depth);
+      if (!item.ok()) return item.error();
+      d.entries.emplace_back(it.key(), std::move(item.value()));
+    }
     return Value::make_dict(std::move(d));
   }
   return Value::none();  // binary and discarded values have no template meaning
 }
 
-Value from_json(const nlohmann::json& j) { return from_json_impl(j); }
-Value from_json(const nlohmann::ordered_json& j) { return from_json_impl(j); }
+Result<Value> from_json(const nlohmann::json& j, uint32_t max_depth) { return from_json_impl(j, 0, max_depth); }
+Result<Value> from_json(const nlohmann::ordered_json& j, uint32_t max_depth) { return from_json_impl(j, 0, max_depth); }
 
 }  // namespace troupe::jinja

@@ -30,10 +30,17 @@ enum class Kind : uint8_t { kUndefined, kNone, kBool, kInt, kFloat, kString, kLi
 
 // A small tagged value. Lists and dicts are shared (templates cannot mutate them: the
 // sandbox is immutable); namespaces are shared on purpose, `ns.x = ...` mutates in place.
+//
+// Nesting: `depth` is fixed when a list or dict is made (1 + its deepest item; scalars are
+// 0). The renderer rejects any value deeper than TemplateBudget::max_depth, so everything
+// that walks a value recursively (repr, tojson, ==, freeing) is bounded. A namespace is
+// opaque, depth 1 whatever it holds: its attributes change after it is made, nothing walks
+// into it, and freeing one never recurses into the next (see make_namespace).
 struct Value {
   Kind kind = Kind::kUndefined;
   bool is_tuple = false;   // kList only: prints as (a, b)
   bool b = false;
+  uint32_t depth = 0;      // list/dict nesting; see above
   int64_t i = 0;
   double f = 0;
   std::string s;           // kString; for kUndefined: a hint naming what was missing
@@ -48,6 +55,8 @@ struct Value {
   static Value string(std::string v);
   static Value make_list(ValueList items, bool tuple = false);
   static Value make_dict(ValueDict d);
+  // Freed iteratively: a chain of namespaces (each one's attribute holding the next) as
+  // long as the loop budget allows would otherwise overflow the stack when released.
   static Value make_namespace(ValueDict d);
 
   bool is_undefined() const { return kind == Kind::kUndefined; }
@@ -61,11 +70,16 @@ struct Value {
 
 // Python truthiness; undefined is falsy.
 bool truthy(const Value& v);
+// The error for a value nested deeper than `max_depth` lists/dicts (TemplateBudget::max_depth).
+Error nesting_error(uint32_t max_depth);
+
 // Python str(): None -> "None", True -> "True", lists/dicts -> repr; undefined -> "".
-std::string to_str(const Value& v);
-// Python repr() (strings quoted).
-std::string to_repr(const Value& v);
-// Python ==, including 1 == 1.0 == True and deep list/dict comparison.
+// Fails (nesting_error) on a value nested deeper than max_depth, never recursing further.
+Result<std::string> to_str(const Value& v, uint32_t max_depth);
+// Python repr() (strings quoted); fails like to_str.
+Result<std::string> to_repr(const Value& v, uint32_t max_depth);
+// Python ==, including 1 == 1.0 == True and deep list/dict comparison (recursion bounded
+// by the values' depth, which the renderer limits).
 bool equals(const Value& a, const Value& b);
 // Python type name for error messages ("str", "int", "list", "dict", "NoneType", ...).
 const char* type_name(const Value& v);
@@ -76,12 +90,15 @@ struct JsonOptions {
   bool sort_keys = false;
   std::string item_separator;  // empty: Python's default (", " or "," with indent)
   std::string key_separator = ": ";
+  uint32_t max_depth = 64;  // deeper values fail (nesting_error) instead of recursing further
 };
 // json.dumps with the given options; fails on undefined or namespace values.
 Result<std::string> to_json(const Value& v, const JsonOptions& options);
 
-Value from_json(const nlohmann::json& j);
-Value from_json(const nlohmann::ordered_json& j);
+// JSON input (template variables); fails (nesting_error) on input nested deeper than
+// max_depth arrays/objects, without recursing further.
+Result<Value> from_json(const nlohmann::json& j, uint32_t max_depth);
+Result<Value> from_json(const nlohmann::ordered_json& j, uint32_t max_depth);
 
 // Python repr of a float ("1.0", "0.1", "1e-05", "1e+16", "inf", "nan").
 std::string format_float(double v);

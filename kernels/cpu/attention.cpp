@@ -1,64 +1,14 @@
 #include "kernels/cpu/attention.h"
 
-#include <immintrin.h>
-
 #include <algorithm>
 #include <cmath>
 #include <limits>
 #include <vector>
 
-#include "kernels/cpu/matmul.h"
 #include "kernels/cpu/ops.h"
 #include "kernels/fp16.h"
 
 namespace troupe::cpu {
-namespace {
-
-__attribute__((target("avx2,fma,f16c"))) void f16_to_f32_avx2(const uint16_t* x, float* y, int64_t n) {
-  int64_t i = 0;
-  for (; i + 8 <= n; i += 8)
-    _mm256_storeu_ps(y + i, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(x + i))));
-  for (; i < n; ++i) y[i] = f16_to_f32(x[i]);
-}
-// Same accumulation order as dot_f16_f32 (one 8-lane accumulator, then a fixed hsum).
-__attribute__((target("avx2,fma,f16c"))) float dot_avx2(const float* a, const float* b, int64_t n) {
-  __m256 acc = _mm256_setzero_ps();
-  int64_t i = 0;
-  for (; i + 8 <= n; i += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc);
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_add_ss(s, _mm_movehdup_ps(s));
-  float r = _mm_cvtss_f32(s);
-  for (; i < n; ++i) r += a[i] * b[i];
-  return r;
-}
-__attribute__((target("avx2,fma,f16c"))) void axpy_avx2(float alpha, const float* x, float* y, int64_t n) {
-  const __m256 va = _mm256_set1_ps(alpha);
-  int64_t i = 0;
-  for (; i + 8 <= n; i += 8) _mm256_storeu_ps(y + i, _mm256_fmadd_ps(va, _mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i)));
-  for (; i < n; ++i) y[i] += alpha * x[i];
-}
-bool use_simd() {
-  static const bool v = detect_isa() != Isa::Scalar;
-  return v;
-}
-
-}  // namespace
-
-void f16_to_f32_row(const uint16_t* x, float* y, int64_t n) {
-  if (use_simd()) return f16_to_f32_avx2(x, y, n);
-  for (int64_t i = 0; i < n; ++i) y[i] = f16_to_f32(x[i]);
-}
-float dot_f32(const float* a, const float* b, int64_t n) {
-  if (use_simd()) return dot_avx2(a, b, n);
-  float r = 0;
-  for (int64_t i = 0; i < n; ++i) r += a[i] * b[i];
-  return r;
-}
-void axpy_f32(float alpha, const float* x, float* y, int64_t n) {
-  if (use_simd()) return axpy_avx2(alpha, x, y, n);
-  for (int64_t i = 0; i < n; ++i) y[i] += alpha * x[i];
-}
 
 void attention_tile(const AttentionTile& a) {
   thread_local std::vector<float> qr, scores, row;

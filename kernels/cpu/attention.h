@@ -25,9 +25,4 @@ struct AttentionTile {
 
 void attention_tile(const AttentionTile& a);
 
-// f32 helpers with runtime dispatch (F16C/FMA when present).
-void f16_to_f32_row(const uint16_t* x, float* y, int64_t n);
-float dot_f32(const float* a, const float* b, int64_t n);
-void axpy_f32(float alpha, const float* x, float* y, int64_t n);
-
 }  // namespace troupe::cpu

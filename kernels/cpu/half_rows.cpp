@@ -1,4 +1,5 @@
-// f16 row helpers: F16C/FMA versions chosen at run time, portable fallback otherwise.
+// Row helpers for the f16 KV cache and attention: F16C/FMA versions chosen at run time,
+// portable fallbacks otherwise.
 #include <immintrin.h>
 
 #include "kernels/cpu/matmul.h"
@@ -15,26 +16,29 @@ __attribute__((target("avx2,fma,f16c"))) void f32_to_f16_avx2(const float* x, ui
                      _mm256_cvtps_ph(_mm256_loadu_ps(x + i), _MM_FROUND_TO_NEAREST_INT));
   for (; i < n; ++i) y[i] = f32_to_f16(x[i]);
 }
-__attribute__((target("avx2,fma,f16c"))) float dot_avx2(const uint16_t* a, const float* b, int64_t n) {
-  __m256 acc = _mm256_setzero_ps();
+__attribute__((target("avx2,fma,f16c"))) void f16_to_f32_avx2(const uint16_t* x, float* y, int64_t n) {
   int64_t i = 0;
   for (; i + 8 <= n; i += 8)
-    acc = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(a + i))),
-                          _mm256_loadu_ps(b + i), acc);
+    _mm256_storeu_ps(y + i, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(x + i))));
+  for (; i < n; ++i) y[i] = f16_to_f32(x[i]);
+}
+// One 8-lane accumulator, then a fixed horizontal sum.
+__attribute__((target("avx2,fma,f16c"))) float dot_avx2(const float* a, const float* b, int64_t n) {
+  __m256 acc = _mm256_setzero_ps();
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc);
   __m128 s = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
   s = _mm_add_ps(s, _mm_movehl_ps(s, s));
   s = _mm_add_ss(s, _mm_movehdup_ps(s));
   float r = _mm_cvtss_f32(s);
-  for (; i < n; ++i) r += f16_to_f32(a[i]) * b[i];
+  for (; i < n; ++i) r += a[i] * b[i];
   return r;
 }
-__attribute__((target("avx2,fma,f16c"))) void axpy_avx2(float alpha, const uint16_t* x, float* y, int64_t n) {
+__attribute__((target("avx2,fma,f16c"))) void axpy_avx2(float alpha, const float* x, float* y, int64_t n) {
   const __m256 va = _mm256_set1_ps(alpha);
   int64_t i = 0;
-  for (; i + 8 <= n; i += 8)
-    _mm256_storeu_ps(y + i, _mm256_fmadd_ps(va, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(x + i))),
-                                            _mm256_loadu_ps(y + i)));
-  for (; i < n; ++i) y[i] += alpha * f16_to_f32(x[i]);
+  for (; i + 8 <= n; i += 8) _mm256_storeu_ps(y + i, _mm256_fmadd_ps(va, _mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i)));
+  for (; i < n; ++i) y[i] += alpha * x[i];
 }
 
 bool use_simd() {
@@ -47,15 +51,19 @@ void f32_to_f16_row(const float* x, uint16_t* y, int64_t n) {
   if (use_simd()) return f32_to_f16_avx2(x, y, n);
   for (int64_t i = 0; i < n; ++i) y[i] = f32_to_f16(x[i]);
 }
-float dot_f16_f32(const uint16_t* a, const float* b, int64_t n) {
+void f16_to_f32_row(const uint16_t* x, float* y, int64_t n) {
+  if (use_simd()) return f16_to_f32_avx2(x, y, n);
+  for (int64_t i = 0; i < n; ++i) y[i] = f16_to_f32(x[i]);
+}
+float dot_f32(const float* a, const float* b, int64_t n) {
   if (use_simd()) return dot_avx2(a, b, n);
   float r = 0;
-  for (int64_t i = 0; i < n; ++i) r += f16_to_f32(a[i]) * b[i];
+  for (int64_t i = 0; i < n; ++i) r += a[i] * b[i];
   return r;
 }
-void axpy_f16(float alpha, const uint16_t* x, float* y, int64_t n) {
+void axpy_f32(float alpha, const float* x, float* y, int64_t n) {
   if (use_simd()) return axpy_avx2(alpha, x, y, n);
-  for (int64_t i = 0; i < n; ++i) y[i] += alpha * f16_to_f32(x[i]);
+  for (int64_t i = 0; i < n; ++i) y[i] += alpha * x[i];
 }
 
 }  // namespace troupe::cpu

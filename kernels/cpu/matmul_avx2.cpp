@@ -124,6 +124,56 @@ void rq_avx2(RqLayout layout, const uint8_t* w, size_t rs, int64_t np, const int
   }
 }
 
+// Q6_K x Q8_K: 6-bit values (0..63) times int8 activations with maddubs (no saturation:
+// 63 * 127 * 2 < 32767), scaled per 16-element group with madd, all in int32 per
+// super-block; the -32 offset is removed with the activation's group sums.
+void q6k_avx2(const uint8_t* w, size_t row_stride, int64_t nb, const BlockQ8_K* x, int nt, int64_t r0, int64_t r1,
+              float* y, int64_t ldy) {
+  const __m256i m4 = _mm256_set1_epi8(0x0F);
+  const __m256i m3 = _mm256_set1_epi8(0x03);
+  for (int64_t r = r0; r < r1; ++r) {
+    const auto* blocks = reinterpret_cast<const BlockQ6_K*>(w + r * row_stride);
+    float acc[kMaxTile] = {};
+    for (int64_t i = 0; i < nb; ++i) {
+      const BlockQ6_K& b = blocks[i];
+      __m256i u[8];
+      for (int n = 0; n < 2; ++n) {
+        const __m256i ql0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b.ql + 64 * n));
+        const __m256i ql1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b.ql + 64 * n + 32));
+        const __m256i qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b.qh + 32 * n));
+        u[4 * n + 0] = _mm256_or_si256(_mm256_and_si256(ql0, m4), _mm256_slli_epi16(_mm256_and_si256(qh, m3), 4));
+        u[4 * n + 1] = _mm256_or_si256(_mm256_and_si256(ql1, m4),
+                                       _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2), m3), 4));
+        u[4 * n + 2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql0, 4), m4),
+                                       _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 4), m3), 4));
+        u[4 * n + 3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql1, 4), m4),
+                                       _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 6), m3), 4));
+      }
+      __m256i scv[8];
+      for (int c = 0; c < 8; ++c)
+        scv[c] = _mm256_setr_m128i(_mm_set1_epi16(b.scales[2 * c]), _mm_set1_epi16(b.scales[2 * c + 1]));
+      const float d = f16_to_f32(b.d);
+      for (int t = 0; t < nt; ++t) {
+        const BlockQ8_K& xb = x[t * nb + i];
+        __m256i tot = _mm256_setzero_si256();
+        for (int c = 0; c < 8; ++c) {
+          const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xb.qs + 32 * c));
+          tot = _mm256_add_epi32(tot, _mm256_madd_epi16(_mm256_maddubs_epi16(u[c], xv), scv[c]));
+        }
+        __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(tot), _mm256_extracti128_si256(tot, 1));
+        s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0x4E));
+        s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0xB1));
+        int32_t isum = _mm_cvtsi128_si32(s4);
+        int32_t corr = 0;
+        for (int g = 0; g < 16; ++g) corr += b.scales[g] * xb.bsums[g];
+        isum -= 32 * corr;
+        acc[t] += d * xb.d * static_cast<float>(isum);
+      }
+    }
+    for (int t = 0; t < nt; ++t) y[t * ldy + r] = acc[t];
+  }
+}
+
 __m256 load8(PackKind kind, const uint8_t* row, int64_t k) {
   switch (kind) {
     case PackKind::F16:
@@ -164,7 +214,7 @@ void flt_avx2(PackKind kind, const uint8_t* w, size_t row_stride, int64_t cols, 
 }  // namespace
 
 const MatmulKernels& avx2_kernels() {
-  static const MatmulKernels k{rq_avx2, scalar_kernels().q6k, flt_avx2};
+  static const MatmulKernels k{rq_avx2, q6k_avx2, flt_avx2};
   return k;
 }
 

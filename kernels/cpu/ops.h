@@ -21,9 +21,10 @@ void silu_mul_rows(const float* gu, int64_t r0, int64_t r1, int64_t ffn, float* 
 // x += y over [begin, end)
 void add_range(float* x, const float* y, int64_t begin, int64_t end);
 
-// Half-precision row helpers used by the KV cache (runtime-dispatched F16C when present).
+// Row helpers for the f16 KV cache and attention (runtime-dispatched F16C/FMA when present).
 void f32_to_f16_row(const float* x, uint16_t* y, int64_t n);
-float dot_f16_f32(const uint16_t* a, const float* b, int64_t n);
-void axpy_f16(float alpha, const uint16_t* x, float* y, int64_t n);  // y += alpha * x
+void f16_to_f32_row(const uint16_t* x, float* y, int64_t n);
+float dot_f32(const float* a, const float* b, int64_t n);
+void axpy_f32(float alpha, const float* x, float* y, int64_t n);  // y += alpha * x
 
 }  // namespace troupe::cpu

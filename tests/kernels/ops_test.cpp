@@ -84,10 +84,13 @@ TEST_CASE("f16 row helpers agree with the scalar conversions", "[kernels][ops]")
       REQUIRE(h[i] == f32_to_f16(x[i]));
       dot += double(f16_to_f32(h[i])) * y[i];
     }
-    REQUIRE(std::fabs(cpu::dot_f16_f32(h.data(), y.data(), n) - dot) < 1e-4 * (1 + std::fabs(dot)));
+    std::vector<float> back(static_cast<size_t>(n));
+    cpu::f16_to_f32_row(h.data(), back.data(), n);
+    for (int64_t i = 0; i < n; ++i) REQUIRE(back[i] == f16_to_f32(h[i]));
+    REQUIRE(std::fabs(cpu::dot_f32(back.data(), y.data(), n) - dot) < 1e-4 * (1 + std::fabs(dot)));
     auto acc = y;
-    cpu::axpy_f16(0.5f, h.data(), acc.data(), n);
-    for (int64_t i = 0; i < n; ++i) REQUIRE(std::fabs(acc[i] - (y[i] + 0.5f * f16_to_f32(h[i]))) < 1e-5f);
+    cpu::axpy_f32(0.5f, back.data(), acc.data(), n);
+    for (int64_t i = 0; i < n; ++i) REQUIRE(std::fabs(acc[i] - (y[i] + 0.5f * back[i])) < 1e-5f);
   }
 }
 

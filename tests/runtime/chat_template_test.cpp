@@ -200,6 +200,57 @@ TEST_CASE("chat template depth and time budgets", "[chat_template]") {
   CHECK(std::chrono::steady_clock::now() - start < std::chrono::seconds(2));
 }
 
+TEST_CASE("chat template value nesting is bounded by max_depth", "[chat_template]") {
+  // One level per loop iteration: str/tojson/== and freeing used to recurse once per level
+  // and overflow the stack (about 50,000 levels). Building the 65th level is the error now.
+  const std::string grow = "{% set ns = namespace(x=[], d={}) %}{% for i in range(99000) %}";
+  const std::string limit = "value nested deeper than 64 levels (max_depth=64)";
+  CHECK_THAT(render_error(must_parse(grow + "{% set ns.x = [ns.x] %}{% endfor %}{{ ns.x | tojson }}"), {}),
+             Catch::Contains("line 1: " + limit));
+  CHECK_THAT(render_error(must_parse(grow + "{% set ns.x = [ns.x] %}{% endfor %}{{ ns.x }}"), {}), Catch::Contains(limit));
+  CHECK_THAT(render_error(must_parse(grow + "{% set ns.d = {'a': ns.d} %}{% endfor %}{{ ns.d | string }}"), {}),
+             Catch::Contains(limit));
+  CHECK_THAT(render_error(must_parse(grow + "{% set ns.d = dict(a=ns.d) %}{% endfor %}"), {}), Catch::Contains(limit));
+  CHECK_THAT(render_error(must_parse(grow + "{% set ns.d = {'a': ns.d}.items() %}{% endfor %}"), {}), Catch::Contains(limit));
+  CHECK_THAT(render_error(must_parse(grow + "{% set ns.x = [ns.x] | list %}{% endfor %}"), {}), Catch::Contains(limit));
+  // Exactly max_depth levels still render; the limit follows the budget.
+  ChatTemplate to64 = must_parse(
+      "{% set ns = namespace(x=1) %}{% for i in range(n) %}{% set ns.x = [ns.x] %}{% endfor %}{{ ns.x | tojson }}");
+  CHECK(render_ok(to64, {{"n", 64}}) == std::string(64, '[') + "1" + std::string(64, ']'));
+  CHECK_THAT(render_error(to64, {{"n", 65}}), Catch::Contains(limit));
+  TemplateBudget shallow;
+  shallow.max_depth = 30;
+  CHECK(render_ok(to64, {{"n", 30}}, shallow).size() == 61);
+  CHECK_THAT(render_error(to64, {{"n", 31}}, shallow), Catch::Contains("value nested deeper than 30 levels (max_depth=30)"));
+  // Template variables are held to the same limit, before any recursion over them.
+  nlohmann::ordered_json deep = 1;
+  for (int k = 0; k < 100000; ++k) deep = nlohmann::ordered_json::array({std::move(deep)});
+  nlohmann::ordered_json vars;
+  vars["v"] = std::move(deep);  // moved, not copied: nlohmann copies recursively
+  CHECK_THAT(render_error(must_parse("{{ v }}"), vars), Catch::Contains("chat template variable 'v': " + limit));
+  // A chain of namespaces, each holding the next, as long as the loop budget allows:
+  // freeing it must not recurse either. A namespace holding itself is freed too.
+  CHECK(render_ok(must_parse("{% set st = namespace(tail=namespace(next=none)) %}{% set head = st.tail %}"
+                             "{% for i in range(99000) %}{% set t = st.tail %}{% set n = namespace(next=none) %}"
+                             "{% set t.next = n %}{% set st.tail = n %}{% endfor %}"
+                             "{% set ns = namespace() %}{% set ns.self = [ns] %}ok"),
+                  {}) == "ok");
+}
+
+TEST_CASE("chat template renders normally nested values", "[chat_template]") {
+  auto out = [](const std::string& src, const nlohmann::ordered_json& vars = nlohmann::ordered_json::object()) {
+    return render_ok(must_parse(src), vars);
+  };
+  const std::string three = "{% set v = [{'a': [1, 'x']}, (2,)] %}";
+  CHECK(out(three + "{{ v }}") == "[{'a': [1, 'x']}, (2,)]");
+  CHECK(out(three + "{{ v | tojson }}") == "[{\"a\": [1, \"x\"]}, [2]]");
+  CHECK(out(three + "{{ v | string }}|{{ v == v }}|{{ v[0].a[1] }}") == "[{'a': [1, 'x']}, (2,)]|True|x");
+  CHECK(out("{% set ns = namespace(x=[]) %}{% for i in range(3) %}{% set ns.x = [ns.x, i] %}{% endfor %}{{ ns.x }}") ==
+        "[[[[], 0], 1], 2]");
+  CHECK(out("{{ v | tojson(indent=2) }}", {{"v", {{"a", {1, {{"b", nullptr}}}}}}}) ==
+        "{\n  \"a\": [\n    1,\n    {\n      \"b\": null\n    }\n  ]\n}");
+}
+
 TEST_CASE("chat template Jinja semantics", "[chat_template]") {
   auto out = [](const std::string& src, const nlohmann::ordered_json& vars = nlohmann::ordered_json::object()) {
     return render_ok(must_parse(src), vars);
