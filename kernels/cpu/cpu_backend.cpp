@@ -135,8 +135,10 @@ class CpuBackend final : public Backend {
     for (int32_t s = 0; s < step_.num_seqs; ++s)
       for (int32_t t = step_.query_start[s]; t < step_.query_start[s + 1]; t += kTile)
         for (int32_t h = 0; h < nkv; ++h) tasks_.push_back({s, t, std::min(kTile, step_.query_start[s + 1] - t), h});
-    pool_.parallel_for(static_cast<int64_t>(tasks_.size()), [&](int64_t a, int64_t b) {
-      for (int64_t i = a; i < b; ++i) {
+    // Later query tiles attend to more positions: hand out the costliest first.
+    std::reverse(tasks_.begin(), tasks_.end());
+    pool_.parallel_for_dynamic(static_cast<int64_t>(tasks_.size()), [&](int64_t i) {
+      {
         const Task& tk = tasks_[static_cast<size_t>(i)];
         cpu::AttentionTile at;
         at.k = kb;

@@ -70,18 +70,18 @@ void rq_tile(const uint8_t* w, size_t row_stride, int64_t np, const int8_t* xq, 
           ia = dot_u4(wa, xa[t], ones);
           ib = dot_u4(wb, xb[t], ones);
         } else {
+          // sum((u - 128) x) = sum(q x) for Q8_0, whose offset term m s = -128 d s is then
+          // exactly cancelled by the +128 d s this decomposition needs: both are skipped.
           ia = dot_s8(wa, xa[t], ones);
           ib = dot_s8(wb, xb[t], ones);
-          // sum((u - 128) x) was computed: the offset lanes become m s + 128 d s (exactly 0
-          // for Q8_0, whose m is -128 d).
-          const __m128 corr = _mm_mul_ps(_mm_mul_ps(w4, _mm_movehl_ps(x4[t], x4[t])), _mm_set1_ps(128.0f));
-          prod = _mm_add_ps(prod, _mm_movelh_ps(_mm_setzero_ps(), corr));
         }
         acc[i][t] = _mm256_fmadd_ps(_mm256_broadcastss_ps(prod), _mm256_cvtepi32_ps(ia), acc[i][t]);
         acc[i][t] = _mm256_fmadd_ps(_mm256_broadcastss_ps(_mm_movehdup_ps(prod)), _mm256_cvtepi32_ps(ib), acc[i][t]);
-        const __m128 off = _mm_movehl_ps(prod, prod);
-        summs[i][t] = _mm_add_ss(summs[i][t], off);
-        summs[i][t] = _mm_add_ss(summs[i][t], _mm_movehdup_ps(off));
+        if constexpr (kL != RqLayout::Eight) {
+          const __m128 off = _mm_movehl_ps(prod, prod);
+          summs[i][t] = _mm_add_ss(summs[i][t], off);
+          summs[i][t] = _mm_add_ss(summs[i][t], _mm_movehdup_ps(off));
+        }
       }
     }
   }

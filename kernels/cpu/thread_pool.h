@@ -25,6 +25,9 @@ class ThreadPool {
   void run(const std::function<void(int, int)>& fn);
   // Splits [0, n) into one contiguous range per thread: fn(begin, end).
   void parallel_for(int64_t n, const std::function<void(int64_t, int64_t)>& fn);
+  // Hands out items [0, n) one at a time from a shared counter: for items of very
+  // different cost (causal attention tiles). Each item must write only its own outputs.
+  void parallel_for_dynamic(int64_t n, const std::function<void(int64_t)>& fn);
 
  private:
   void worker(int index);
