@@ -16,7 +16,9 @@ namespace {
 std::vector<Isa> available_isas() {
   std::vector<Isa> v{Isa::Scalar};
   if (detect_isa() >= Isa::Avx2) v.push_back(Isa::Avx2);
+  else WARN("AVX2 kernels not exercised: this CPU (or TROUPE_CPU_ISA) does not allow them");
   if (detect_isa() >= Isa::Avx512) v.push_back(Isa::Avx512);
+  else WARN("AVX-512 VNNI kernels not exercised: this CPU (or TROUPE_CPU_ISA) does not allow them");
   return v;
 }
 
