@@ -45,11 +45,13 @@ struct Stats {
 };
 
 // Feeds `tokens`, then samples until EOS or max_tokens, streaming text to stdout.
+// Appends every token it feeds to `fed` (when given), so a chat knows what the cache holds.
 Status generate(SequenceRunner& runner, const Tokenizer& tok, Sampler& sampler, const std::vector<int32_t>& tokens,
-                int max_tokens, bool ignore_eos, Stats& stats, std::string* reply) {
+                int max_tokens, bool ignore_eos, Stats& stats, std::string* reply, std::vector<int32_t>* fed = nullptr) {
   auto t0 = Clock::now();
   auto logits = runner.feed(tokens);
   if (!logits) return logits.error();
+  if (fed) fed->insert(fed->end(), tokens.begin(), tokens.end());
   stats.prompt_tokens = static_cast<int>(tokens.size());
   stats.prompt_s = std::chrono::duration<double>(Clock::now() - t0).count();
   sampler.add_prompt(tokens);
@@ -71,6 +73,7 @@ Status generate(SequenceRunner& runner, const Tokenizer& tok, Sampler& sampler, 
     }
     logits = runner.feed({s.token});
     if (!logits) return logits.error();
+    if (fed) fed->push_back(s.token);
   }
   const std::string rest = dec.flush();
   std::cout << rest << std::flush;
@@ -195,10 +198,9 @@ int run(const RunFlags& f) {
     std::vector<int32_t> all = tok.encode(text, true, true);
     size_t common = 0;
     while (common < fed.size() && common < all.size() && fed[common] == all[common]) ++common;
-    if (common < fed.size()) {  // history diverged from the cache: start over
-      (*runner)->reset();
-      fed.clear();
-      common = 0;
+    if (common < fed.size()) {  // the re-rendered history differs from the cache after `common`
+      (*runner)->truncate(static_cast<int32_t>(common));
+      fed.resize(common);
     }
     if (static_cast<int>(all.size()) + f.max_tokens > ctx) {
       spdlog::error("the conversation ({} tokens) no longer fits the context of {}", all.size(), ctx);
@@ -209,21 +211,15 @@ int run(const RunFlags& f) {
     Sampler sampler(sp, tok.vocab_size());
     Stats stats;
     std::string reply;
-    if (auto st = generate(**runner, tok, sampler, fresh, f.max_tokens, false, stats, &reply); !st) {
+    if (auto st = generate(**runner, tok, sampler, fresh, f.max_tokens, false, stats, &reply, &fed); !st) {
       spdlog::error("{}", st.error().message);
       return 1;
     }
     std::cout << "\n";
     stats.print();
     messages.push_back({"assistant", reply});
-    // The sampled tokens are in the cache but re-rendering may tokenize them differently;
-    // the common-prefix check above handles that.
-    fed = all;
-    fed.resize(static_cast<size_t>((*runner)->length()) < fed.size() ? static_cast<size_t>((*runner)->length()) : fed.size());
-    if (static_cast<int>(fed.size()) != (*runner)->length()) {
-      (*runner)->reset();
-      fed.clear();
-    }
+    // `fed` now mirrors the cache; the next turn keeps the longest common prefix of it and
+    // the re-rendered conversation (the template may tokenize the reply differently).
   }
   return 0;
 }

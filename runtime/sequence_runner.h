@@ -19,6 +19,10 @@ class SequenceRunner {
   int32_t length() const { return length_; }
   int32_t context() const { return context_; }
   void reset() { length_ = 0; }
+  // Forgets every token after the first n (their cache slots are overwritten later).
+  void truncate(int32_t n) {
+    if (n >= 0 && n < length_) length_ = n;
+  }
 
  private:
   Model* model_ = nullptr;

@@ -45,6 +45,10 @@ printf 'What is 2+2?\n' > "$TMP/chat.txt"
 out="$("$TROUPE" run -m "$MODEL" --chat --temperature 0 -n 24 < "$TMP/chat.txt" 2>&1)"
 if printf '%s' "$out" | grep -q "4"; then echo "ok   chat answers"; else echo "FAIL chat: $out" | tail -3; fails=$((fails + 1)); fi
 
+printf 'What is 2+2?\nAnd what is 3+3?\n' > "$TMP/chat2.txt"
+n="$("$TROUPE" run -m "$MODEL" --chat --temperature 0 -n 24 < "$TMP/chat2.txt" 2>&1 | grep -c 'decode:')"
+if [ "$n" = "2" ]; then echo "ok   two chat turns answered"; else echo "FAIL two chat turns: $n replies"; fails=$((fails + 1)); fi
+
 expect "empty prompt" 2 "the prompt is empty" -- run -m "$MODEL" -p ""
 printf '\xff\xfe bad' > "$TMP/bad_utf8"
 expect "invalid utf-8" 2 "not valid UTF-8" -- run -m "$MODEL" -p "$(cat "$TMP/bad_utf8")"
