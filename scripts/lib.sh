@@ -7,7 +7,8 @@ export TROUPE_HOME="${TROUPE_HOME:-$HOME/.cache/troupe}"
 
 PACKAGES=(build-essential cmake ninja-build ccache pkg-config python3 python3-pip unzip
   libcaf-dev capnproto libcapnp-dev libboost1.74-dev libspdlog-dev catch2 nlohmann-json3-dev
-  libcli11-dev libpcre2-dev libhwy-dev libxxhash-dev libopenblas-dev)
+  libcli11-dev libpcre2-dev libhwy-dev libxxhash-dev libopenblas-dev
+  clang libclang-rt-14-dev)
 
 log() { printf '\033[1m[troupe]\033[0m %s\n' "$*" >&2; }
 
