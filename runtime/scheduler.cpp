@@ -1,0 +1,145 @@
+#include "runtime/scheduler.h"
+
+#include <algorithm>
+
+namespace troupe {
+
+SchedulingPolicy SchedulingPolicy::fcfs() {
+  return {[](const SchedState& a, const SchedState& b) { return a.arrival < b.arrival; }};
+}
+
+SchedulingPolicy SchedulingPolicy::priority() {
+  return {[](const SchedState& a, const SchedState& b) {
+    return a.req.priority != b.req.priority ? a.req.priority < b.req.priority : a.arrival < b.arrival;
+  }};
+}
+
+Scheduler::Scheduler(const SchedulerConfig& cfg, KvBlockManager& kv, SchedulingPolicy policy)
+    : cfg_(cfg), kv_(kv), policy_(std::move(policy)) {
+  cfg_.max_batched_tokens = std::max(1, cfg_.max_batched_tokens);
+  cfg_.max_running = std::max(1, cfg_.max_running);
+}
+
+Status Scheduler::add(SchedRequest r) {
+  if (states_.count(r.id)) return make_error("request id " + std::to_string(r.id) + " is already scheduled");
+  if (r.prompt.empty()) return make_error("empty prompt");
+  if (r.max_new_tokens < 1) return make_error("max_new_tokens must be at least 1");
+  const int64_t total = static_cast<int64_t>(r.prompt.size()) + r.max_new_tokens;
+  const int64_t capacity = int64_t{kv_.config().num_blocks} * kv_.config().block_size;
+  if (total > capacity)
+    return make_error("request needs " + std::to_string(total) + " tokens of KV cache but the pool holds " +
+                      std::to_string(capacity));
+  SchedState s;
+  s.tokens = r.prompt;
+  s.req = std::move(r);
+  s.arrival = next_arrival_++;
+  const int64_t id = s.req.id;
+  states_.emplace(id, std::move(s));
+  waiting_.push_back(id);
+  sort_waiting();
+  return {};
+}
+
+void Scheduler::sort_waiting() {
+  std::stable_sort(waiting_.begin(), waiting_.end(),
+                   [&](int64_t a, int64_t b) { return policy_.before(states_.at(a), states_.at(b)); });
+}
+
+void Scheduler::abort(int64_t id) {
+  auto it = states_.find(id);
+  if (it == states_.end()) return;
+  kv_.free_sequence(id);
+  waiting_.erase(std::remove(waiting_.begin(), waiting_.end(), id), waiting_.end());
+  running_.erase(std::remove(running_.begin(), running_.end(), id), running_.end());
+  states_.erase(it);
+}
+
+void Scheduler::preempt(int64_t id) {
+  SchedState& s = states_.at(id);
+  kv_.free_sequence(id);  // recompute later; cached full blocks may still be reused
+  s.num_computed = 0;
+  ++s.num_preemptions;
+  running_.erase(std::remove(running_.begin(), running_.end(), id), running_.end());
+  waiting_.push_front(id);
+  sort_waiting();
+}
+
+StepPlan Scheduler::schedule() {
+  StepPlan plan;
+  int32_t budget = cfg_.max_batched_tokens;
+  std::sort(running_.begin(), running_.end(), [&](int64_t a, int64_t b) { return policy_.before(states_.at(a), states_.at(b)); });
+  // Running requests first, in policy order; the last in order is preempted for room.
+  for (size_t i = 0; i < running_.size() && budget > 0;) {
+    const int64_t id = running_[i];
+    SchedState& s = states_.at(id);
+    const int32_t n = std::min(static_cast<int32_t>(s.tokens.size()) - s.num_computed, budget);
+    if (n <= 0) { ++i; continue; }
+    if (kv_.reserve(id, s.num_computed + n, s.tokens, &plan.copies)) {
+      plan.seqs.push_back({id, s.num_computed, n, s.num_computed + n == static_cast<int32_t>(s.tokens.size())});
+      budget -= n;
+      ++i;
+      continue;
+    }
+    const int64_t victim = running_.back();
+    plan.preempted.push_back(victim);
+    // A victim already planned this step is taken out of the plan.
+    for (auto p = plan.seqs.begin(); p != plan.seqs.end(); ++p)
+      if (p->id == victim) { budget += p->num_new; plan.seqs.erase(p); break; }
+    preempt(victim);
+    if (victim == id) continue;  // i now points at the next request
+  }
+  // Then waiting requests while budget, the running cap and the pool allow.
+  while (!waiting_.empty() && budget > 0 && static_cast<int32_t>(running_.size()) < cfg_.max_running) {
+    const int64_t id = waiting_.front();
+    SchedState& s = states_.at(id);
+    auto cached = kv_.add_sequence(id, s.tokens);
+    if (!cached) break;
+    s.num_computed = *cached;
+    const int32_t n = std::min(static_cast<int32_t>(s.tokens.size()) - s.num_computed, budget);
+    if (!kv_.reserve(id, s.num_computed + n, s.tokens, &plan.copies)) {
+      kv_.free_sequence(id);
+      s.num_computed = 0;
+      break;  // head-of-line: keep the order the policy chose
+    }
+    waiting_.pop_front();
+    running_.push_back(id);
+    plan.seqs.push_back({id, s.num_computed, n, s.num_computed + n == static_cast<int32_t>(s.tokens.size())});
+    budget -= n;
+  }
+  plan.num_tokens = cfg_.max_batched_tokens - budget;
+  return plan;
+}
+
+std::vector<FinishedRequest> Scheduler::update(const StepPlan& plan, const std::vector<int32_t>& sampled,
+                                               const std::function<bool(int32_t)>& is_stop) {
+  std::vector<FinishedRequest> done;
+  size_t k = 0;
+  for (const ScheduledSeq& p : plan.seqs) {
+    auto it = states_.find(p.id);
+    if (it == states_.end()) { if (p.samples) ++k; continue; }  // aborted meanwhile
+    SchedState& s = it->second;
+    s.num_computed = p.num_computed + p.num_new;
+    if (!p.samples) continue;
+    if (k >= sampled.size()) break;
+    const int32_t tok = sampled[k++];
+    s.tokens.push_back(tok);
+    ++s.num_generated;
+    const bool stop = is_stop && is_stop(tok);
+    if (stop || s.num_generated >= s.req.max_new_tokens) {
+      FinishedRequest f;
+      f.id = p.id;
+      f.output.assign(s.tokens.end() - s.num_generated, s.tokens.end());
+      f.hit_stop = stop;
+      done.push_back(std::move(f));
+      abort(p.id);
+    }
+  }
+  return done;
+}
+
+const SchedState* Scheduler::state(int64_t id) const {
+  auto it = states_.find(id);
+  return it == states_.end() ? nullptr : &it->second;
+}
+
+}  // namespace troupe

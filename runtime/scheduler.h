@@ -1,0 +1,100 @@
+// The scheduler core: continuous batching under one token budget per step.
+//
+// One rule (as in vLLM v1): every step, each running request gets
+// min(tokens it still has to compute, budget left) tokens, in policy order; waiting
+// requests are admitted after the running ones while budget and the running cap allow.
+// Prefill, chunked prefill, decode and prefix-cache hits all fall out of that rule. When the
+// KV pool is full the policy's victim is preempted by recompute and later resumes.
+// A plain class: deterministic for the same inputs, no clocks, no I/O.
+#pragma once
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <map>
+#include <vector>
+
+#include "kernels/result.h"
+#include "runtime/kv_block_manager.h"
+
+namespace troupe {
+
+struct SchedulerConfig {
+  int32_t max_batched_tokens = 2048;  // token budget per step
+  int32_t max_running = 128;          // cap on running sequences
+};
+
+struct SchedRequest {
+  int64_t id = 0;
+  std::vector<int32_t> prompt;
+  int32_t max_new_tokens = 16;
+  int32_t priority = 0;  // lower runs first under PriorityPolicy
+};
+
+// Per-request state the policies look at.
+struct SchedState {
+  SchedRequest req;
+  uint64_t arrival = 0;          // admission order, for FCFS ties
+  std::vector<int32_t> tokens;   // prompt + generated so far
+  int32_t num_computed = 0;      // tokens whose KV is in the cache
+  int32_t num_generated = 0;
+  int32_t num_preemptions = 0;
+};
+
+// Policies are strategy objects: `before(a, b)` orders queues and running requests; the
+// last running request in that order is the preemption victim.
+struct SchedulingPolicy {
+  std::function<bool(const SchedState&, const SchedState&)> before;
+  static SchedulingPolicy fcfs();
+  static SchedulingPolicy priority();
+};
+
+struct ScheduledSeq {
+  int64_t id = 0;
+  int32_t num_computed = 0;  // tokens already in the cache before this step
+  int32_t num_new = 0;       // tokens computed this step
+  bool samples = false;      // the step reaches the end of the known tokens: sample one
+};
+
+struct StepPlan {
+  std::vector<ScheduledSeq> seqs;
+  std::vector<int64_t> preempted;
+  std::vector<BlockCopy> copies;
+  int32_t num_tokens = 0;
+};
+
+struct FinishedRequest {
+  int64_t id = 0;
+  std::vector<int32_t> output;
+  bool hit_stop = false;  // stop token (else length)
+};
+
+class Scheduler {
+ public:
+  Scheduler(const SchedulerConfig& cfg, KvBlockManager& kv, SchedulingPolicy policy);
+  // Refuses (error) a request that could never fit the pool even alone, or a duplicate id.
+  Status add(SchedRequest r);
+  // Drops a request wherever it is; its blocks return to the pool at once.
+  void abort(int64_t id);
+  StepPlan schedule();
+  // Applies one sampled token per `samples` entry of the plan, in plan order; `is_stop`
+  // says whether a token ends its request.
+  std::vector<FinishedRequest> update(const StepPlan& plan, const std::vector<int32_t>& sampled,
+                                      const std::function<bool(int32_t)>& is_stop);
+  size_t num_waiting() const { return waiting_.size(); }
+  size_t num_running() const { return running_.size(); }
+  const SchedState* state(int64_t id) const;
+
+ private:
+  void sort_waiting();
+  void preempt(int64_t id);
+
+  SchedulerConfig cfg_;
+  KvBlockManager& kv_;
+  SchedulingPolicy policy_;
+  std::map<int64_t, SchedState> states_;
+  std::deque<int64_t> waiting_;
+  std::vector<int64_t> running_;
+  uint64_t next_arrival_ = 0;
+};
+
+}  // namespace troupe
