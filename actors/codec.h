@@ -1,0 +1,26 @@
+// The one codec between schema/troupe.capnp messages and runtime structs. Messages travel
+// as flat Cap'n Proto byte arrays; decoding untrusted bytes never throws: malformed input
+// (bad size, bad pointers, too deep, too large) is an error value.
+#pragma once
+#include <cstdint>
+#include <utility>
+#include <vector>
+
+#include "kernels/result.h"
+#include "runtime/sampler.h"
+#include "runtime/scheduler.h"
+
+namespace troupe::codec {
+
+using Bytes = std::vector<uint8_t>;
+
+Bytes encode_submit(const SchedRequest& r, const SamplingParams& sampling);
+Result<std::pair<SchedRequest, SamplingParams>> decode_submit(const Bytes& b);
+
+Bytes encode_step_plan(const StepPlan& p, uint64_t step_id);
+Result<std::pair<StepPlan, uint64_t>> decode_step_plan(const Bytes& b);
+
+Bytes encode_cancel(int64_t id);
+Result<int64_t> decode_cancel(const Bytes& b);
+
+}  // namespace troupe::codec

@@ -1,0 +1,101 @@
+# Messages that cross an actor boundary. This file is the single definition of the wire;
+# actors/codec.{h,cpp} converts between these and the in-process structs of runtime/.
+@0xb8f1c2d3e4a5f607;
+
+using Cxx = import "/capnp/c++.capnp";
+$Cxx.namespace("troupe::schema");
+
+struct SamplingParams {
+  temperature @0 :Float32 = 1.0;
+  topK @1 :Int32;
+  topP @2 :Float32 = 1.0;
+  minP @3 :Float32;
+  repetitionPenalty @4 :Float32 = 1.0;
+  presencePenalty @5 :Float32;
+  frequencyPenalty @6 :Float32;
+  seed @7 :UInt64;
+  logprobs @8 :Int32;
+  logitBias @9 :List(LogitBias);
+  struct LogitBias {
+    token @0 :Int32;
+    bias @1 :Float32;
+  }
+}
+
+# Client request, after tokenization.
+struct SubmitRequest {
+  id @0 :Int64;
+  promptTokens @1 :List(Int32);
+  maxNewTokens @2 :Int32;
+  priority @3 :Int32;
+  sampling @4 :SamplingParams;
+  stopTokenIds @5 :List(Int32);
+  stopStrings @6 :List(Text);
+}
+
+struct Cancel {
+  id @0 :Int64;
+}
+
+enum FinishReason {
+  none @0;
+  stop @1;
+  length @2;
+  aborted @3;
+  error @4;
+}
+
+struct TokenLogprob {
+  token @0 :Int32;
+  logprob @1 :Float32;
+}
+
+# One streamed piece of a request's output.
+struct StreamChunk {
+  id @0 :Int64;
+  tokens @1 :List(Int32);
+  text @2 :Text;
+  logprobs @3 :List(TokenLogprob);
+  finish @4 :FinishReason;
+  promptTokens @5 :Int32;
+  completionTokens @6 :Int32;
+}
+
+# What the scheduler asks the pipeline to compute in one step.
+struct StepPlan {
+  stepId @0 :UInt64;
+  seqs @1 :List(Seq);
+  preempted @2 :List(Int64);
+  copies @3 :List(BlockCopy);
+  struct Seq {
+    id @0 :Int64;
+    numComputed @1 :Int32;
+    numNew @2 :Int32;
+    samples @3 :Bool;
+    tokens @4 :List(Int32);       # the numNew token ids
+    blockTable @5 :List(Int32);
+  }
+  struct BlockCopy {
+    src @0 :Int32;
+    dst @1 :Int32;
+  }
+}
+
+struct StepResult {
+  stepId @0 :UInt64;
+  sampled @1 :List(Sampled);
+  error @2 :Text;
+  struct Sampled {
+    id @0 :Int64;
+    token @1 :Int32;
+    logprob @2 :Float32;
+    top @3 :List(TokenLogprob);
+  }
+}
+
+struct KvStats {
+  numBlocks @0 :Int32;
+  numFree @1 :Int32;
+  prefixQueries @2 :UInt64;
+  prefixHits @3 :UInt64;
+}
