@@ -59,6 +59,7 @@ void Scheduler::preempt(int64_t id) {
   kv_.free_sequence(id);  // recompute later; cached full blocks may still be reused
   s.num_computed = 0;
   ++s.num_preemptions;
+  ++preemptions_;
   running_.erase(std::remove(running_.begin(), running_.end(), id), running_.end());
   waiting_.push_front(id);
   sort_waiting();
@@ -111,7 +112,7 @@ StepPlan Scheduler::schedule() {
 }
 
 std::vector<FinishedRequest> Scheduler::update(const StepPlan& plan, const std::vector<int32_t>& sampled,
-                                               const std::function<bool(int32_t)>& is_stop) {
+                                               const std::function<bool(int64_t, int32_t)>& is_stop) {
   std::vector<FinishedRequest> done;
   size_t k = 0;
   for (const ScheduledSeq& p : plan.seqs) {
@@ -124,7 +125,7 @@ std::vector<FinishedRequest> Scheduler::update(const StepPlan& plan, const std::
     const int32_t tok = sampled[k++];
     s.tokens.push_back(tok);
     ++s.num_generated;
-    const bool stop = is_stop && is_stop(tok);
+    const bool stop = is_stop && is_stop(p.id, tok);
     if (stop || s.num_generated >= s.req.max_new_tokens) {
       FinishedRequest f;
       f.id = p.id;

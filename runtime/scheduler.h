@@ -76,13 +76,14 @@ class Scheduler {
   // Drops a request wherever it is; its blocks return to the pool at once.
   void abort(int64_t id);
   StepPlan schedule();
-  // Applies one sampled token per `samples` entry of the plan, in plan order; `is_stop`
-  // says whether a token ends its request.
+  // Applies one sampled token per `samples` entry of the plan, in plan order;
+  // is_stop(id, token) says whether a token ends its request.
   std::vector<FinishedRequest> update(const StepPlan& plan, const std::vector<int32_t>& sampled,
-                                      const std::function<bool(int32_t)>& is_stop);
+                                      const std::function<bool(int64_t, int32_t)>& is_stop);
   size_t num_waiting() const { return waiting_.size(); }
   size_t num_running() const { return running_.size(); }
   const SchedState* state(int64_t id) const;
+  uint64_t num_preemptions() const { return preemptions_; }
 
  private:
   void sort_waiting();
@@ -95,6 +96,7 @@ class Scheduler {
   std::deque<int64_t> waiting_;
   std::vector<int64_t> running_;
   uint64_t next_arrival_ = 0;
+  uint64_t preemptions_ = 0;
 };
 
 }  // namespace troupe

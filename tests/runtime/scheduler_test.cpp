@@ -28,7 +28,7 @@ std::map<int64_t, std::vector<int32_t>> drive(Scheduler& s, KvBlockManager& kv, 
     std::vector<int32_t> sampled;
     for (const auto& q : p.seqs)
       if (q.samples) sampled.push_back(fake_next(s.state(q.id)->tokens));
-    for (auto& f : s.update(p, sampled, [](int32_t t) { return t == 0; })) out[f.id] = f.output;
+    for (auto& f : s.update(p, sampled, [](int64_t, int32_t t) { return t == 0; })) out[f.id] = f.output;
     auto st = kv.check_invariants();
     if (!st.ok()) FAIL(st.error().message);
     if (plans) plans->push_back(std::move(p));

@@ -1,0 +1,134 @@
+#include "runtime/engine.h"
+
+#include <algorithm>
+
+namespace troupe {
+
+StepInputs PlannedStep::inputs() const {
+  StepInputs s;
+  s.num_tokens = static_cast<int32_t>(token_ids.size());
+  s.num_seqs = static_cast<int32_t>(context_lens.size());
+  s.token_ids = token_ids.data();
+  s.positions = positions.data();
+  s.query_start = query_start.data();
+  s.context_lens = context_lens.data();
+  s.slot_mapping = slot_mapping.data();
+  s.block_tables = block_tables.data();
+  s.max_blocks_per_seq = max_blocks_per_seq;
+  return s;
+}
+
+Result<PlannedStep> plan_step(const StepPlan& plan, const Scheduler& sched, const KvBlockManager& kv) {
+  PlannedStep p;
+  const int32_t bs = kv.config().block_size;
+  for (const auto& q : plan.seqs) {
+    const auto* bt = kv.block_table(q.id);
+    if (!bt) return make_error("step plan names unknown sequence " + std::to_string(q.id));
+    p.max_blocks_per_seq = std::max(p.max_blocks_per_seq, static_cast<int32_t>(bt->size()));
+  }
+  p.query_start.push_back(0);
+  for (const auto& q : plan.seqs) {
+    const SchedState* s = sched.state(q.id);
+    const auto* bt = kv.block_table(q.id);
+    if (!s || q.num_computed + q.num_new > static_cast<int32_t>(s->tokens.size()) ||
+        kv.blocks_needed(q.num_computed + q.num_new) > static_cast<int32_t>(bt->size()))
+      return make_error("step plan for sequence " + std::to_string(q.id) + " does not match its state");
+    for (int32_t i = 0; i < q.num_new; ++i) {
+      const int32_t pos = q.num_computed + i;
+      p.token_ids.push_back(s->tokens[pos]);
+      p.positions.push_back(pos);
+      p.slot_mapping.push_back((*bt)[pos / bs] * bs + pos % bs);
+    }
+    p.query_start.push_back(static_cast<int32_t>(p.token_ids.size()));
+    p.context_lens.push_back(q.num_computed + q.num_new);
+    for (int32_t b = 0; b < p.max_blocks_per_seq; ++b)
+      p.block_tables.push_back(b < static_cast<int32_t>(bt->size()) ? (*bt)[b] : 0);
+    if (q.samples) {
+      p.logit_rows.push_back(p.query_start.back() - 1);
+      p.logit_seq.push_back(q.id);
+    }
+  }
+  return p;
+}
+
+Result<std::unique_ptr<Engine>> Engine::create(Model& model, Backend& backend, const EngineConfig& cfg,
+                                               SchedulingPolicy policy, std::function<bool(int32_t)> is_stop) {
+  const ModelConfig& c = model.config();
+  if (cfg.scheduler.max_batched_tokens > model.max_batch_tokens())
+    return make_error("token budget " + std::to_string(cfg.scheduler.max_batched_tokens) +
+                      " exceeds the model's max batch of " + std::to_string(model.max_batch_tokens()));
+  auto e = std::unique_ptr<Engine>(new Engine());
+  e->model_ = &model;
+  KvCacheShape shape{c.num_layers, cfg.kv.num_blocks, cfg.kv.block_size, c.num_kv_heads, c.head_dim};
+  auto cache = backend.make_kv_cache(shape);
+  if (!cache) return cache.error();
+  e->cache_ = std::move(*cache);
+  e->kv_ = std::make_unique<KvBlockManager>(cfg.kv);
+  e->sched_ = std::make_unique<Scheduler>(cfg.scheduler, *e->kv_, std::move(policy));
+  e->is_stop_ = std::move(is_stop);
+  return e;
+}
+
+Status Engine::add(EngineRequest r) {
+  const int32_t vocab = model_->config().vocab;
+  TROUPE_TRY(r.sampling.validate(vocab));
+  for (int32_t t : r.prompt)
+    if (t < 0 || t >= vocab) return make_error("prompt token " + std::to_string(t) + " is outside the vocabulary");
+  for (int32_t t : r.stop_token_ids)
+    if (t < 0 || t >= vocab) return make_error("stop token " + std::to_string(t) + " is outside the vocabulary");
+  if (static_cast<int64_t>(r.prompt.size()) + r.max_new_tokens > model_->config().max_context)
+    return make_error("prompt plus max_new_tokens exceeds the model's context of " + std::to_string(model_->config().max_context));
+  TROUPE_TRY(sched_->add({r.id, r.prompt, r.max_new_tokens, r.priority}));
+  Sampler s(r.sampling, vocab);
+  s.add_prompt(r.prompt);
+  samplers_.emplace(r.id, std::move(s));
+  stop_ids_[r.id] = std::move(r.stop_token_ids);
+  return {};
+}
+
+void Engine::abort(int64_t id) {
+  sched_->abort(id);
+  samplers_.erase(id);
+  stop_ids_.erase(id);
+}
+
+Result<std::vector<EngineEvent>> Engine::step() {
+  StepPlan plan = sched_->schedule();
+  std::vector<EngineEvent> events;
+  if (plan.seqs.empty()) return events;
+  if (!plan.copies.empty()) return make_error("block copies are not supported by this engine yet");
+  auto ps = plan_step(plan, *sched_, *kv_);
+  if (!ps) return ps.error();
+  const int32_t vocab = model_->config().vocab;
+  logits_.resize(ps->logit_rows.size() * static_cast<size_t>(vocab));
+  TROUPE_TRY(model_->forward(ps->inputs(), *cache_, ps->logit_rows.data(), static_cast<int32_t>(ps->logit_rows.size()),
+                             logits_.data()));
+  std::vector<int32_t> sampled;
+  std::map<int64_t, SampleResult> by_id;
+  for (size_t i = 0; i < ps->logit_seq.size(); ++i) {
+    Sampler& s = samplers_.at(ps->logit_seq[i]);
+    SampleResult r = s.sample(logits_.data() + i * vocab);
+    s.accept(r.token);
+    sampled.push_back(r.token);
+    by_id[ps->logit_seq[i]] = r;
+  }
+  auto stop = [&](int64_t id, int32_t t) {
+    if (is_stop_ && is_stop_(t)) return true;
+    const auto& ids = stop_ids_[id];
+    return std::find(ids.begin(), ids.end(), t) != ids.end();
+  };
+  auto finished = sched_->update(plan, sampled, stop);
+  for (int64_t id : ps->logit_seq) {
+    EngineEvent ev;
+    ev.id = id;
+    ev.token = by_id[id].token;
+    ev.logprob = by_id[id].logprob;
+    for (const auto& f : finished)
+      if (f.id == id) { ev.finished = true; ev.hit_stop = f.hit_stop; }
+    if (ev.finished) { samplers_.erase(id); stop_ids_.erase(id); }
+    events.push_back(ev);
+  }
+  return events;
+}
+
+}  // namespace troupe

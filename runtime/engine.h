@@ -1,0 +1,73 @@
+// The continuous-batching engine core: the scheduler and KV-block manager decide each step,
+// the step planner flattens the plan into StepInputs, the model runs one packed forward
+// pass and each request's own sampler picks its token. Synchronous and single-threaded
+// (the actors of issue 3 wrap it); results do not depend on batch neighbours.
+#pragma once
+#include <functional>
+#include <map>
+#include <memory>
+#include <vector>
+
+#include "runtime/kv_block_manager.h"
+#include "runtime/model.h"
+#include "runtime/sampler.h"
+#include "runtime/scheduler.h"
+
+namespace troupe {
+
+struct EngineConfig {
+  SchedulerConfig scheduler;
+  KvBlockConfig kv;
+};
+
+struct EngineRequest {
+  int64_t id = 0;
+  std::vector<int32_t> prompt;
+  int32_t max_new_tokens = 16;
+  int32_t priority = 0;
+  SamplingParams sampling;
+  std::vector<int32_t> stop_token_ids;
+};
+
+struct EngineEvent {
+  int64_t id = 0;
+  int32_t token = -1;        // the token sampled this step
+  float logprob = 0;
+  bool finished = false;
+  bool hit_stop = false;     // finished on a stop token (else on length)
+};
+
+// Flat step arrays for a plan (the step planner): built once per step, used by every layer.
+struct PlannedStep {
+  std::vector<int32_t> token_ids, positions, query_start, context_lens, slot_mapping, block_tables, logit_rows;
+  std::vector<int64_t> logit_seq;  // request id of each logit row
+  int32_t max_blocks_per_seq = 0;
+  StepInputs inputs() const;
+};
+Result<PlannedStep> plan_step(const StepPlan& plan, const Scheduler& sched, const KvBlockManager& kv);
+
+class Engine {
+ public:
+  // is_stop: the model's end-of-generation tokens (besides each request's stop ids).
+  static Result<std::unique_ptr<Engine>> create(Model& model, Backend& backend, const EngineConfig& cfg,
+                                                SchedulingPolicy policy, std::function<bool(int32_t)> is_stop);
+  Status add(EngineRequest r);
+  void abort(int64_t id);
+  bool has_work() const { return sched_->num_running() + sched_->num_waiting() > 0; }
+  // Runs one step; returns one event per sampled token.
+  Result<std::vector<EngineEvent>> step();
+  const KvBlockManager& kv() const { return *kv_; }
+  const Scheduler& scheduler() const { return *sched_; }
+
+ private:
+  Model* model_ = nullptr;
+  std::unique_ptr<KvCache> cache_;
+  std::unique_ptr<KvBlockManager> kv_;
+  std::unique_ptr<Scheduler> sched_;
+  std::function<bool(int32_t)> is_stop_;
+  std::map<int64_t, Sampler> samplers_;
+  std::map<int64_t, std::vector<int32_t>> stop_ids_;
+  std::vector<float> logits_;
+};
+
+}  // namespace troupe
