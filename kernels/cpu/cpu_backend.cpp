@@ -70,9 +70,6 @@ class CpuBackend final : public Backend {
 
   void begin_step(const StepInputs& step) override {
     step_ = step;
-    seq_of_token_.resize(static_cast<size_t>(step.num_tokens));
-    for (int32_t s = 0; s < step.num_seqs; ++s)
-      for (int32_t t = step.query_start[s]; t < step.query_start[s + 1]; ++t) seq_of_token_[t] = s;
   }
 
   void embed(const Weight& table, const int32_t* ids, int64_t n, float* out) override {
@@ -178,7 +175,6 @@ class CpuBackend final : public Backend {
   std::vector<std::vector<float>> buffers_;
   std::vector<float> tmp_;
   StepInputs step_{};
-  std::vector<int32_t> seq_of_token_;
   struct Task {
     int32_t seq, first, count, head;
   };

@@ -91,7 +91,7 @@ void matmul(const PackedWeight& w, const float* x, int64_t n_tokens, float* y, T
       if (a.scales.size() < static_cast<size_t>(n_tokens * w.num_pairs * 4))
         a.scales.resize(static_cast<size_t>(n_tokens * w.num_pairs * 4));
       const ActQuantMode mode = ActQuantMode::for_weight(w.source_type);
-      pool.parallel_for(n_tokens, [&](int64_t t0, int64_t t1) { quantize_activations(x, n_tokens, w.cols, a, t0, t1, mode); });
+      pool.parallel_for(n_tokens, [&](int64_t t0, int64_t t1) { quantize_activations(x, w.cols, a, t0, t1, mode); });
       pool.parallel_for(num_row_chunks, [&](int64_t c0, int64_t c1) {
         const int64_t r0 = c0 * kRowChunk, r1 = std::min(w.rows, c1 * kRowChunk);
         for (int64_t rr = r0; rr < r1; rr += kRowChunk) {

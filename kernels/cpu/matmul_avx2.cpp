@@ -8,7 +8,6 @@
 #include "kernels/fp16.h"
 
 namespace troupe::cpu {
-const MatmulKernels& scalar_kernels();
 namespace {
 
 inline __m256i dot_u4(__m256i w, __m256i x, __m256i ones) {  // w in 0..15: no saturation

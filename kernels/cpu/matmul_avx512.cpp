@@ -7,7 +7,6 @@
 #include "kernels/fp16.h"
 
 namespace troupe::cpu {
-const MatmulKernels& scalar_kernels();
 namespace {
 
 template <bool kRQ4, int kNT>

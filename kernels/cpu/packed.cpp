@@ -62,7 +62,6 @@ void canonical_block(DType t, const uint8_t* row, int64_t bi, uint8_t* u, float&
     case DType::Q5_0:
     case DType::Q5_1: {
       // Dequantize, then recover u exactly: u = (w - m) / d is an integer for these types.
-      float tmp[32];
       const size_t bs = t == DType::Q5_0 ? sizeof(BlockQ5_0) : sizeof(BlockQ5_1);
       const uint8_t* bp = row + bi * bs;
       uint16_t dh, mh = 0;
@@ -76,7 +75,6 @@ void canonical_block(DType t, const uint8_t* row, int64_t bi, uint8_t* u, float&
         u[j] = static_cast<uint8_t>((qs[j] & 0xF) | (((qh >> j) << 4) & 0x10));
         u[j + 16] = static_cast<uint8_t>((qs[j] >> 4) | ((qh >> (j + 12)) & 0x10));
       }
-      (void)tmp;
       return;
     }
     case DType::Q8_0: {
@@ -229,7 +227,7 @@ void unpack_row(const PackedWeight& w, int64_t r, float* out) {
   }
 }
 
-void quantize_activations(const float* x, int64_t num_tokens, int64_t cols, ActQ& out, int64_t t0, int64_t t1,
+void quantize_activations(const float* x, int64_t cols, ActQ& out, int64_t t0, int64_t t1,
                           const ActQuantMode& mode) {
   // Numerics follow GGML's q8_0/q8_1 (id = 127 / amax, round half to even, d stored as f16;
   // q8_1 also stores s = d * sum(q) as f16) so that logits agree with llama.cpp on the same
@@ -269,7 +267,6 @@ void quantize_activations(const float* x, int64_t num_tokens, int64_t cols, ActQ
       sc[p * 4 + 2 + h] = s;
     }
   }
-  (void)num_tokens;
 }
 
 }  // namespace troupe::cpu

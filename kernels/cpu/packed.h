@@ -71,7 +71,7 @@ struct ActQuantMode {
     return {block32, t == DType::Q4_1 || t == DType::Q5_1};
   }
 };
-void quantize_activations(const float* x, int64_t num_tokens, int64_t cols, ActQ& out, int64_t t0, int64_t t1,
+void quantize_activations(const float* x, int64_t cols, ActQ& out, int64_t t0, int64_t t1,
                           const ActQuantMode& mode);
 
 }  // namespace troupe::cpu

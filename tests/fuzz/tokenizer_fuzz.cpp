@@ -22,6 +22,7 @@
 
 #include "runtime/gguf.h"
 #include "runtime/tokenizer.h"
+#include "tests/test_util.h"
 
 using namespace troupe;
 
@@ -35,18 +36,6 @@ struct Entry {
 };
 std::vector<Entry>* g_toks = nullptr;
 volatile size_t g_sink;
-
-std::string default_model_path() {
-  if (const char* p = std::getenv("TROUPE_MODEL_PATH"); p && *p) return p;
-  std::string home;
-  if (const char* h = std::getenv("TROUPE_HOME"); h && *h) {
-    home = h;
-  } else {
-    const char* user_home = std::getenv("HOME");
-    home = std::string(user_home && *user_home ? user_home : "/root") + "/.cache/troupe";
-  }
-  return home + "/models/SmolLM2-135M-Instruct.Q4_1.gguf";
-}
 
 // GPT-2's bytes-to-unicode alphabet: the spelling of byte b inside byte-level BPE tokens.
 std::string byte_char(int b) {
@@ -150,7 +139,7 @@ Tokenizer sentencepiece(std::vector<uint8_t>& keep) {
 extern "C" int LLVMFuzzerInitialize(int*, char***) {
   static std::vector<uint8_t> keep[3];
   g_toks = new std::vector<Entry>();
-  const std::string path = default_model_path();
+  const std::string path = troupe::test::default_model_path();
   auto f = gguf::File::open(path);
   if (f) {
     auto t = Tokenizer::from_gguf(*f);
