@@ -16,6 +16,8 @@ set_target_properties(caf::io PROPERTIES IMPORTED_LOCATION ${CAF_IO_LIBRARY}
 find_package(CapnProto REQUIRED)
 find_package(spdlog REQUIRED)
 find_package(nlohmann_json REQUIRED)
+# Asio and Beast are header-only (Debian libboost1.74-dev).
+find_package(Boost 1.74 REQUIRED)
 find_package(CLI11 REQUIRED)
 find_package(Catch2 2 REQUIRED)
 pkg_check_modules(PCRE2 REQUIRED IMPORTED_TARGET libpcre2-8)

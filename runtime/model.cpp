@@ -40,29 +40,40 @@ Result<std::vector<float>> vector_f32(const WeightSource& src, const std::string
 }  // namespace
 
 Result<std::unique_ptr<Model>> Model::build(const ModelConfig& cfg, const WeightSource& src, Backend& backend,
-                                            int32_t max_batch_tokens, const ProgressFn& progress) {
+                                            int32_t max_batch_tokens, const ProgressFn& progress, LayerRange range) {
   TROUPE_TRY(cfg.validate());
+  if (range.last < 0) range.last = cfg.num_layers;
+  if (range.first < 0 || range.first >= range.last || range.last > cfg.num_layers)
+    return make_error("layer range [" + std::to_string(range.first) + ", " + std::to_string(range.last) +
+                      ") is not inside the model's " + std::to_string(cfg.num_layers) + " layers");
   if (max_batch_tokens <= 0 || max_batch_tokens > (1 << 20))
     return make_error("max batch tokens " + std::to_string(max_batch_tokens) + " is out of range");
   auto m = std::unique_ptr<Model>(new Model());
   m->cfg_ = cfg;
   m->backend_ = &backend;
   m->max_tokens_ = max_batch_tokens;
+  m->first_layer_ = range.first;
+  m->last_layer_ = range.last;
   const int64_t H = cfg.hidden, hd = cfg.head_dim;
   const int64_t q_rows = int64_t{cfg.num_heads} * hd, kv_rows = int64_t{cfg.num_kv_heads} * hd;
-  const size_t total = static_cast<size_t>(cfg.num_layers) + 2;
+  const size_t total = static_cast<size_t>(range.last - range.first) + 2;
+  const bool first_stage = range.first == 0, last_stage = range.last == cfg.num_layers;
+  const bool has_output = src.find("output.weight") != nullptr;
   size_t done = 0;
   auto tick = [&] { if (progress) progress(++done, total); };
 
-  auto emb = matrix(src, "token_embd.weight", cfg.vocab, H);
-  if (!emb) return emb.error();
   auto mk = [&](const TensorRef* t, int64_t rows) { return backend.make_weight(t->type, t->shape[0], {{t->data, rows}}); };
-  auto e = mk(*emb, cfg.vocab);
-  if (!e) return make_error("token_embd.weight: " + e.error().message);
-  m->embed_ = std::move(*e);
+  // The embedding table: the first stage gathers from it, a tied last stage multiplies by it.
+  if (first_stage || (last_stage && cfg.tied_embeddings && !has_output)) {
+    auto emb = matrix(src, "token_embd.weight", cfg.vocab, H);
+    if (!emb) return emb.error();
+    auto e = mk(*emb, cfg.vocab);
+    if (!e) return make_error("token_embd.weight: " + e.error().message);
+    m->embed_ = std::move(*e);
+  }
   tick();
 
-  for (int32_t i = 0; i < cfg.num_layers; ++i) {
+  for (int32_t i = range.first; i < range.last; ++i) {
     const std::string p = "blk." + std::to_string(i) + ".";
     Layer L;
     auto q = matrix(src, p + "attn_q.weight", q_rows, H);
@@ -126,10 +137,12 @@ Result<std::unique_ptr<Model>> Model::build(const ModelConfig& cfg, const Weight
     tick();
   }
 
-  auto on = vector_f32(src, "output_norm.weight", H);
-  if (!on) return on.error();
-  m->output_norm_ = std::move(*on);
-  if (!cfg.tied_embeddings || src.find("output.weight")) {
+  if (last_stage) {
+    auto on = vector_f32(src, "output_norm.weight", H);
+    if (!on) return on.error();
+    m->output_norm_ = std::move(*on);
+  }
+  if (last_stage && (!cfg.tied_embeddings || has_output)) {
     auto out = matrix(src, "output.weight", cfg.vocab, H);
     if (!out) return out.error();
     auto w = mk(*out, cfg.vocab);
@@ -153,7 +166,7 @@ Result<std::unique_ptr<Model>> Model::build(const ModelConfig& cfg, const Weight
 
 Status Model::validate_step(const StepInputs& s, const KvCache& cache, const int32_t* rows, int32_t n) const {
   const KvCacheShape& ks = cache.shape();
-  if (ks.num_layers != cfg_.num_layers || ks.num_kv_heads != cfg_.num_kv_heads || ks.head_dim != cfg_.head_dim)
+  if (ks.num_layers != num_stage_layers() || ks.num_kv_heads != cfg_.num_kv_heads || ks.head_dim != cfg_.head_dim)
     return make_error("KV cache shape does not match the model");
   if (s.num_tokens <= 0 || s.num_tokens > max_tokens_)
     return make_error("step has " + std::to_string(s.num_tokens) + " tokens (limit " + std::to_string(max_tokens_) + ")");
@@ -186,7 +199,15 @@ Status Model::validate_step(const StepInputs& s, const KvCache& cache, const int
 }
 
 Status Model::forward(const StepInputs& s, KvCache& cache, const int32_t* rows, int32_t num_logits, float* logits) {
+  if (!is_first_stage() || !is_last_stage()) return make_error("forward() needs the whole model; use forward_stage()");
+  return forward_stage(s, cache, nullptr, nullptr, rows, num_logits, logits);
+}
+
+Status Model::forward_stage(const StepInputs& s, KvCache& cache, const float* hidden_in, float* hidden_out,
+                            const int32_t* rows, int32_t num_logits, float* logits) {
   TROUPE_TRY(validate_step(s, cache, rows, num_logits));
+  if (!is_first_stage() && !hidden_in) return make_error("a later pipeline stage needs the previous stage's activations");
+  if (!is_last_stage() && !hidden_out) return make_error("a pipeline stage before the last needs an activation buffer");
   Backend& be = *backend_;
   const int64_t n = s.num_tokens, H = cfg_.hidden, hd = cfg_.head_dim;
   const int64_t q_rows = int64_t{cfg_.num_heads} * hd, kv_rows = int64_t{cfg_.num_kv_heads} * hd;
@@ -205,9 +226,12 @@ Status Model::forward(const StepInputs& s, KvCache& cache, const int32_t* rows, 
       theta *= ratio;
     }
   }
-  be.embed(*embed_, s.token_ids, n, x_);
+  if (is_first_stage())
+    be.embed(*embed_, s.token_ids, n, x_);
+  else
+    std::memcpy(x_, hidden_in, sizeof(float) * static_cast<size_t>(n * H));
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
-  for (int32_t l = 0; l < cfg_.num_layers; ++l) {
+  for (int32_t l = 0; l < num_stage_layers(); ++l) {
     Layer& L = layers_[l];
     be.rms_norm(x_, L.attn_norm.data(), cfg_.rms_eps, n, H, h_);
     if (L.qkv) {
@@ -234,6 +258,10 @@ Status Model::forward(const StepInputs& s, KvCache& cache, const int32_t* rows, 
     be.silu_mul(gu_, n, cfg_.ffn, act_);
     be.matmul(*L.down, act_, n, h_, H);
     be.add(x_, h_, n * H);
+  }
+  if (!is_last_stage()) {
+    std::memcpy(hidden_out, x_, sizeof(float) * static_cast<size_t>(n * H));
+    return {};
   }
   if (num_logits == 0) return {};
   be.gather_rows(x_, H, rows, num_logits, last_);

@@ -14,19 +14,37 @@ namespace troupe {
 
 using ProgressFn = std::function<void(size_t done, size_t total)>;
 
+// A contiguous range of layers [first, last) held by one pipeline stage; last = -1: to the end.
+struct LayerRange {
+  int32_t first = 0;
+  int32_t last = -1;
+};
+
 class Model {
  public:
   // Builds backend weights for every tensor the config needs; checks names and shapes.
   static Result<std::unique_ptr<Model>> build(const ModelConfig& cfg, const WeightSource& src, Backend& backend,
-                                              int32_t max_batch_tokens, const ProgressFn& progress = {});
+                                              int32_t max_batch_tokens, const ProgressFn& progress = {},
+                                              LayerRange range = {});
 
   const ModelConfig& config() const { return cfg_; }
   int32_t max_batch_tokens() const { return max_tokens_; }
+  int32_t first_layer() const { return first_layer_; }
+  int32_t last_layer() const { return last_layer_; }  // exclusive
+  int32_t num_stage_layers() const { return last_layer_ - first_layer_; }
+  bool is_first_stage() const { return first_layer_ == 0; }
+  bool is_last_stage() const { return last_layer_ == cfg_.num_layers; }
 
   // Runs one packed step. Writes logits [num_logits, vocab] for the token rows listed in
   // logit_rows. The step is validated against the cache first (ids, positions, blocks).
+  // A whole-model Model only (first and last stage). The cache holds num_stage_layers layers.
   Status forward(const StepInputs& step, KvCache& cache, const int32_t* logit_rows, int32_t num_logits,
                  float* logits);
+  // One pipeline stage: the first stage embeds the tokens (hidden_in unused), the others
+  // start from hidden_in [num_tokens, hidden]; a non-last stage writes hidden_out
+  // [num_tokens, hidden]; the last stage writes the logits rows.
+  Status forward_stage(const StepInputs& step, KvCache& cache, const float* hidden_in, float* hidden_out,
+                       const int32_t* logit_rows, int32_t num_logits, float* logits);
 
  private:
   struct Layer {
@@ -41,6 +59,7 @@ class Model {
   ModelConfig cfg_;
   Backend* backend_ = nullptr;
   int32_t max_tokens_ = 0;
+  int32_t first_layer_ = 0, last_layer_ = 0;
   std::unique_ptr<Weight> embed_, output_;
   std::vector<float> output_norm_;
   std::vector<Layer> layers_;

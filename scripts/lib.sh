@@ -5,7 +5,7 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 BUILD_DIR="${TROUPE_BUILD_DIR:-$ROOT/build}"
 export TROUPE_HOME="${TROUPE_HOME:-$HOME/.cache/troupe}"
 
-PACKAGES=(build-essential cmake ninja-build ccache pkg-config python3 python3-pip unzip
+PACKAGES=(build-essential cmake ninja-build ccache pkg-config python3 python3-pip python3-venv unzip
   libcaf-dev capnproto libcapnp-dev libboost1.74-dev libspdlog-dev catch2 nlohmann-json3-dev
   libcli11-dev libpcre2-dev libhwy-dev libxxhash-dev libopenblas-dev
   clang libclang-rt-14-dev)
@@ -35,3 +35,26 @@ build() {
 }
 
 fetch_model() { "$ROOT/scripts/fetch-model"; }
+
+# Python venv for the serving bench and the OpenAI-client test (bench/serve, tests/serve):
+# $TROUPE_HOME/venv with pinned openai + aiohttp; exports TROUPE_PY. Needs python3-venv.
+python_env() {
+  local venv="$TROUPE_HOME/venv"
+  local reqs=(openai==1.109.1 aiohttp==3.12.15)
+  if [ ! -x "$venv/bin/python" ]; then
+    log "creating python venv in $venv"
+    python3 -m venv "$venv"
+  fi
+  if ! "$venv/bin/python" - "${reqs[@]}" <<'PY' 2>/dev/null; then
+import sys
+from importlib.metadata import version
+for r in sys.argv[1:]:
+    name, want = r.split("==")
+    if version(name) != want:
+        sys.exit(1)
+PY
+    log "installing ${reqs[*]} into $venv"
+    "$venv/bin/python" -m pip install -q --disable-pip-version-check "${reqs[@]}"
+  fi
+  export TROUPE_PY="$venv/bin/python"
+}

@@ -1,0 +1,68 @@
+#include "actors/local_node.h"
+
+namespace troupe::actors {
+
+void LocalNode::stop() {
+  caf::anon_send_exit(scheduler, caf::exit_reason::user_shutdown);
+  for (auto& s : stages) caf::anon_send_exit(s, caf::exit_reason::user_shutdown);
+  if (tokenizers)
+    for (auto& t : tokenizers->actors()) caf::anon_send_exit(t, caf::exit_reason::user_shutdown);
+}
+
+Result<LocalNode> spawn_local_node(caf::actor_system& sys, const ModelFiles& files, NodeOptions opt,
+                                   const ProgressFn& progress) {
+  const ModelConfig& c = files.config;
+  if (!files.tokenizer) return make_error("the model has no tokenizer (serving needs one)");
+  if (opt.num_stages < 1 || opt.num_stages > c.num_layers)
+    return make_error("--pipeline-stages must be 1.." + std::to_string(c.num_layers) + " for this model");
+  if (opt.num_tokenizers < 1 || opt.num_tokenizers > 64) return make_error("tokenizer pool size must be 1..64");
+  if (opt.scheduler.scheduler.max_batched_tokens > opt.max_batch_tokens)
+    return make_error("the token budget per step exceeds the model's max batch");
+  // Build every stage's worker first (the slow part), then spawn from the last stage back.
+  std::vector<std::shared_ptr<StageWorker>> workers;
+  size_t done_layers = 0;
+  for (int32_t s = 0; s < opt.num_stages; ++s) {
+    LayerRange r{c.num_layers * s / opt.num_stages, c.num_layers * (s + 1) / opt.num_stages};
+    CpuBackendOptions bo;
+    bo.num_threads = opt.threads;
+    auto backend = make_cpu_backend(bo);
+    const size_t before = done_layers;
+    ProgressFn stage_progress;
+    if (progress)
+      stage_progress = [&, before](size_t d, size_t) { progress(before + d, static_cast<size_t>(c.num_layers) + 2); };
+    auto model = Model::build(c, *files.weights, *backend, opt.max_batch_tokens, stage_progress, r);
+    if (!model) return model.error();
+    done_layers += static_cast<size_t>(r.last - r.first);
+    auto w = StageWorker::create(std::move(backend), std::move(*model), opt.scheduler.kv);
+    if (!w) return w.error();
+    workers.push_back(std::move(*w));
+  }
+  if (progress) progress(static_cast<size_t>(c.num_layers) + 2, static_cast<size_t>(c.num_layers) + 2);
+  LocalNode node;
+  node.stages.resize(workers.size());
+  stage_actor next;
+  for (size_t i = workers.size(); i-- > 0;) {
+    node.stages[i] = opt.detached_stages ? sys.spawn<caf::detached>(stage_fn, workers[i], next)
+                                         : sys.spawn(stage_fn, workers[i], next);
+    next = node.stages[i];
+  }
+  auto tok = std::make_shared<const Tokenizer>(*files.tokenizer);
+  opt.scheduler.vocab_size = c.vocab;
+  opt.scheduler.max_context = c.max_context;
+  opt.scheduler.is_eog = [tok](int32_t t) { return tok->is_eog(t); };
+  node.board = std::make_shared<StatsBoard>();
+  node.scheduler = sys.spawn(scheduler_fn, opt.scheduler, node.stages.front(), node.board);
+  std::shared_ptr<const ChatTemplate> tmpl;
+  if (!files.chat_template.empty()) {
+    auto t = ChatTemplate::parse(files.chat_template);
+    if (!t) return make_error("chat template: " + t.error().message);
+    tmpl = std::make_shared<const ChatTemplate>(std::move(*t));
+  }
+  std::vector<tokenizer_actor> toks;
+  for (int32_t i = 0; i < opt.num_tokenizers; ++i) toks.push_back(sys.spawn(tokenizer_fn, tok, tmpl));
+  node.tokenizers = std::make_shared<TokenizerPool>(std::move(toks));
+  node.request_context = RequestContext{node.scheduler, node.tokenizers, tok, std::make_shared<std::atomic<int64_t>>(1)};
+  return node;
+}
+
+}  // namespace troupe::actors

@@ -1,0 +1,38 @@
+// The actors of one node, spawned and connected: N pipeline stages (each with its own CPU
+// worker and layer range), the scheduler actor and a tokenizer pool. `troupe serve` and the
+// actor tests build their nodes with this one function, from explicit options.
+#pragma once
+#include <memory>
+#include <vector>
+
+#include "actors/request_actor.h"
+#include "actors/scheduler_actor.h"
+#include "actors/stage_actor.h"
+#include "actors/tokenizer_actor.h"
+#include "runtime/model_files.h"
+
+namespace troupe::actors {
+
+struct NodeOptions {
+  int32_t num_stages = 1;        // layers split evenly over the stages
+  int32_t threads = 0;           // CPU threads per stage worker (0: all cores)
+  int32_t max_batch_tokens = 512;
+  int32_t num_tokenizers = 1;
+  bool detached_stages = true;   // stages on their own threads (false: deterministic tests)
+  SchedulerActorConfig scheduler;  // vocab, context and end-of-generation filled in from the model
+};
+
+struct LocalNode {
+  scheduler_actor scheduler;
+  std::vector<stage_actor> stages;
+  std::shared_ptr<TokenizerPool> tokenizers;
+  std::shared_ptr<StatsBoard> board;
+  RequestContext request_context;
+  // Sends every actor an exit message (request actors end on their own).
+  void stop();
+};
+
+Result<LocalNode> spawn_local_node(caf::actor_system& sys, const ModelFiles& files, NodeOptions opt,
+                                   const ProgressFn& progress = {});
+
+}  // namespace troupe::actors

@@ -1,0 +1,187 @@
+// The messages that travel between Troupe's actors, and the actors' typed interfaces.
+//
+// Every message is a value: ids, token ids, numbers and float activations, never a pointer
+// into another actor's memory, so a stage can later live in another process (the wire form
+// is schema/troupe.capnp through actors/codec.h). The interfaces are declared here, first,
+// so that each actor file only implements one of them.
+#pragma once
+#include <caf/all.hpp>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "runtime/sampler.h"
+
+namespace troupe::actors {
+
+// ---- request actor ⇄ scheduler actor -------------------------------------------------
+
+// One sequence to generate (a request with n choices submits n of them).
+struct SubmitSeq {
+  int64_t seq_id = 0;
+  std::vector<int32_t> prompt;
+  int32_t max_new_tokens = 16;
+  int32_t priority = 0;
+  SamplingParams sampling;
+  std::vector<int32_t> stop_token_ids;
+  bool ignore_eos = false;
+};
+
+struct CancelSeqs {
+  std::vector<int64_t> seq_ids;
+};
+
+// One sampled token of one sequence, or the sequence's end (error non-empty: refused or failed).
+struct SeqEvent {
+  int64_t seq_id = 0;
+  int32_t token = -1;
+  float logprob = 0;
+  std::vector<TokenLogprob> top;
+  bool finished = false;
+  bool hit_stop = false;       // finished on a stop token (else length)
+  double queue_seconds = 0;    // first event: submission to first scheduled step
+  std::string error;
+};
+
+// ---- scheduler actor ⇄ pipeline stages -------------------------------------------------
+
+// A sequence the last stage has not seen yet: its sampler state starts here.
+struct NewSeqSampling {
+  int64_t seq_id = 0;
+  SamplingParams sampling;
+  std::vector<int32_t> prompt;  // for the repetition penalty
+};
+
+// One step plan, flattened (runtime/engine.h PlannedStep) plus what the last stage needs to
+// sample. `hidden` carries the activations [num_tokens, hidden] between stages.
+struct StageStep {
+  uint64_t step_no = 0;
+  std::vector<int32_t> token_ids, positions, query_start, context_lens, slot_mapping, block_tables, logit_rows;
+  std::vector<int64_t> logit_seq;  // sequence of each logit row
+  int32_t max_blocks_per_seq = 0;
+  std::vector<NewSeqSampling> new_seqs;
+  std::vector<int64_t> released;   // sequences whose sampler state can go
+  std::vector<float> hidden;
+};
+
+struct SampledToken {
+  int64_t seq_id = 0;
+  SampleResult result;
+};
+
+struct StepDone {
+  uint64_t step_no = 0;
+  std::vector<SampledToken> sampled;  // one per logit row, in order
+  double compute_seconds = 0;         // summed over the stages
+};
+
+struct StepFailed {
+  uint64_t step_no = 0;
+  std::string error;
+};
+
+// ---- stats -------------------------------------------------------------------------------
+
+struct EngineStats {
+  int64_t num_running = 0, num_waiting = 0;
+  int32_t kv_blocks = 0, kv_free = 0;
+  uint64_t prefix_queries = 0, prefix_hits = 0;  // in blocks
+  uint64_t prompt_tokens = 0, generation_tokens = 0, computed_prompt_tokens = 0;
+  uint64_t preemptions = 0, steps = 0;
+  double heartbeat_age_seconds = 0;
+  std::string failure;  // non-empty once a step has failed
+};
+
+struct StatsQuery {};
+
+// ---- tokenizer actor -------------------------------------------------------------------
+
+struct EncodeText {
+  std::string text;
+  bool add_special = true;    // BOS/EOS as the model's tokenizer adds them
+  bool parse_special = false; // special-token text in user input stays text
+};
+
+struct EncodeChat {
+  std::vector<std::string> roles, contents;
+  bool add_generation_prompt = true;
+};
+
+struct DecodeTokens {
+  std::vector<int32_t> ids;
+};
+
+struct EncodeResult {
+  std::vector<int32_t> ids;
+  std::string error;  // non-empty: the input could not be encoded (template error, ...)
+};
+
+// ---- typed interfaces ----------------------------------------------------------------
+
+// The scheduler actor sends itself one of these every second: the engine's heartbeat.
+using heartbeat_atom = caf::atom_constant<caf::atom("heartbeat")>;
+
+using request_sink_actor = caf::typed_actor<caf::reacts_to<SeqEvent>>;
+
+using step_sink_actor = caf::typed_actor<caf::reacts_to<StepDone>, caf::reacts_to<StepFailed>>;
+
+using stage_actor = caf::typed_actor<caf::reacts_to<StageStep, step_sink_actor>>;
+
+using scheduler_actor =
+    caf::typed_actor<caf::reacts_to<SubmitSeq, request_sink_actor>, caf::reacts_to<CancelSeqs>,
+                     caf::reacts_to<StepDone>, caf::reacts_to<StepFailed>,
+                     caf::replies_to<StatsQuery>::with<EngineStats>, caf::reacts_to<heartbeat_atom>>;
+
+using tokenizer_actor = caf::typed_actor<caf::replies_to<EncodeText>::with<EncodeResult>,
+                                         caf::replies_to<EncodeChat>::with<EncodeResult>,
+                                         caf::replies_to<DecodeTokens>::with<std::string>>;
+
+// A request actor also takes a cancel (its client went away).
+using cancel_atom = caf::atom_constant<caf::atom("cancel")>;
+using request_actor = request_sink_actor::extend<caf::reacts_to<cancel_atom>>;
+
+// ---- inspect overloads (CAF 0.17 shape): what a networked mailbox would serialize ----
+
+#define TROUPE_INSPECT(T, ...)                                                  \
+  template <class Inspector>                                                    \
+  typename Inspector::result_type inspect(Inspector& f, T& x) {                 \
+    return f(caf::meta::type_name("troupe." #T), __VA_ARGS__);                 \
+  }
+
+}  // namespace troupe::actors
+
+// The runtime structs inside messages (found by ADL in namespace troupe).
+namespace troupe {
+TROUPE_INSPECT(TokenLogprob, x.token, x.logprob)
+TROUPE_INSPECT(SampleResult, x.token, x.logprob, x.top)
+TROUPE_INSPECT(SamplingParams, x.temperature, x.top_k, x.top_p, x.min_p, x.repetition_penalty, x.presence_penalty,
+               x.frequency_penalty, x.logit_bias, x.seed, x.logprobs)
+}  // namespace troupe
+
+namespace troupe::actors {
+
+TROUPE_INSPECT(SubmitSeq, x.seq_id, x.prompt, x.max_new_tokens, x.priority, x.sampling, x.stop_token_ids, x.ignore_eos)
+TROUPE_INSPECT(CancelSeqs, x.seq_ids)
+TROUPE_INSPECT(SeqEvent, x.seq_id, x.token, x.logprob, x.top, x.finished, x.hit_stop, x.queue_seconds, x.error)
+TROUPE_INSPECT(NewSeqSampling, x.seq_id, x.sampling, x.prompt)
+TROUPE_INSPECT(StageStep, x.step_no, x.token_ids, x.positions, x.query_start, x.context_lens, x.slot_mapping,
+               x.block_tables, x.logit_rows, x.logit_seq, x.max_blocks_per_seq, x.new_seqs, x.released, x.hidden)
+TROUPE_INSPECT(SampledToken, x.seq_id, x.result)
+TROUPE_INSPECT(StepDone, x.step_no, x.sampled, x.compute_seconds)
+TROUPE_INSPECT(StepFailed, x.step_no, x.error)
+TROUPE_INSPECT(EngineStats, x.num_running, x.num_waiting, x.kv_blocks, x.kv_free, x.prefix_queries, x.prefix_hits,
+               x.prompt_tokens, x.generation_tokens, x.computed_prompt_tokens, x.preemptions, x.steps,
+               x.heartbeat_age_seconds, x.failure)
+TROUPE_INSPECT(EncodeText, x.text, x.add_special, x.parse_special)
+TROUPE_INSPECT(EncodeChat, x.roles, x.contents, x.add_generation_prompt)
+TROUPE_INSPECT(DecodeTokens, x.ids)
+TROUPE_INSPECT(EncodeResult, x.ids, x.error)
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, StatsQuery&) {
+  return f(caf::meta::type_name("troupe.StatsQuery"));
+}
+
+#undef TROUPE_INSPECT
+
+}  // namespace troupe::actors

@@ -1,0 +1,203 @@
+#include "actors/scheduler_actor.h"
+
+#include <algorithm>
+
+namespace troupe::actors {
+namespace {
+
+using self_ptr = scheduler_actor::stateful_pointer<SchedulerState>;
+
+void publish(SchedulerState& st) {
+  EngineStats& s = st.stats;
+  s.num_running = static_cast<int64_t>(st.sched->num_running());
+  s.num_waiting = static_cast<int64_t>(st.sched->num_waiting());
+  const KvBlockStats ks = st.kv->stats();
+  s.kv_blocks = ks.num_blocks;
+  s.kv_free = ks.num_free;
+  s.prefix_queries = ks.prefix_queries;
+  s.prefix_hits = ks.prefix_hits;
+  s.preemptions = st.sched->num_preemptions();
+  if (st.board) st.board->publish(s);
+}
+
+void fail_seq(self_ptr self, const request_sink_actor& sink, int64_t id, std::string error) {
+  SeqEvent ev;
+  ev.seq_id = id;
+  ev.finished = true;
+  ev.error = std::move(error);
+  self->send(sink, std::move(ev));
+}
+
+Status check_submit(const SchedulerState& st, const SubmitSeq& s) {
+  if (!st.stats.failure.empty()) return make_error("the engine has failed: " + st.stats.failure);
+  if (st.seqs.count(s.seq_id)) return make_error("duplicate sequence id " + std::to_string(s.seq_id));
+  if (s.prompt.empty()) return make_error("empty prompt");
+  if (s.max_new_tokens <= 0) return make_error("max_new_tokens must be at least 1");
+  for (int32_t t : s.prompt)
+    if (t < 0 || t >= st.cfg.vocab_size) return make_error("prompt token " + std::to_string(t) + " is outside the vocabulary");
+  for (int32_t t : s.stop_token_ids)
+    if (t < 0 || t >= st.cfg.vocab_size) return make_error("stop token " + std::to_string(t) + " is outside the vocabulary");
+  if (static_cast<int64_t>(s.prompt.size()) + s.max_new_tokens > st.cfg.max_context)
+    return make_error("prompt plus max_new_tokens exceeds the context of " + std::to_string(st.cfg.max_context));
+  return s.sampling.validate(st.cfg.vocab_size);
+}
+
+// Plans and sends the next step when none is in flight.
+void maybe_step(self_ptr self) {
+  auto& st = self->state;
+  if (st.in_flight || !st.stats.failure.empty()) return;
+  if (st.sched->num_running() + st.sched->num_waiting() == 0) return;
+  st.plan = st.sched->schedule();
+  if (st.plan.seqs.empty()) return;
+  if (!st.plan.copies.empty()) {
+    // The scheduler never forks, so copy-on-write cannot arise; refuse rather than corrupt.
+    st.stats.failure = "a step plan asked for block copies, which no worker performs yet";
+    return;
+  }
+  auto ps = plan_step(st.plan, *st.sched, *st.kv);
+  if (!ps) {
+    st.stats.failure = ps.error().message;
+    return;
+  }
+  StageStep step;
+  step.step_no = ++st.step_no;
+  step.token_ids = std::move(ps->token_ids);
+  step.positions = std::move(ps->positions);
+  step.query_start = std::move(ps->query_start);
+  step.context_lens = std::move(ps->context_lens);
+  step.slot_mapping = std::move(ps->slot_mapping);
+  step.block_tables = std::move(ps->block_tables);
+  step.logit_rows = std::move(ps->logit_rows);
+  step.logit_seq = std::move(ps->logit_seq);
+  step.max_blocks_per_seq = ps->max_blocks_per_seq;
+  step.released = std::move(st.released);
+  st.released.clear();
+  for (int64_t id : step.logit_seq) {
+    SeqInfo& info = st.seqs.at(id);
+    if (!info.known_to_worker) {
+      step.new_seqs.push_back(std::move(info.sampling));
+      info.known_to_worker = true;
+    }
+  }
+  const auto now = std::chrono::steady_clock::now();
+  for (const auto& q : st.plan.seqs) {
+    SeqInfo& info = st.seqs.at(q.id);
+    if (info.queue_seconds < 0) info.queue_seconds = std::chrono::duration<double>(now - info.submitted).count();
+    const SchedState* s = st.sched->state(q.id);
+    const int32_t prompt_len = s ? static_cast<int32_t>(s->req.prompt.size()) : 0;
+    st.stats.computed_prompt_tokens += std::max(0, std::min(q.num_computed + q.num_new, prompt_len) - q.num_computed);
+  }
+  st.in_flight = true;
+  self->send(st.first_stage, std::move(step), actor_cast<step_sink_actor>(self));
+}
+
+void on_step_done(self_ptr self, StepDone& done) {
+  auto& st = self->state;
+  if (!st.in_flight || done.step_no != st.step_no) return;  // stale
+  st.in_flight = false;
+  ++st.stats.steps;
+  std::vector<int32_t> sampled;
+  sampled.reserve(done.sampled.size());
+  for (const auto& s : done.sampled) sampled.push_back(s.result.token);
+  auto is_stop = [&](int64_t id, int32_t tok) {
+    auto it = st.seqs.find(id);
+    if (it == st.seqs.end()) return false;
+    if (!it->second.ignore_eos && st.cfg.is_eog && st.cfg.is_eog(tok)) return true;
+    const auto& ids = it->second.stop_ids;
+    return std::find(ids.begin(), ids.end(), tok) != ids.end();
+  };
+  const auto finished = st.sched->update(st.plan, sampled, is_stop);
+  for (auto& s : done.sampled) {
+    auto it = st.seqs.find(s.seq_id);
+    if (it == st.seqs.end()) continue;  // cancelled while the step ran
+    SeqEvent ev;
+    ev.seq_id = s.seq_id;
+    ev.token = s.result.token;
+    ev.logprob = s.result.logprob;
+    ev.top = std::move(s.result.top);
+    for (const auto& f : finished)
+      if (f.id == s.seq_id) { ev.finished = true; ev.hit_stop = f.hit_stop; }
+    ++st.stats.generation_tokens;
+    if (!it->second.sent_first) {
+      it->second.sent_first = true;
+      ev.queue_seconds = it->second.queue_seconds;
+    }
+    const bool is_finished = ev.finished;
+    self->send(it->second.sink, std::move(ev));
+    if (is_finished) {
+      st.released.push_back(s.seq_id);
+      st.seqs.erase(it);
+    }
+  }
+  publish(st);
+  maybe_step(self);
+}
+
+void on_step_failed(self_ptr self, const StepFailed& f) {
+  auto& st = self->state;
+  if (!st.in_flight || f.step_no != st.step_no) return;
+  st.in_flight = false;
+  st.stats.failure = f.error;
+  // Every sequence ends with the error; their blocks return to the pool.
+  for (auto& [id, info] : st.seqs) {
+    st.sched->abort(id);
+    fail_seq(self, info.sink, id, "step failed: " + f.error);
+  }
+  st.seqs.clear();
+  publish(st);
+}
+
+}  // namespace
+
+scheduler_actor::behavior_type scheduler_fn(self_ptr self, SchedulerActorConfig cfg, stage_actor first_stage,
+                                            std::shared_ptr<StatsBoard> board) {
+  auto& st = self->state;
+  st.cfg = std::move(cfg);
+  st.kv = std::make_unique<KvBlockManager>(st.cfg.kv);
+  st.sched = std::make_unique<Scheduler>(st.cfg.scheduler, *st.kv, st.cfg.policy);
+  st.first_stage = std::move(first_stage);
+  st.board = std::move(board);
+  publish(st);
+  if (st.cfg.heartbeat.count() > 0) self->send(self, heartbeat_atom::value);
+  return {
+      [=](SubmitSeq& s, request_sink_actor sink) {
+        auto& st = self->state;
+        if (auto ok = check_submit(st, s); !ok) return fail_seq(self, sink, s.seq_id, ok.error().message);
+        if (auto ok = st.sched->add({s.seq_id, s.prompt, s.max_new_tokens, s.priority}); !ok)
+          return fail_seq(self, sink, s.seq_id, ok.error().message);
+        st.stats.prompt_tokens += s.prompt.size();
+        SeqInfo info;
+        info.sink = std::move(sink);
+        info.stop_ids = std::move(s.stop_token_ids);
+        info.ignore_eos = s.ignore_eos;
+        info.submitted = std::chrono::steady_clock::now();
+        info.sampling = NewSeqSampling{s.seq_id, std::move(s.sampling), std::move(s.prompt)};
+        st.seqs.emplace(s.seq_id, std::move(info));
+        maybe_step(self);
+        publish(st);
+      },
+      [=](CancelSeqs& c) {
+        auto& st = self->state;
+        for (int64_t id : c.seq_ids) {
+          auto it = st.seqs.find(id);
+          if (it == st.seqs.end()) continue;
+          st.sched->abort(id);  // blocks back to the pool now; an in-flight step's token is dropped
+          if (it->second.known_to_worker) st.released.push_back(id);
+          st.seqs.erase(it);
+        }
+        publish(st);
+      },
+      [=](StepDone& d) { on_step_done(self, d); },
+      [=](StepFailed& f) { on_step_failed(self, f); },
+      [=](StatsQuery) -> EngineStats {
+        publish(self->state);
+        return self->state.stats;
+      },
+      [=](heartbeat_atom) {
+        publish(self->state);
+        self->delayed_send(self, self->state.cfg.heartbeat, heartbeat_atom::value);
+      },
+  };
+}
+
+}  // namespace troupe::actors

@@ -1,0 +1,91 @@
+// Scheduler actor: wraps the scheduler and KV-block-manager cores (runtime/). It admits
+// sequences from request actors, plans one step at a time (continuous batching: decodes and
+// prefill chunks share the token budget), sends the plan to the first pipeline stage, and
+// on the step's result applies the sampled tokens, streams them to each sequence's request
+// actor and plans the next step. Cancelled sequences free their KV blocks at once.
+//
+// The block manager is owned here, not by a separate actor: every scheduling decision reads
+// and changes block state synchronously, so a message round trip per allocation would only
+// add latency (docs/architecture.md).
+#pragma once
+#include <chrono>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <set>
+
+#include "actors/messages.h"
+#include "runtime/engine.h"
+#include "runtime/kv_block_manager.h"
+#include "runtime/scheduler.h"
+
+namespace troupe::actors {
+
+struct SchedulerActorConfig {
+  SchedulerConfig scheduler;
+  KvBlockConfig kv;
+  SchedulingPolicy policy = SchedulingPolicy::fcfs();
+  int32_t vocab_size = 0;
+  int32_t max_context = 0;
+  std::function<bool(int32_t)> is_eog;                // the model's end-of-generation tokens
+  std::chrono::milliseconds heartbeat{1000};          // 0: no heartbeat (tests)
+};
+
+// The latest engine stats, published by the scheduler actor after every step and heartbeat
+// so that the HTTP threads read health and metrics without a message round trip.
+class StatsBoard {
+ public:
+  void publish(const EngineStats& s) {
+    std::lock_guard<std::mutex> l(mu_);
+    stats_ = s;
+    beat_ = std::chrono::steady_clock::now();
+    has_beat_ = true;
+  }
+  // Stats with heartbeat_age_seconds filled in (infinity before the first beat).
+  EngineStats read() const {
+    std::lock_guard<std::mutex> l(mu_);
+    EngineStats s = stats_;
+    s.heartbeat_age_seconds =
+        has_beat_ ? std::chrono::duration<double>(std::chrono::steady_clock::now() - beat_).count() : 1e9;
+    return s;
+  }
+
+ private:
+  mutable std::mutex mu_;
+  EngineStats stats_;
+  std::chrono::steady_clock::time_point beat_;
+  bool has_beat_ = false;
+};
+
+struct SeqInfo {
+  request_sink_actor sink;
+  std::vector<int32_t> stop_ids;
+  bool ignore_eos = false;
+  bool known_to_worker = false;  // the last stage holds its sampler state
+  bool sent_first = false;
+  std::chrono::steady_clock::time_point submitted;
+  double queue_seconds = -1;     // submission to first scheduled step
+  NewSeqSampling sampling;       // sent with the first plan that samples it
+};
+
+struct SchedulerState {
+  SchedulerActorConfig cfg;
+  std::unique_ptr<KvBlockManager> kv;
+  std::unique_ptr<Scheduler> sched;
+  stage_actor first_stage;
+  std::shared_ptr<StatsBoard> board;
+  std::map<int64_t, SeqInfo> seqs;
+  std::vector<int64_t> released;
+  StepPlan plan;                 // the plan in flight
+  uint64_t step_no = 0;
+  bool in_flight = false;
+  EngineStats stats;
+  static inline const char* name = "scheduler";
+};
+
+scheduler_actor::behavior_type scheduler_fn(scheduler_actor::stateful_pointer<SchedulerState> self,
+                                            SchedulerActorConfig cfg, stage_actor first_stage,
+                                            std::shared_ptr<StatsBoard> board);
+
+}  // namespace troupe::actors

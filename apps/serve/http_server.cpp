@@ -1,0 +1,220 @@
+#include "apps/serve/http_server.h"
+
+#include <spdlog/spdlog.h>
+
+#include <boost/beast/core.hpp>
+#include <boost/beast/http.hpp>
+#include <deque>
+#include <optional>
+
+namespace troupe::serve {
+namespace {
+
+namespace beast = boost::beast;
+namespace http = beast::http;
+namespace net = boost::asio;
+using tcp = net::ip::tcp;
+
+std::string status_line(int status) {
+  const auto reason = http::obsolete_reason(static_cast<http::status>(status));
+  return "HTTP/1.1 " + std::to_string(status) + " " + std::string(reason.data(), reason.size()) + "\r\n";
+}
+
+class Session;
+
+class ExchangeImpl : public Exchange {
+ public:
+  ExchangeImpl(std::shared_ptr<Session> s, http::request<http::string_body> req, uint64_t id)
+      : session_(std::move(s)), req_(std::move(req)), id_(id) {
+    method_ = std::string(req_.method_string());
+    target_ = std::string(req_.target());
+  }
+  const std::string& method() const override { return method_; }
+  const std::string& target() const override { return target_; }
+  const std::string& body() const override { return req_.body(); }
+  std::string header(const std::string& name) const override {
+    auto it = req_.find(name);
+    return it == req_.end() ? std::string() : std::string(it->value());
+  }
+  void respond(int status, std::string content_type, std::string body, std::map<std::string, std::string> extra) override;
+  void start_stream(std::string content_type) override;
+  void send_chunk(std::string data) override;
+  void end_stream() override;
+  void on_disconnect(std::function<void()> fn) override;
+
+  bool keep_alive() const { return req_.keep_alive(); }
+  uint64_t id() const { return id_; }
+
+ private:
+  std::shared_ptr<Session> session_;
+  http::request<http::string_body> req_;
+  uint64_t id_;
+  std::string method_, target_;
+};
+
+class Session : public std::enable_shared_from_this<Session> {
+ public:
+  Session(tcp::socket sock, const HttpLimits& lim, const Handler& h) : stream_(std::move(sock)), lim_(lim), handler_(h) {}
+  void start() { read(); }
+
+  // All of these run on the session's strand.
+  void write(std::string data, bool ends_response, uint64_t exchange) {
+    if (closed_ || exchange != exchange_id_) return;
+    if (ends_response) response_ended_ = true;
+    outq_.push_back(std::move(data));
+    if (!writing_) write_next();
+  }
+  void set_disconnect(std::function<void()> fn, uint64_t exchange) {
+    if (exchange != exchange_id_) return;
+    if (closed_) {
+      if (fn) fn();
+      return;
+    }
+    on_gone_ = std::move(fn);
+  }
+  void set_close_after(bool close) { close_after_ = close; }
+  net::any_io_executor executor() { return stream_.get_executor(); }
+  uint64_t exchange_id() const { return exchange_id_; }
+
+ private:
+  void read() {
+    parser_.emplace();
+    parser_->body_limit(lim_.max_body_bytes);
+    parser_->header_limit(static_cast<std::uint32_t>(lim_.max_header_bytes));
+    stream_.expires_after(std::chrono::seconds(lim_.read_timeout_seconds));
+    http::async_read(stream_, buf_, *parser_, [self = shared_from_this()](beast::error_code ec, size_t) { self->on_read(ec); });
+  }
+
+  void reply_error_and_close(int status, const std::string& message) {
+    const std::string body = R"({"error":{"message":")" + message + R"(","type":"invalid_request_error","param":null,"code":null}})";
+    ++exchange_id_;
+    response_ended_ = true;
+    close_after_ = true;
+    outq_.push_back(status_line(status) + "Content-Type: application/json\r\nContent-Length: " + std::to_string(body.size()) +
+                    "\r\nConnection: close\r\n\r\n" + body);
+    if (!writing_) write_next();
+  }
+
+  void on_read(beast::error_code ec) {
+    if (ec == http::error::end_of_stream || ec == net::error::eof || ec == net::error::connection_reset) return close();
+    if (ec == beast::error::timeout) return reply_error_and_close(408, "request timed out");
+    if (ec == http::error::body_limit) return reply_error_and_close(413, "request body is too large");
+    if (ec == http::error::header_limit) return reply_error_and_close(431, "request headers are too large");
+    if (ec) return reply_error_and_close(400, "malformed HTTP request");
+    stream_.expires_never();
+    const uint64_t id = ++exchange_id_;
+    response_ended_ = false;
+    close_after_ = false;
+    auto ex = std::make_shared<ExchangeImpl>(shared_from_this(), parser_->release(), id);
+    close_after_ = !ex->keep_alive();
+    watch_disconnect(id);
+    handler_(ex);
+  }
+
+  // The socket turning readable with nothing to read means the peer closed it.
+  void watch_disconnect(uint64_t id) {
+    if (buf_.size() > 0) return;  // a pipelined request is already buffered
+    stream_.socket().async_wait(tcp::socket::wait_read, [self = shared_from_this(), id](beast::error_code ec) {
+      if (ec || id != self->exchange_id_ || self->response_ended_) return;
+      beast::error_code e2;
+      if (self->stream_.socket().available(e2) == 0 || e2) self->close();
+    });
+  }
+
+  void write_next() {
+    writing_ = true;
+    net::async_write(stream_, net::buffer(outq_.front()), [self = shared_from_this()](beast::error_code ec, size_t) {
+      self->outq_.pop_front();
+      if (ec) return self->close();
+      if (!self->outq_.empty()) return self->write_next();
+      self->writing_ = false;
+      if (self->response_ended_) {
+        if (self->close_after_) return self->close();
+        self->read();
+      }
+    });
+  }
+
+  void close() {
+    if (closed_) return;
+    closed_ = true;
+    if (!response_ended_ && on_gone_) {
+      auto fn = std::move(on_gone_);
+      fn();
+    }
+    on_gone_ = nullptr;
+    beast::error_code ec;
+    stream_.socket().shutdown(tcp::socket::shutdown_both, ec);
+    stream_.socket().close(ec);
+  }
+
+  beast::tcp_stream stream_;
+  beast::flat_buffer buf_;
+  std::optional<http::request_parser<http::string_body>> parser_;
+  const HttpLimits& lim_;
+  const Handler& handler_;
+  std::deque<std::string> outq_;
+  bool writing_ = false, closed_ = false, response_ended_ = true, close_after_ = false;
+  uint64_t exchange_id_ = 0;
+  std::function<void()> on_gone_;
+};
+
+void ExchangeImpl::respond(int status, std::string content_type, std::string body, std::map<std::string, std::string> extra) {
+  std::string head = status_line(status) + "Content-Type: " + content_type + "\r\nContent-Length: " + std::to_string(body.size()) + "\r\n";
+  for (const auto& [k, v] : extra) head += k + ": " + v + "\r\n";
+  head += keep_alive() ? "Connection: keep-alive\r\n\r\n" : "Connection: close\r\n\r\n";
+  net::post(session_->executor(), [s = session_, data = head + body, id = id_]() mutable { s->write(std::move(data), true, id); });
+}
+
+void ExchangeImpl::start_stream(std::string content_type) {
+  std::string head = status_line(200) + "Content-Type: " + content_type +
+                     "\r\nCache-Control: no-cache\r\nTransfer-Encoding: chunked\r\n";
+  head += keep_alive() ? "Connection: keep-alive\r\n\r\n" : "Connection: close\r\n\r\n";
+  net::post(session_->executor(), [s = session_, data = std::move(head), id = id_]() mutable { s->write(std::move(data), false, id); });
+}
+
+void ExchangeImpl::send_chunk(std::string data) {
+  if (data.empty()) return;  // an empty chunk would end the stream
+  char hex[32];
+  std::snprintf(hex, sizeof hex, "%zx\r\n", data.size());
+  std::string framed = hex + data + "\r\n";
+  net::post(session_->executor(), [s = session_, data = std::move(framed), id = id_]() mutable { s->write(std::move(data), false, id); });
+}
+
+void ExchangeImpl::end_stream() {
+  net::post(session_->executor(), [s = session_, id = id_]() { s->write("0\r\n\r\n", true, id); });
+}
+
+void ExchangeImpl::on_disconnect(std::function<void()> fn) {
+  net::post(session_->executor(), [s = session_, fn = std::move(fn), id = id_]() mutable { s->set_disconnect(std::move(fn), id); });
+}
+
+}  // namespace
+
+HttpServer::HttpServer(net::io_context& io, HttpLimits limits, Handler handler)
+    : io_(io), limits_(limits), handler_(std::move(handler)), acceptor_(io) {}
+
+unsigned short HttpServer::listen(const std::string& host, unsigned short port) {
+  tcp::endpoint ep(net::ip::make_address(host), port);
+  acceptor_.open(ep.protocol());
+  acceptor_.set_option(net::socket_base::reuse_address(true));
+  acceptor_.bind(ep);
+  acceptor_.listen(net::socket_base::max_listen_connections);
+  accept();
+  return acceptor_.local_endpoint().port();
+}
+
+void HttpServer::stop_accepting() {
+  beast::error_code ec;
+  acceptor_.close(ec);
+}
+
+void HttpServer::accept() {
+  acceptor_.async_accept(net::make_strand(io_), [this](beast::error_code ec, tcp::socket sock) {
+    if (ec == net::error::operation_aborted) return;
+    if (!ec) std::make_shared<Session>(std::move(sock), limits_, handler_)->start();
+    if (acceptor_.is_open()) accept();
+  });
+}
+
+}  // namespace troupe::serve

@@ -1,0 +1,117 @@
+#include "apps/serve/metrics.h"
+
+#include <cmath>
+#include <cstdio>
+
+namespace troupe::serve {
+namespace {
+
+std::string num(double v) {
+  if (std::isinf(v)) return v > 0 ? "+Inf" : "-Inf";
+  char b[64];
+  std::snprintf(b, sizeof b, "%.17g", v);
+  return b;
+}
+
+std::string with(const std::string& labels, const std::string& extra) {
+  if (labels.empty()) return "{" + extra + "}";
+  return "{" + labels + "," + extra + "}";
+}
+
+std::string braces(const std::string& labels) { return labels.empty() ? "" : "{" + labels + "}"; }
+
+}  // namespace
+
+void Histogram::observe(double v) {
+  std::lock_guard<std::mutex> l(mu_);
+  size_t i = 0;
+  while (i < bounds_.size() && v > bounds_[i]) ++i;
+  ++counts_[i];
+  sum_ += v;
+  ++count_;
+}
+
+std::string Histogram::render(const std::string& name, const std::string& help, const std::string& labels) const {
+  std::lock_guard<std::mutex> l(mu_);
+  std::string out = "# HELP " + name + " " + help + "\n# TYPE " + name + " histogram\n";
+  uint64_t cum = 0;
+  for (size_t i = 0; i <= bounds_.size(); ++i) {
+    cum += counts_[i];
+    const double le = i < bounds_.size() ? bounds_[i] : INFINITY;
+    out += name + "_bucket" + with(labels, "le=\"" + num(le) + "\"") + " " + std::to_string(cum) + "\n";
+  }
+  out += name + "_sum" + braces(labels) + " " + num(sum_) + "\n";
+  out += name + "_count" + braces(labels) + " " + std::to_string(count_) + "\n";
+  return out;
+}
+
+Metrics::Metrics()
+    : ttft_({0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0}),
+      itl_({0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0}),
+      e2e_({0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0, 480.0}),
+      queue_({0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0}),
+      prompt_len_({1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000, 20000, 50000, 100000}),
+      gen_len_({1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000, 20000, 50000, 100000}) {}
+
+void Metrics::observe_request(double ttft, double e2e, double queue, const std::vector<double>& itl,
+                              const std::string& finish_reason, int64_t prompt_tokens, int64_t completion_tokens) {
+  ttft_.observe(ttft);
+  e2e_.observe(e2e);
+  queue_.observe(queue);
+  for (double v : itl) itl_.observe(v);
+  prompt_len_.observe(static_cast<double>(prompt_tokens));
+  gen_len_.observe(static_cast<double>(completion_tokens));
+  std::lock_guard<std::mutex> l(mu_);
+  ++finished_[finish_reason];
+}
+
+void Metrics::count_http(int status) {
+  std::lock_guard<std::mutex> l(mu_);
+  ++http_[status];
+}
+
+std::string Metrics::render(const actors::EngineStats& s, const std::string& model_name, int32_t block_size) const {
+  const std::string lbl = "model_name=\"" + model_name + "\"";
+  std::string out;
+  auto gauge = [&](const std::string& name, const std::string& help, double v) {
+    out += "# HELP " + name + " " + help + "\n# TYPE " + name + " gauge\n" + name + "{" + lbl + "} " + num(v) + "\n";
+  };
+  auto counter = [&](const std::string& name, const std::string& help, double v) {
+    out += "# HELP " + name + " " + help + "\n# TYPE " + name + " counter\n" + name + "{" + lbl + "} " + num(v) + "\n";
+  };
+  gauge("troupe:num_requests_running", "Sequences in the running batch.", static_cast<double>(s.num_running));
+  gauge("troupe:num_requests_waiting", "Sequences waiting to be scheduled.", static_cast<double>(s.num_waiting));
+  gauge("troupe:kv_cache_usage_perc", "Fraction of KV-cache blocks in use (1 = full).",
+        s.kv_blocks ? 1.0 - static_cast<double>(s.kv_free) / s.kv_blocks : 0.0);
+  gauge("troupe:kv_cache_free_blocks", "KV-cache blocks free (cached or empty).", s.kv_free);
+  gauge("troupe:engine_heartbeat_age_seconds", "Seconds since the scheduler actor's last heartbeat.", s.heartbeat_age_seconds);
+  counter("troupe:prefix_cache_queries_total", "Prompt tokens looked up in the prefix cache (full blocks).",
+          static_cast<double>(s.prefix_queries) * block_size);
+  counter("troupe:prefix_cache_hits_total", "Prompt tokens found in the prefix cache (full blocks).",
+          static_cast<double>(s.prefix_hits) * block_size);
+  counter("troupe:prompt_tokens_total", "Prompt tokens admitted.", static_cast<double>(s.prompt_tokens));
+  counter("troupe:prompt_tokens_computed_total", "Prompt tokens computed (not served by the prefix cache).",
+          static_cast<double>(s.computed_prompt_tokens));
+  counter("troupe:generation_tokens_total", "Tokens generated.", static_cast<double>(s.generation_tokens));
+  counter("troupe:num_preemptions_total", "Sequences preempted (recomputed later) for KV space.",
+          static_cast<double>(s.preemptions));
+  counter("troupe:engine_steps_total", "Forward steps run.", static_cast<double>(s.steps));
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    out += "# HELP troupe:request_success_total Finished requests by finish reason.\n# TYPE troupe:request_success_total counter\n";
+    for (const auto& [r, n] : finished_)
+      out += "troupe:request_success_total{" + lbl + ",finished_reason=\"" + r + "\"} " + std::to_string(n) + "\n";
+    out += "# HELP troupe:http_responses_total HTTP responses by status.\n# TYPE troupe:http_responses_total counter\n";
+    for (const auto& [code, n] : http_)
+      out += "troupe:http_responses_total{" + lbl + ",status=\"" + std::to_string(code) + "\"} " + std::to_string(n) + "\n";
+  }
+  out += ttft_.render("troupe:time_to_first_token_seconds", "Time to first token.", lbl);
+  out += itl_.render("troupe:inter_token_latency_seconds", "Time between consecutive output tokens.", lbl);
+  out += e2e_.render("troupe:e2e_request_latency_seconds", "End-to-end request latency.", lbl);
+  out += queue_.render("troupe:request_queue_time_seconds", "Time from submission to first scheduled step.", lbl);
+  out += prompt_len_.render("troupe:request_prompt_tokens", "Prompt tokens per request.", lbl);
+  out += gen_len_.render("troupe:request_generation_tokens", "Generated tokens per request.", lbl);
+  return out;
+}
+
+}  // namespace troupe::serve
