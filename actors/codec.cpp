@@ -36,17 +36,7 @@ auto read(const Bytes& b, const char* what, Fn fn) -> decltype(fn(std::declval<t
   }
 }
 
-}  // namespace
-
-Bytes encode_submit(const SchedRequest& r, const SamplingParams& sp) {
-  capnp::MallocMessageBuilder m;
-  auto msg = m.initRoot<schema::SubmitRequest>();
-  msg.setId(r.id);
-  auto toks = msg.initPromptTokens(static_cast<unsigned>(r.prompt.size()));
-  for (unsigned i = 0; i < r.prompt.size(); ++i) toks.set(i, r.prompt[i]);
-  msg.setMaxNewTokens(r.max_new_tokens);
-  msg.setPriority(r.priority);
-  auto s = msg.initSampling();
+void write_sampling(schema::SamplingParams::Builder s, const SamplingParams& sp) {
   s.setTemperature(sp.temperature);
   s.setTopK(sp.top_k);
   s.setTopP(sp.top_p);
@@ -63,6 +53,64 @@ Bytes encode_submit(const SchedRequest& r, const SamplingParams& sp) {
     lb[i].setBias(bias);
     ++i;
   }
+}
+
+SamplingParams read_sampling(schema::SamplingParams::Reader s) {
+  SamplingParams sp;
+  sp.temperature = s.getTemperature();
+  sp.top_k = s.getTopK();
+  sp.top_p = s.getTopP();
+  sp.min_p = s.getMinP();
+  sp.repetition_penalty = s.getRepetitionPenalty();
+  sp.presence_penalty = s.getPresencePenalty();
+  sp.frequency_penalty = s.getFrequencyPenalty();
+  sp.seed = s.getSeed();
+  sp.logprobs = s.getLogprobs();
+  for (auto e : s.getLogitBias()) sp.logit_bias[e.getToken()] = e.getBias();
+  return sp;
+}
+
+template <typename L, typename V>
+void put(L list, const V& v) {
+  for (unsigned i = 0; i < v.size(); ++i) list.set(i, v[i]);
+}
+
+template <typename T, typename L>
+std::vector<T> get(L list) {
+  std::vector<T> v;
+  v.reserve(list.size());
+  for (T x : list) v.push_back(x);
+  return v;
+}
+
+template <typename L>
+void put_top(L list, const std::vector<TokenLogprob>& top) {
+  for (unsigned i = 0; i < top.size(); ++i) {
+    list[i].setToken(top[i].token);
+    list[i].setLogprob(top[i].logprob);
+  }
+}
+
+template <typename L>
+std::vector<TokenLogprob> get_top(L list) {
+  std::vector<TokenLogprob> top;
+  for (auto t : list) top.push_back({t.getToken(), t.getLogprob()});
+  return top;
+}
+
+unsigned n(size_t x) { return static_cast<unsigned>(x); }
+
+}  // namespace
+
+Bytes encode_submit(const SchedRequest& r, const SamplingParams& sp) {
+  capnp::MallocMessageBuilder m;
+  auto msg = m.initRoot<schema::SubmitRequest>();
+  msg.setId(r.id);
+  auto toks = msg.initPromptTokens(static_cast<unsigned>(r.prompt.size()));
+  for (unsigned i = 0; i < r.prompt.size(); ++i) toks.set(i, r.prompt[i]);
+  msg.setMaxNewTokens(r.max_new_tokens);
+  msg.setPriority(r.priority);
+  write_sampling(msg.initSampling(), sp);
   return to_bytes(m);
 }
 
@@ -74,18 +122,7 @@ Result<std::pair<SchedRequest, SamplingParams>> decode_submit(const Bytes& b) {
     for (int32_t t : msg.getPromptTokens()) r.prompt.push_back(t);
     r.max_new_tokens = msg.getMaxNewTokens();
     r.priority = msg.getPriority();
-    SamplingParams sp;
-    auto s = msg.getSampling();
-    sp.temperature = s.getTemperature();
-    sp.top_k = s.getTopK();
-    sp.top_p = s.getTopP();
-    sp.min_p = s.getMinP();
-    sp.repetition_penalty = s.getRepetitionPenalty();
-    sp.presence_penalty = s.getPresencePenalty();
-    sp.frequency_penalty = s.getFrequencyPenalty();
-    sp.seed = s.getSeed();
-    sp.logprobs = s.getLogprobs();
-    for (auto e : s.getLogitBias()) sp.logit_bias[e.getToken()] = e.getBias();
+    SamplingParams sp = read_sampling(msg.getSampling());
     return std::make_pair(std::move(r), std::move(sp));
   });
 }
@@ -134,6 +171,199 @@ Bytes encode_cancel(int64_t id) {
 
 Result<int64_t> decode_cancel(const Bytes& b) {
   return read<schema::Cancel>(b, "Cancel", [](schema::Cancel::Reader msg) -> Result<int64_t> { return msg.getId(); });
+}
+
+Bytes encode(const actors::SubmitSeq& x) {
+  capnp::MallocMessageBuilder m;
+  auto msg = m.initRoot<schema::SubmitRequest>();
+  msg.setId(x.seq_id);
+  put(msg.initPromptTokens(n(x.prompt.size())), x.prompt);
+  msg.setMaxNewTokens(x.max_new_tokens);
+  msg.setPriority(x.priority);
+  write_sampling(msg.initSampling(), x.sampling);
+  put(msg.initStopTokenIds(n(x.stop_token_ids.size())), x.stop_token_ids);
+  msg.setIgnoreEos(x.ignore_eos);
+  return to_bytes(m);
+}
+
+Result<actors::SubmitSeq> decode_submit_seq(const Bytes& b) {
+  return read<schema::SubmitRequest>(b, "SubmitRequest", [](schema::SubmitRequest::Reader msg) -> Result<actors::SubmitSeq> {
+    actors::SubmitSeq x;
+    x.seq_id = msg.getId();
+    x.prompt = get<int32_t>(msg.getPromptTokens());
+    x.max_new_tokens = msg.getMaxNewTokens();
+    x.priority = msg.getPriority();
+    x.sampling = read_sampling(msg.getSampling());
+    x.stop_token_ids = get<int32_t>(msg.getStopTokenIds());
+    x.ignore_eos = msg.getIgnoreEos();
+    return x;
+  });
+}
+
+Bytes encode(const actors::CancelSeqs& x) {
+  capnp::MallocMessageBuilder m;
+  put(m.initRoot<schema::Cancel>().initIds(n(x.seq_ids.size())), x.seq_ids);
+  return to_bytes(m);
+}
+
+Result<actors::CancelSeqs> decode_cancel_seqs(const Bytes& b) {
+  return read<schema::Cancel>(b, "Cancel", [](schema::Cancel::Reader msg) -> Result<actors::CancelSeqs> {
+    return actors::CancelSeqs{get<int64_t>(msg.getIds())};
+  });
+}
+
+Bytes encode(const actors::SeqEvent& x) {
+  capnp::MallocMessageBuilder m;
+  auto msg = m.initRoot<schema::SeqEvent>();
+  msg.setSeqId(x.seq_id);
+  msg.setToken(x.token);
+  msg.setLogprob(x.logprob);
+  put_top(msg.initTop(n(x.top.size())), x.top);
+  msg.setFinished(x.finished);
+  msg.setHitStop(x.hit_stop);
+  msg.setQueueSeconds(x.queue_seconds);
+  msg.setError(x.error);
+  return to_bytes(m);
+}
+
+Result<actors::SeqEvent> decode_seq_event(const Bytes& b) {
+  return read<schema::SeqEvent>(b, "SeqEvent", [](schema::SeqEvent::Reader msg) -> Result<actors::SeqEvent> {
+    actors::SeqEvent x;
+    x.seq_id = msg.getSeqId();
+    x.token = msg.getToken();
+    x.logprob = msg.getLogprob();
+    x.top = get_top(msg.getTop());
+    x.finished = msg.getFinished();
+    x.hit_stop = msg.getHitStop();
+    x.queue_seconds = msg.getQueueSeconds();
+    x.error = msg.getError();
+    return x;
+  });
+}
+
+Bytes encode(const actors::StageStep& x) {
+  capnp::MallocMessageBuilder m;
+  auto msg = m.initRoot<schema::StageStep>();
+  msg.setStepNo(x.step_no);
+  put(msg.initTokenIds(n(x.token_ids.size())), x.token_ids);
+  put(msg.initPositions(n(x.positions.size())), x.positions);
+  put(msg.initQueryStart(n(x.query_start.size())), x.query_start);
+  put(msg.initContextLens(n(x.context_lens.size())), x.context_lens);
+  put(msg.initSlotMapping(n(x.slot_mapping.size())), x.slot_mapping);
+  put(msg.initBlockTables(n(x.block_tables.size())), x.block_tables);
+  put(msg.initLogitRows(n(x.logit_rows.size())), x.logit_rows);
+  put(msg.initLogitSeq(n(x.logit_seq.size())), x.logit_seq);
+  msg.setMaxBlocksPerSeq(x.max_blocks_per_seq);
+  auto ns = msg.initNewSeqs(n(x.new_seqs.size()));
+  for (unsigned i = 0; i < x.new_seqs.size(); ++i) {
+    ns[i].setSeqId(x.new_seqs[i].seq_id);
+    write_sampling(ns[i].initSampling(), x.new_seqs[i].sampling);
+    put(ns[i].initPrompt(n(x.new_seqs[i].prompt.size())), x.new_seqs[i].prompt);
+  }
+  put(msg.initReleased(n(x.released.size())), x.released);
+  put(msg.initHidden(n(x.hidden.size())), x.hidden);
+  return to_bytes(m);
+}
+
+Result<actors::StageStep> decode_stage_step(const Bytes& b) {
+  return read<schema::StageStep>(b, "StageStep", [](schema::StageStep::Reader msg) -> Result<actors::StageStep> {
+    actors::StageStep x;
+    x.step_no = msg.getStepNo();
+    x.token_ids = get<int32_t>(msg.getTokenIds());
+    x.positions = get<int32_t>(msg.getPositions());
+    x.query_start = get<int32_t>(msg.getQueryStart());
+    x.context_lens = get<int32_t>(msg.getContextLens());
+    x.slot_mapping = get<int32_t>(msg.getSlotMapping());
+    x.block_tables = get<int32_t>(msg.getBlockTables());
+    x.logit_rows = get<int32_t>(msg.getLogitRows());
+    x.logit_seq = get<int64_t>(msg.getLogitSeq());
+    x.max_blocks_per_seq = msg.getMaxBlocksPerSeq();
+    for (auto s : msg.getNewSeqs())
+      x.new_seqs.push_back({s.getSeqId(), read_sampling(s.getSampling()), get<int32_t>(s.getPrompt())});
+    x.released = get<int64_t>(msg.getReleased());
+    x.hidden = get<float>(msg.getHidden());
+    return x;
+  });
+}
+
+Bytes encode(const actors::StepDone& x) {
+  capnp::MallocMessageBuilder m;
+  auto msg = m.initRoot<schema::StepResult>();
+  msg.setStepId(x.step_no);
+  msg.setComputeSeconds(x.compute_seconds);
+  auto s = msg.initSampled(n(x.sampled.size()));
+  for (unsigned i = 0; i < x.sampled.size(); ++i) {
+    s[i].setId(x.sampled[i].seq_id);
+    s[i].setToken(x.sampled[i].result.token);
+    s[i].setLogprob(x.sampled[i].result.logprob);
+    put_top(s[i].initTop(n(x.sampled[i].result.top.size())), x.sampled[i].result.top);
+  }
+  return to_bytes(m);
+}
+
+Bytes encode(const actors::StepFailed& x) {
+  capnp::MallocMessageBuilder m;
+  auto msg = m.initRoot<schema::StepResult>();
+  msg.setStepId(x.step_no);
+  msg.setError(x.error.empty() ? std::string("unknown step failure") : x.error);
+  return to_bytes(m);
+}
+
+Result<std::variant<actors::StepDone, actors::StepFailed>> decode_step_result(const Bytes& b) {
+  using R = std::variant<actors::StepDone, actors::StepFailed>;
+  return read<schema::StepResult>(b, "StepResult", [](schema::StepResult::Reader msg) -> Result<R> {
+    if (msg.hasError() && msg.getError().size() > 0) return R{actors::StepFailed{msg.getStepId(), msg.getError()}};
+    actors::StepDone x;
+    x.step_no = msg.getStepId();
+    x.compute_seconds = msg.getComputeSeconds();
+    for (auto s : msg.getSampled()) {
+      SampleResult r;
+      r.token = s.getToken();
+      r.logprob = s.getLogprob();
+      r.top = get_top(s.getTop());
+      x.sampled.push_back({s.getId(), std::move(r)});
+    }
+    return R{std::move(x)};
+  });
+}
+
+Bytes encode(const actors::EngineStats& x) {
+  capnp::MallocMessageBuilder m;
+  auto msg = m.initRoot<schema::EngineStats>();
+  msg.setNumRunning(x.num_running);
+  msg.setNumWaiting(x.num_waiting);
+  msg.setKvBlocks(x.kv_blocks);
+  msg.setKvFree(x.kv_free);
+  msg.setPrefixQueries(x.prefix_queries);
+  msg.setPrefixHits(x.prefix_hits);
+  msg.setPromptTokens(x.prompt_tokens);
+  msg.setGenerationTokens(x.generation_tokens);
+  msg.setComputedPromptTokens(x.computed_prompt_tokens);
+  msg.setPreemptions(x.preemptions);
+  msg.setSteps(x.steps);
+  msg.setHeartbeatAgeSeconds(x.heartbeat_age_seconds);
+  msg.setFailure(x.failure);
+  return to_bytes(m);
+}
+
+Result<actors::EngineStats> decode_engine_stats(const Bytes& b) {
+  return read<schema::EngineStats>(b, "EngineStats", [](schema::EngineStats::Reader msg) -> Result<actors::EngineStats> {
+    actors::EngineStats x;
+    x.num_running = msg.getNumRunning();
+    x.num_waiting = msg.getNumWaiting();
+    x.kv_blocks = msg.getKvBlocks();
+    x.kv_free = msg.getKvFree();
+    x.prefix_queries = msg.getPrefixQueries();
+    x.prefix_hits = msg.getPrefixHits();
+    x.prompt_tokens = msg.getPromptTokens();
+    x.generation_tokens = msg.getGenerationTokens();
+    x.computed_prompt_tokens = msg.getComputedPromptTokens();
+    x.preemptions = msg.getPreemptions();
+    x.steps = msg.getSteps();
+    x.heartbeat_age_seconds = msg.getHeartbeatAgeSeconds();
+    x.failure = msg.getFailure();
+    return x;
+  });
 }
 
 }  // namespace troupe::codec

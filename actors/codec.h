@@ -6,6 +6,9 @@
 #include <utility>
 #include <vector>
 
+#include <variant>
+
+#include "actors/messages.h"
 #include "kernels/result.h"
 #include "runtime/sampler.h"
 #include "runtime/scheduler.h"
@@ -22,5 +25,20 @@ Result<std::pair<StepPlan, uint64_t>> decode_step_plan(const Bytes& b);
 
 Bytes encode_cancel(int64_t id);
 Result<int64_t> decode_cancel(const Bytes& b);
+
+// The actor messages (actors/messages.h), as they would cross a process boundary.
+Bytes encode(const actors::SubmitSeq& m);
+Result<actors::SubmitSeq> decode_submit_seq(const Bytes& b);
+Bytes encode(const actors::CancelSeqs& m);
+Result<actors::CancelSeqs> decode_cancel_seqs(const Bytes& b);
+Bytes encode(const actors::SeqEvent& m);
+Result<actors::SeqEvent> decode_seq_event(const Bytes& b);
+Bytes encode(const actors::StageStep& m);
+Result<actors::StageStep> decode_stage_step(const Bytes& b);
+Bytes encode(const actors::StepDone& m);
+Bytes encode(const actors::StepFailed& m);
+Result<std::variant<actors::StepDone, actors::StepFailed>> decode_step_result(const Bytes& b);
+Bytes encode(const actors::EngineStats& m);
+Result<actors::EngineStats> decode_engine_stats(const Bytes& b);
 
 }  // namespace troupe::codec

@@ -37,7 +37,6 @@ Result<LocalNode> spawn_local_node(caf::actor_system& sys, const ModelFiles& fil
     if (!w) return w.error();
     workers.push_back(std::move(*w));
   }
-  if (progress) progress(static_cast<size_t>(c.num_layers) + 2, static_cast<size_t>(c.num_layers) + 2);
   LocalNode node;
   node.stages.resize(workers.size());
   stage_actor next;

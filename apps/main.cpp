@@ -16,6 +16,7 @@ int main(int argc, char** argv) {
   app.parse_complete_callback([&] { spdlog::set_level(spdlog::level::from_str(log_level)); });
   troupe::app::add_run_command(app);
   troupe::app::add_bench_command(app);
+  troupe::app::add_serve_command(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

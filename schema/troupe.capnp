@@ -31,10 +31,12 @@ struct SubmitRequest {
   sampling @4 :SamplingParams;
   stopTokenIds @5 :List(Int32);
   stopStrings @6 :List(Text);
+  ignoreEos @7 :Bool;
 }
 
 struct Cancel {
   id @0 :Int64;
+  ids @1 :List(Int64);   # several sequences at once (a request's n choices)
 }
 
 enum FinishReason {
@@ -81,16 +83,72 @@ struct StepPlan {
   }
 }
 
+# The last stage's answer to a StageStep: one sampled token per logit row, or an error.
 struct StepResult {
   stepId @0 :UInt64;
   sampled @1 :List(Sampled);
   error @2 :Text;
+  computeSeconds @3 :Float64;
   struct Sampled {
     id @0 :Int64;
     token @1 :Int32;
     logprob @2 :Float32;
     top @3 :List(TokenLogprob);
   }
+}
+
+# Scheduler actor -> request actor: one sampled token of one sequence, or its end.
+struct SeqEvent {
+  seqId @0 :Int64;
+  token @1 :Int32;
+  logprob @2 :Float32;
+  top @3 :List(TokenLogprob);
+  finished @4 :Bool;
+  hitStop @5 :Bool;
+  queueSeconds @6 :Float64;
+  error @7 :Text;
+}
+
+# A sequence's sampler state, sent to the last stage with the first step that samples it.
+struct SeqSampling {
+  seqId @0 :Int64;
+  sampling @1 :SamplingParams;
+  prompt @2 :List(Int32);
+}
+
+# Scheduler actor -> pipeline stages: one flattened step plan (runtime/engine.h
+# PlannedStep), sampler state for new sequences, and the activations between stages.
+struct StageStep {
+  stepNo @0 :UInt64;
+  tokenIds @1 :List(Int32);
+  positions @2 :List(Int32);
+  queryStart @3 :List(Int32);
+  contextLens @4 :List(Int32);
+  slotMapping @5 :List(Int32);
+  blockTables @6 :List(Int32);
+  logitRows @7 :List(Int32);
+  logitSeq @8 :List(Int64);
+  maxBlocksPerSeq @9 :Int32;
+  newSeqs @10 :List(SeqSampling);
+  released @11 :List(Int64);
+  hidden @12 :List(Float32);   # [numTokens, hidden] between stages; empty into the first
+}
+
+# The scheduler actor's published state (health and metrics).
+struct EngineStats {
+  numRunning @0 :Int64;
+  numWaiting @1 :Int64;
+  kvBlocks @2 :Int32;
+  kvFree @3 :Int32;
+  prefixQueries @4 :UInt64;
+  prefixHits @5 :UInt64;
+  promptTokens @6 :UInt64;
+  generationTokens @7 :UInt64;
+  computedPromptTokens @8 :UInt64;
+  preemptions @9 :UInt64;
+  steps @10 :UInt64;
+  heartbeatAgeSeconds @11 :Float64;
+  failure @12 :Text;
 }
 
 struct KvStats {

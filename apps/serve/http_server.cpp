@@ -60,7 +60,10 @@ class Session : public std::enable_shared_from_this<Session> {
   // All of these run on the session's strand.
   void write(std::string data, bool ends_response, uint64_t exchange) {
     if (closed_ || exchange != exchange_id_) return;
-    if (ends_response) response_ended_ = true;
+    if (ends_response) {
+      response_ended_ = true;
+      on_gone_ = nullptr;  // (it may hold the request's actor, which holds this session)
+    }
     outq_.push_back(std::move(data));
     if (!writing_) write_next();
   }

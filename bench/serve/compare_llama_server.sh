@@ -112,8 +112,8 @@ for name in $SERVERS; do
     echo "== $name, concurrency $c, $n prompts" >&2
     { echo "$name c$c before: load $(cut -d' ' -f1-3 /proc/loadavg); $(busy_others)"; } >> "$WORK/contention.txt"
     if ! start_server "$name" "$c" "$WORK/$name-c$c.log"; then
-      echo "$name did not start; its cells will read n/a" >&2
-      cp "$WORK/$name-c$c.log" "$WORK/$name-c$c.failed" 2>/dev/null || true
+      echo "$name did not start; its cells will read n/a. Log tail:" >&2
+      tail -n 5 "$WORK/$name-c$c.log" | tee "$WORK/$name-c$c.startfail" >&2
       continue
     fi
     port=$LLAMA_PORT; [[ $name == troupe ]] && port=$TROUPE_PORT
@@ -130,7 +130,7 @@ for name in $SERVERS; do
 done
 
 peer_version="$(LD_LIBRARY_PATH="$PEER_BIN" "$PEER_BIN/llama-server" --version 2>&1 | grep -m1 version || true)"
-troupe_version="$([[ -x "$TROUPE_BIN" ]] && "$TROUPE_BIN" --version 2>&1 | head -n1 || echo "not built")"
+troupe_version="$( { [[ -x "$TROUPE_BIN" ]] && "$TROUPE_BIN" --version 2>/dev/null | head -n1; } || echo "not built")"
 
 WORK="$WORK" MODEL="$MODEL" SERVERS="$SERVERS" CONCURRENCY="$CONCURRENCY" OUT_MD="$OUT_MD" \
 OUT_JSON="$OUT_JSON" INPUT_LEN="$INPUT_LEN" RANGE_RATIO="$RANGE_RATIO" OUTPUT_LEN="$OUTPUT_LEN" \
@@ -169,7 +169,8 @@ contended = any(not l.rstrip().endswith(";") for l in contention)
 def load(name, c):
     p = os.path.join(W, f"{name}-c{c}.json")
     if not os.path.exists(p):
-        return None
+        f = os.path.join(W, f"{name}-c{c}.startfail")
+        return {"start_error": open(f).read().strip()} if os.path.exists(f) else None
     d = json.load(open(p))
     return {"num_prompts": d["args"]["num_prompts"], **d["metrics"], "errors": d.get("errors", [])}
 
@@ -230,12 +231,19 @@ L += ["", "Ratio = troupe / llama-server: above 1 is better for tok/s, below 1 i
       "|---:|---:|---:|---|---:|---:|---:|"]
 for r in rows:
     l, t = r["llama_server"], r["troupe"]
-    np_ = f"{l['num_prompts'] if l else 'n/a'}/{t['num_prompts'] if t else 'n/a'}"
-    fl = f"{l['failed'] if l else 'n/a'}/{t['failed'] if t else 'n/a'}"
+    np_ = f"{(l or {}).get('num_prompts', 'n/a')}/{(t or {}).get('num_prompts', 'n/a')}"
+    fl = f"{(l or {}).get('failed', 'n/a')}/{(t or {}).get('failed', 'n/a')}"
     for i, (key, label, sub) in enumerate(METRICS):
         L.append(f"| {r['concurrency'] if i == 0 else ''} | {np_ if i == 0 else ''} | {fl if i == 0 else ''} | {label} | "
                  f"{fmt(get(l, key, sub))} | {fmt(get(t, key, sub))} | "
                  f"{fmt(r['ratio_troupe_over_llama'][label], '{:.2f}')} |")
+L.append("")
+for r in rows:
+    for k, who in (("llama_server", "llama-server"), ("troupe", "troupe")):
+        if r[k] and r[k].get("start_error"):
+            L.append(f"- {who} did not start at concurrency {r['concurrency']}: `{r[k]['start_error'].splitlines()[-1]}`")
+        elif r[k] and r[k].get("errors"):
+            L.append(f"- {who} at concurrency {r['concurrency']}: {r[k]['failed']} failed, e.g. `{r[k]['errors'][0][:120]}`")
 L.append("")
 L.append("TTFT: request sent to first streamed text; ITL: gaps between later streamed chunks, all requests pooled.")
 with open(E["OUT_MD"], "w") as f:

@@ -1,0 +1,209 @@
+// `troupe serve`: the OpenAI-compatible service node. The HTTP server binds first (so
+// /health answers 503 while the model loads), then the node's actors are built and
+// attached. SIGTERM/SIGINT drain: health turns 503, new requests get 503 with
+// Retry-After, requests in flight finish (or are cancelled at --drain-timeout), exit 0.
+#include <spdlog/spdlog.h>
+
+#include <boost/asio/signal_set.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <thread>
+
+#include "actors/local_node.h"
+#include "apps/common.h"
+#include "apps/serve/openai_server.h"
+#include "apps/subcommands.h"
+
+namespace troupe::app {
+namespace {
+
+struct ServeFlags {
+  ModelFlags model;
+  std::string model_positional;
+  std::string host = "127.0.0.1";
+  int port = 8000;
+  std::string api_key;
+  std::string served_model_name;
+  int max_num_seqs = 64;
+  int max_num_batched_tokens = 0;  // 0: --batch
+  int kv_cache_tokens = 32768;
+  int block_size = 16;
+  bool no_prefix_caching = false;
+  std::string policy = "fcfs";
+  int pipeline_stages = 1;
+  int tokenizer_actors = 1;
+  int http_threads = 1;
+  int max_queue = 256;
+  double drain_timeout = 30;
+  size_t max_body_bytes = 8u << 20;
+  size_t max_header_bytes = 16u << 10;
+  int read_timeout = 30;
+  api::Limits limits;
+};
+
+Status validate(const ServeFlags& f) {
+  if (f.port < 0 || f.port > 65535) return make_error("--port must be 0..65535");
+  if (f.max_num_seqs < 1 || f.max_num_seqs > 4096) return make_error("--max-num-seqs must be 1..4096");
+  if (f.kv_cache_tokens < 16 || f.kv_cache_tokens > (1 << 24)) return make_error("--kv-cache-tokens must be 16..16M");
+  if (f.block_size < 1 || f.block_size > 256) return make_error("--block-size must be 1..256");
+  if (f.policy != "fcfs" && f.policy != "priority") return make_error("--scheduling-policy must be fcfs or priority");
+  if (f.max_queue < 0) return make_error("--max-queue must be >= 0");
+  if (!(f.drain_timeout >= 0 && f.drain_timeout <= 3600)) return make_error("--drain-timeout must be 0..3600 seconds");
+  if (f.read_timeout < 1 || f.read_timeout > 3600) return make_error("--read-timeout must be 1..3600 seconds");
+  if (f.http_threads < 1 || f.http_threads > 64) return make_error("--http-threads must be 1..64");
+  if (f.max_body_bytes < 1024 || f.max_header_bytes < 1024) return make_error("body and header limits must be at least 1024 bytes");
+  if (f.limits.max_n < 1 || f.limits.max_n > 256) return make_error("--max-n must be 1..256");
+  if (f.limits.max_top_logprobs < 0 || f.limits.max_top_logprobs > 100) return make_error("--max-top-logprobs must be 0..100");
+  if (f.limits.max_stop < 0 || f.limits.max_stop > 64) return make_error("--max-stop must be 0..64");
+  if (f.limits.max_stop_len < 1 || f.limits.max_stop_len > 4096) return make_error("--max-stop-len must be 1..4096");
+  return {};
+}
+
+bool is_loopback(const std::string& host) { return host == "127.0.0.1" || host == "::1" || host == "localhost"; }
+
+std::string default_name(const std::string& path) {
+  std::string n = path.substr(path.find_last_of('/') + 1);
+  if (n.size() > 5 && n.compare(n.size() - 5, 5, ".gguf") == 0) n.resize(n.size() - 5);
+  return n.empty() ? "model" : n;
+}
+
+int serve(ServeFlags f) {
+  if (!f.model_positional.empty()) f.model.model = f.model_positional;
+  if (auto ok = validate(f); !ok) {
+    spdlog::error("{}", ok.error().message);
+    return 2;
+  }
+  if (!is_loopback(f.host) && f.api_key.empty())
+    spdlog::warn("binding {} without --api-key: anyone who can reach this port can use the model", f.host);
+  caf::actor_system_config cfg;
+  cfg.set("scheduler.max-threads", 2);
+  cfg.set("logger.file-verbosity", caf::atom("quiet"));
+  cfg.set("logger.console-verbosity", caf::atom("quiet"));
+  caf::actor_system sys{cfg};
+
+  boost::asio::io_context io;
+  serve::ServerOptions so;
+  so.api_key = f.api_key;
+  so.block_size = f.block_size;
+  so.limits = f.limits;
+  serve::OpenAiServer server(sys, so);
+  serve::HttpLimits hl{f.max_body_bytes, f.max_header_bytes, f.read_timeout};
+  serve::HttpServer http(io, hl, [&server](std::shared_ptr<serve::Exchange> ex) { server.handle(ex); });
+  unsigned short port = 0;
+  try {
+    port = http.listen(f.host, static_cast<unsigned short>(f.port));
+  } catch (const std::exception& e) {
+    spdlog::error("cannot listen on {}:{}: {}", f.host, f.port, e.what());
+    return 1;
+  }
+  spdlog::info("listening on http://{}:{} (loading the model; /health answers 503 until ready)", f.host, port);
+  std::vector<std::thread> threads;
+  auto guard = boost::asio::make_work_guard(io);
+  for (int i = 0; i < f.http_threads; ++i) threads.emplace_back([&io] { io.run(); });
+  auto finish = [&](int code) {
+    guard.reset();
+    io.stop();
+    for (auto& t : threads) t.join();
+    return code;
+  };
+
+  // Load the model and build the node.
+  OpenOptions oo;
+  oo.load_format = f.model.load_format;
+  oo.dummy_dtype = f.model.dtype;
+  auto files = open_model(f.model.model, oo);
+  if (!files) {
+    spdlog::error("{}", files.error().message);
+    return finish(1);
+  }
+  auto mf = std::make_shared<ModelFiles>(std::move(*files));
+  mf->config.max_context = std::min<int32_t>(mf->config.max_context, f.model.ctx);
+  actors::NodeOptions no;
+  no.num_stages = f.pipeline_stages;
+  no.threads = f.model.threads;
+  no.max_batch_tokens = f.model.batch;
+  no.num_tokenizers = f.tokenizer_actors;
+  no.scheduler.scheduler.max_batched_tokens = f.max_num_batched_tokens > 0 ? f.max_num_batched_tokens : f.model.batch;
+  no.scheduler.scheduler.max_running = f.max_num_seqs;
+  no.scheduler.kv = {(f.kv_cache_tokens + f.block_size - 1) / f.block_size, f.block_size, !f.no_prefix_caching};
+  no.scheduler.policy = f.policy == "priority" ? SchedulingPolicy::priority() : SchedulingPolicy::fcfs();
+  auto node = actors::spawn_local_node(sys, *mf, no, [](size_t d, size_t t) { progress_bar("loading", d, t); });
+  if (!node) {
+    spdlog::error("{}", node.error().message);
+    return finish(1);
+  }
+  const std::string name = f.served_model_name.empty() ? default_name(mf->path) : f.served_model_name;
+  so.model_name = name;
+  so.limits.vocab_size = mf->config.vocab;
+  so.limits.max_context = mf->config.max_context;
+  so.limits.model_names = {name, f.model.model};
+  so.max_active_seqs = f.max_num_seqs + f.max_queue;
+  auto shared_node = std::make_shared<actors::LocalNode>(std::move(*node));
+  server.attach(shared_node, so);
+  spdlog::info("serving '{}' ({} layers, {} stage(s), context {}, KV {} blocks of {} tokens) on http://{}:{}", name,
+               mf->config.num_layers, f.pipeline_stages, mf->config.max_context, no.scheduler.kv.num_blocks,
+               f.block_size, f.host, port);
+
+  // SIGTERM / SIGINT: drain, then stop.
+  boost::asio::signal_set signals(io, SIGINT, SIGTERM);
+  boost::asio::steady_timer timer(io);
+  std::chrono::steady_clock::time_point deadline;
+  std::function<void()> poll = [&] {
+    if (server.active_requests() == 0 || std::chrono::steady_clock::now() >= deadline) {
+      if (server.active_requests() > 0) {
+        spdlog::warn("drain timeout: cancelling {} request(s)", server.active_requests());
+        server.cancel_all();
+      }
+      http.stop_accepting();
+      guard.reset();
+      io.stop();
+      return;
+    }
+    timer.expires_after(std::chrono::milliseconds(50));
+    timer.async_wait([&](const boost::system::error_code&) { poll(); });
+  };
+  signals.async_wait([&](const boost::system::error_code& ec, int sig) {
+    if (ec) return;
+    spdlog::info("signal {}: draining ({} request(s) in flight, up to {} s)", sig, server.active_requests(), f.drain_timeout);
+    server.start_drain();
+    deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(static_cast<int64_t>(f.drain_timeout * 1000));
+    poll();
+  });
+  for (auto& t : threads) t.join();
+  shared_node->stop();
+  spdlog::info("stopped");
+  return 0;
+}
+
+}  // namespace
+
+void add_serve_command(CLI::App& app) {
+  auto f = std::make_shared<ServeFlags>();
+  CLI::App* cmd = app.add_subcommand("serve", "Serve a model over an OpenAI-compatible HTTP API (completions, chat, SSE streaming)");
+  f->model.add_to(*cmd);
+  cmd->add_option("model", f->model_positional, "model (same as --model)");
+  cmd->add_option("--host", f->host, "address to bind (loopback by default; elsewhere, set --api-key)")->capture_default_str();
+  cmd->add_option("--port", f->port, "TCP port (0: any free port)")->capture_default_str();
+  cmd->add_option("--api-key", f->api_key, "require 'Authorization: Bearer KEY' on every route but /health");
+  cmd->add_option("--served-model-name", f->served_model_name, "model id in the API (default: the file name)");
+  cmd->add_option("--max-num-seqs", f->max_num_seqs, "most sequences in the running batch")->capture_default_str();
+  cmd->add_option("--max-num-batched-tokens", f->max_num_batched_tokens, "token budget per step (0: --batch)")->capture_default_str();
+  cmd->add_option("--kv-cache-tokens", f->kv_cache_tokens, "KV-cache capacity in tokens, over all sequences")->capture_default_str();
+  cmd->add_option("--block-size", f->block_size, "tokens per KV block")->capture_default_str();
+  cmd->add_flag("--no-prefix-caching", f->no_prefix_caching, "turn automatic prefix caching off");
+  cmd->add_option("--scheduling-policy", f->policy, "fcfs, or priority (lower 'priority' runs first)")->capture_default_str();
+  cmd->add_option("--pipeline-stages", f->pipeline_stages, "pipeline-stage actors the layers are split over")->capture_default_str();
+  cmd->add_option("--tokenizer-actors", f->tokenizer_actors, "tokenizer actors in the pool")->capture_default_str();
+  cmd->add_option("--http-threads", f->http_threads, "threads running the HTTP server")->capture_default_str();
+  cmd->add_option("--max-queue", f->max_queue, "sequences that may wait beyond --max-num-seqs before 429")->capture_default_str();
+  cmd->add_option("--drain-timeout", f->drain_timeout, "seconds in-flight requests get after SIGTERM")->capture_default_str();
+  cmd->add_option("--max-body-bytes", f->max_body_bytes, "largest request body (413 above)")->capture_default_str();
+  cmd->add_option("--max-header-bytes", f->max_header_bytes, "largest request header block (431 above)")->capture_default_str();
+  cmd->add_option("--read-timeout", f->read_timeout, "seconds a request's headers and body may take to arrive (408)")->capture_default_str();
+  cmd->add_option("--max-n", f->limits.max_n, "largest 'n' (choices per prompt)")->capture_default_str();
+  cmd->add_option("--max-top-logprobs", f->limits.max_top_logprobs, "largest 'top_logprobs'")->capture_default_str();
+  cmd->add_option("--max-stop", f->limits.max_stop, "most stop strings per request")->capture_default_str();
+  cmd->add_option("--max-stop-len", f->limits.max_stop_len, "longest stop string in bytes")->capture_default_str();
+  cmd->callback([f] { set_exit_code(serve(*f)); });
+}
+
+}  // namespace troupe::app

@@ -1,0 +1,186 @@
+// Every actor message round-trips through its Cap'n Proto form (schema/troupe.capnp), and
+// truncated or random bytes decode to errors, never crashes.
+#include <catch2/catch.hpp>
+#include <random>
+
+#include "actors/codec.h"
+
+using namespace troupe;
+using namespace troupe::actors;
+
+namespace {
+
+SamplingParams sampling() {
+  SamplingParams sp;
+  sp.temperature = 0.7f;
+  sp.top_k = 40;
+  sp.top_p = 0.9f;
+  sp.min_p = 0.05f;
+  sp.repetition_penalty = 1.1f;
+  sp.presence_penalty = -0.5f;
+  sp.frequency_penalty = 0.25f;
+  sp.seed = 0xfedcba9876543210ull;
+  sp.logprobs = 3;
+  sp.logit_bias = {{5, -100.0f}, {77, 2.5f}};
+  return sp;
+}
+
+bool same(const SamplingParams& a, const SamplingParams& b) {
+  return a.temperature == b.temperature && a.top_k == b.top_k && a.top_p == b.top_p && a.min_p == b.min_p &&
+         a.repetition_penalty == b.repetition_penalty && a.presence_penalty == b.presence_penalty &&
+         a.frequency_penalty == b.frequency_penalty && a.seed == b.seed && a.logprobs == b.logprobs &&
+         a.logit_bias == b.logit_bias;
+}
+
+bool same(const std::vector<TokenLogprob>& a, const std::vector<TokenLogprob>& b) {
+  if (a.size() != b.size()) return false;
+  for (size_t i = 0; i < a.size(); ++i)
+    if (a[i].token != b[i].token || a[i].logprob != b[i].logprob) return false;
+  return true;
+}
+
+template <typename Decode>
+void truncations_fail(const codec::Bytes& good, Decode decode) {
+  for (size_t n = 0; n < good.size(); n += 8) {
+    codec::Bytes cut(good.begin(), good.begin() + static_cast<long>(n));
+    REQUIRE_FALSE(decode(cut).ok());
+  }
+}
+
+}  // namespace
+
+TEST_CASE("codec: SubmitSeq and CancelSeqs round-trip", "[codec]") {
+  SubmitSeq s{42, {1, 2, 3, 49151}, 128, -3, sampling(), {2, 7}, true};
+  auto d = codec::decode_submit_seq(codec::encode(s));
+  REQUIRE(d.ok());
+  REQUIRE(d->seq_id == 42);
+  REQUIRE(d->prompt == s.prompt);
+  REQUIRE(d->max_new_tokens == 128);
+  REQUIRE(d->priority == -3);
+  REQUIRE(same(d->sampling, s.sampling));
+  REQUIRE(d->stop_token_ids == s.stop_token_ids);
+  REQUIRE(d->ignore_eos);
+  auto c = codec::decode_cancel_seqs(codec::encode(CancelSeqs{{5, -1, 1ll << 40}}));
+  REQUIRE(c.ok());
+  REQUIRE(c->seq_ids == std::vector<int64_t>{5, -1, 1ll << 40});
+  truncations_fail(codec::encode(s), codec::decode_submit_seq);
+}
+
+TEST_CASE("codec: SeqEvent round-trips", "[codec]") {
+  SeqEvent e;
+  e.seq_id = 9;
+  e.token = 1234;
+  e.logprob = -0.125f;
+  e.top = {{1234, -0.125f}, {5, -2.5f}};
+  e.finished = true;
+  e.hit_stop = true;
+  e.queue_seconds = 0.375;
+  e.error = "bad \xE2\x9C\x93";
+  auto d = codec::decode_seq_event(codec::encode(e));
+  REQUIRE(d.ok());
+  REQUIRE(d->seq_id == 9);
+  REQUIRE(d->token == 1234);
+  REQUIRE(d->logprob == -0.125f);
+  REQUIRE(same(d->top, e.top));
+  REQUIRE(d->finished);
+  REQUIRE(d->hit_stop);
+  REQUIRE(d->queue_seconds == 0.375);
+  REQUIRE(d->error == e.error);
+  truncations_fail(codec::encode(e), codec::decode_seq_event);
+}
+
+TEST_CASE("codec: StageStep with activations round-trips", "[codec]") {
+  StageStep s;
+  s.step_no = 77;
+  s.token_ids = {5, 6, 7, 8};
+  s.positions = {0, 1, 2, 9};
+  s.query_start = {0, 3, 4};
+  s.context_lens = {3, 10};
+  s.slot_mapping = {16, 17, 18, 41};
+  s.block_tables = {1, 0, 2, 3};
+  s.logit_rows = {2, 3};
+  s.logit_seq = {100, 101};
+  s.max_blocks_per_seq = 2;
+  s.new_seqs = {{100, sampling(), {5, 6, 7}}};
+  s.released = {3, 4};
+  s.hidden.resize(4 * 64);
+  std::mt19937 rng(3);
+  std::normal_distribution<float> nd;
+  for (auto& h : s.hidden) h = nd(rng);
+  auto d = codec::decode_stage_step(codec::encode(s));
+  REQUIRE(d.ok());
+  REQUIRE(d->step_no == 77);
+  REQUIRE(d->token_ids == s.token_ids);
+  REQUIRE(d->positions == s.positions);
+  REQUIRE(d->query_start == s.query_start);
+  REQUIRE(d->context_lens == s.context_lens);
+  REQUIRE(d->slot_mapping == s.slot_mapping);
+  REQUIRE(d->block_tables == s.block_tables);
+  REQUIRE(d->logit_rows == s.logit_rows);
+  REQUIRE(d->logit_seq == s.logit_seq);
+  REQUIRE(d->max_blocks_per_seq == 2);
+  REQUIRE(d->new_seqs.size() == 1);
+  REQUIRE(d->new_seqs[0].seq_id == 100);
+  REQUIRE(same(d->new_seqs[0].sampling, s.new_seqs[0].sampling));
+  REQUIRE(d->new_seqs[0].prompt == s.new_seqs[0].prompt);
+  REQUIRE(d->released == s.released);
+  REQUIRE(d->hidden == s.hidden);  // bit-exact activations
+  truncations_fail(codec::encode(s), codec::decode_stage_step);
+}
+
+TEST_CASE("codec: StepDone, StepFailed and EngineStats round-trip", "[codec]") {
+  StepDone done;
+  done.step_no = 5;
+  done.compute_seconds = 0.5;
+  SampleResult r;
+  r.token = 11;
+  r.logprob = -1.5f;
+  r.top = {{11, -1.5f}, {12, -2.0f}};
+  done.sampled = {{7, r}, {8, SampleResult{3, -0.25f, {}}}};
+  auto d = codec::decode_step_result(codec::encode(done));
+  REQUIRE(d.ok());
+  REQUIRE(std::holds_alternative<StepDone>(*d));
+  const auto& dd = std::get<StepDone>(*d);
+  REQUIRE(dd.step_no == 5);
+  REQUIRE(dd.compute_seconds == 0.5);
+  REQUIRE(dd.sampled.size() == 2);
+  REQUIRE(dd.sampled[0].seq_id == 7);
+  REQUIRE(dd.sampled[0].result.token == 11);
+  REQUIRE(same(dd.sampled[0].result.top, r.top));
+  REQUIRE(dd.sampled[1].result.token == 3);
+  auto f = codec::decode_step_result(codec::encode(StepFailed{6, "KV slot out of range"}));
+  REQUIRE(f.ok());
+  REQUIRE(std::holds_alternative<StepFailed>(*f));
+  REQUIRE(std::get<StepFailed>(*f).error == "KV slot out of range");
+  REQUIRE(std::get<StepFailed>(*f).step_no == 6);
+  EngineStats s{3, 4, 100, 55, 1000, 600, 12345, 678, 9000, 2, 77, 0.25, "boom"};
+  auto e = codec::decode_engine_stats(codec::encode(s));
+  REQUIRE(e.ok());
+  REQUIRE(e->num_running == 3);
+  REQUIRE(e->num_waiting == 4);
+  REQUIRE(e->kv_blocks == 100);
+  REQUIRE(e->kv_free == 55);
+  REQUIRE(e->prefix_queries == 1000);
+  REQUIRE(e->prefix_hits == 600);
+  REQUIRE(e->prompt_tokens == 12345);
+  REQUIRE(e->generation_tokens == 678);
+  REQUIRE(e->computed_prompt_tokens == 9000);
+  REQUIRE(e->preemptions == 2);
+  REQUIRE(e->steps == 77);
+  REQUIRE(e->heartbeat_age_seconds == 0.25);
+  REQUIRE(e->failure == "boom");
+}
+
+TEST_CASE("codec: random bytes never crash an actor-message decoder", "[codec][badinput]") {
+  std::mt19937 rng(5);
+  for (int i = 0; i < 3000; ++i) {
+    codec::Bytes junk(8 * (1 + rng() % 40));
+    for (auto& x : junk) x = static_cast<uint8_t>(rng());
+    (void)codec::decode_stage_step(junk);
+    (void)codec::decode_seq_event(junk);
+    (void)codec::decode_step_result(junk);
+    (void)codec::decode_engine_stats(junk);
+    (void)codec::decode_submit_seq(junk);
+    (void)codec::decode_cancel_seqs(junk);
+  }
+}
