@@ -76,6 +76,10 @@ int serve(ServeFlags f) {
     spdlog::warn("binding {} without --api-key: anyone who can reach this port can use the model", f.host);
   caf::actor_system_config cfg;
   cfg.set("scheduler.max-threads", 2);
+  // Idle CAF workers wait on a condition variable at once instead of polling: on a machine
+  // where the stage workers use every core, polling threads would steal their time.
+  cfg.set("work-stealing.aggressive-poll-attempts", 20);
+  cfg.set("work-stealing.moderate-poll-attempts", 0);
   cfg.set("logger.file-verbosity", caf::atom("quiet"));
   cfg.set("logger.console-verbosity", caf::atom("quiet"));
   caf::actor_system sys{cfg};

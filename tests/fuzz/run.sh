@@ -47,13 +47,14 @@ SRC_TOKENIZER=(runtime/tokenizer.cpp runtime/tokenizer_bpe.cpp runtime/tokenizer
 SRC_TEMPLATE=(runtime/chat_template.cpp)
 for f in "$REPO"/runtime/jinja_*.cpp; do SRC_TEMPLATE+=("runtime/$(basename "$f")"); done
 
-ALL_TARGETS=(gguf_fuzz safetensors_fuzz chat_template_fuzz tokenizer_fuzz)
+ALL_TARGETS=(gguf_fuzz safetensors_fuzz chat_template_fuzz tokenizer_fuzz openai_request_fuzz)
 target_sources() {
   case "$1" in
     gguf_fuzz) echo tests/fuzz/gguf_fuzz.cpp "${SRC_CORE[@]}" "${SRC_TOKENIZER[@]}" ;;
     safetensors_fuzz) echo tests/fuzz/safetensors_fuzz.cpp runtime/safetensors.cpp kernels/dtype.cpp runtime/mapped_file.cpp ;;
     chat_template_fuzz) echo tests/fuzz/chat_template_fuzz.cpp "${SRC_TEMPLATE[@]}" ;;
     tokenizer_fuzz) echo tests/fuzz/tokenizer_fuzz.cpp "${SRC_CORE[@]}" "${SRC_TOKENIZER[@]}" ;;
+    openai_request_fuzz) echo tests/fuzz/openai_request_fuzz.cpp apps/serve/openai_request.cpp runtime/sampler.cpp ;;
     *) return 1 ;;
   esac
 }
