@@ -3,6 +3,7 @@
 #include <immintrin.h>
 
 #include <algorithm>
+#include <thread>
 
 namespace troupe::cpu {
 
@@ -25,8 +26,13 @@ void ThreadPool::worker(int index) {
   for (;;) {
     // Spin for a while (a decode step issues the next region within microseconds), then sleep.
     uint64_t g = generation_.load(std::memory_order_acquire);
-    for (int spin = 0; g == seen && spin < 200000; ++spin) {
-      _mm_pause();
+    // Past a few thousand pauses, yield each time: when the machine is oversubscribed the
+    // thread we wait for may need this core.
+    for (int spin = 0; g == seen && spin < 24000; ++spin) {
+      if (spin < 4000)
+        _mm_pause();
+      else
+        std::this_thread::yield();
       g = generation_.load(std::memory_order_acquire);
     }
     if (g == seen) {
@@ -54,7 +60,12 @@ void ThreadPool::run(const std::function<void(int, int)>& fn) {
   }
   cv_.notify_all();
   fn(0, num_threads_);
-  while (pending_.load(std::memory_order_acquire) != 0) _mm_pause();
+  for (int spin = 0; pending_.load(std::memory_order_acquire) != 0; ++spin) {
+    if (spin < 4000)
+      _mm_pause();
+    else
+      std::this_thread::yield();  // a worker that lost its core gets it back sooner
+  }
 }
 
 void ThreadPool::parallel_for(int64_t n, const std::function<void(int64_t, int64_t)>& fn) {
