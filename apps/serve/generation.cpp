@@ -2,6 +2,7 @@
 // (one JSON at the end) or its server-sent-event chunks, for completions and chat.
 #include <spdlog/spdlog.h>
 
+#include <atomic>
 #include <chrono>
 #include <nlohmann/json.hpp>
 #include <random>
@@ -43,7 +44,12 @@ class Generation : public std::enable_shared_from_this<Generation> {
     created_ = std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
     model_ = req_.model.empty() ? server_.options().model_name : req_.model;
   }
-  ~Generation() { server_.release(seqs_, key_); }
+  ~Generation() { release_once(); }
+  // The request's place in the queue cap is given back as soon as its answer is complete or
+  // its client has gone, before the actor winds down, so a client's next request fits.
+  void release_once() {
+    if (!released_.exchange(true)) server_.release(seqs_, key_);
+  }
   uint64_t key_ = 0;
 
   const std::string& id() const { return id_; }
@@ -147,6 +153,7 @@ class Generation : public std::enable_shared_from_this<Generation> {
   }
 
   void on_failed(const RequestUpdate& u) {
+    release_once();
     api::ApiError e{u.status, u.message, u.status >= 500 ? "server_error" : "invalid_request_error", u.param, ""};
     spdlog::warn("request {} failed ({}): {}", id_, u.status, u.message);
     server_.metrics().count_http(u.status);
@@ -163,6 +170,7 @@ class Generation : public std::enable_shared_from_this<Generation> {
   }
 
   void on_done(const RequestUpdate& u) {
+    release_once();
     std::string finish = choices_.empty() ? "length" : choices_[0].finish_reason;
     server_.metrics().observe_request(u.ttft, u.e2e, u.queue, u.itl, finish, u.prompt_total, u.completion_total);
     server_.metrics().count_http(200);
@@ -202,6 +210,7 @@ class Generation : public std::enable_shared_from_this<Generation> {
   std::string id_, model_;
   int64_t created_ = 0;
   bool streaming_ = false;
+  std::atomic<bool> released_{false};
   std::vector<int32_t> prompt_tokens_;
   std::vector<std::string> prompt_texts_;
   std::vector<Choice> choices_;
@@ -236,7 +245,10 @@ void start_generation(caf::actor_system& sys, OpenAiServer& server, const actors
                          [gen](RequestUpdate u) { gen->on_update(std::move(u)); });
   server.track(gen->key_, actor.address());
   // A client that goes away cancels the request (its KV blocks are freed at once).
-  ex->on_disconnect([actor] { caf::anon_send(actor, actors::cancel_atom::value); });
+  ex->on_disconnect([actor, weak = std::weak_ptr<Generation>(gen)] {
+    caf::anon_send(actor, actors::cancel_atom::value);
+    if (auto g = weak.lock()) g->release_once();
+  });
 }
 
 }  // namespace troupe::serve

@@ -54,7 +54,8 @@ class ExchangeImpl : public Exchange {
 
 class Session : public std::enable_shared_from_this<Session> {
  public:
-  Session(tcp::socket sock, const HttpLimits& lim, const Handler& h) : stream_(std::move(sock)), lim_(lim), handler_(h) {}
+  Session(tcp::socket sock, const HttpLimits& lim, const Handler& h)
+      : stream_(std::move(sock)), timer_(stream_.get_executor()), lim_(lim), handler_(h) {}
   void start() { read(); }
 
   // All of these run on the session's strand.
@@ -84,7 +85,15 @@ class Session : public std::enable_shared_from_this<Session> {
     parser_.emplace();
     parser_->body_limit(lim_.max_body_bytes);
     parser_->header_limit(static_cast<std::uint32_t>(lim_.max_header_bytes));
-    stream_.expires_after(std::chrono::seconds(lim_.read_timeout_seconds));
+    // Our own timer (not the stream's, which would close the socket) so a slow client gets a 408.
+    timed_out_ = false;
+    timer_.expires_after(std::chrono::seconds(lim_.read_timeout_seconds));
+    timer_.async_wait([self = shared_from_this(), gen = ++read_gen_](beast::error_code ec) {
+      if (ec || gen != self->read_gen_ || self->closed_) return;
+      self->timed_out_ = true;
+      beast::error_code e;
+      self->stream_.socket().cancel(e);
+    });
     http::async_read(stream_, buf_, *parser_, [self = shared_from_this()](beast::error_code ec, size_t) { self->on_read(ec); });
   }
 
@@ -99,12 +108,13 @@ class Session : public std::enable_shared_from_this<Session> {
   }
 
   void on_read(beast::error_code ec) {
+    ++read_gen_;
+    timer_.cancel();
+    if (timed_out_) return reply_error_and_close(408, "request timed out");
     if (ec == http::error::end_of_stream || ec == net::error::eof || ec == net::error::connection_reset) return close();
-    if (ec == beast::error::timeout) return reply_error_and_close(408, "request timed out");
     if (ec == http::error::body_limit) return reply_error_and_close(413, "request body is too large");
     if (ec == http::error::header_limit) return reply_error_and_close(431, "request headers are too large");
     if (ec) return reply_error_and_close(400, "malformed HTTP request");
-    stream_.expires_never();
     const uint64_t id = ++exchange_id_;
     response_ended_ = false;
     close_after_ = false;
@@ -114,13 +124,20 @@ class Session : public std::enable_shared_from_this<Session> {
     handler_(ex);
   }
 
-  // The socket turning readable with nothing to read means the peer closed it.
+  // The socket turning readable with nothing to read means the peer closed it. Bytes that
+  // do arrive meanwhile (a pipelined request, a stray CRLF) are moved into the read buffer
+  // for the next request, up to a cap, and the watch goes on.
   void watch_disconnect(uint64_t id) {
-    if (buf_.size() > 0) return;  // a pipelined request is already buffered
     stream_.socket().async_wait(tcp::socket::wait_read, [self = shared_from_this(), id](beast::error_code ec) {
-      if (ec || id != self->exchange_id_ || self->response_ended_) return;
+      if (ec || id != self->exchange_id_ || self->response_ended_ || self->closed_) return;
       beast::error_code e2;
-      if (self->stream_.socket().available(e2) == 0 || e2) self->close();
+      const size_t avail = self->stream_.socket().available(e2);
+      if (e2 || avail == 0) return self->close();
+      if (self->buf_.size() + avail > self->lim_.max_header_bytes + self->lim_.max_body_bytes) return;
+      const size_t n = self->stream_.socket().read_some(self->buf_.prepare(avail), e2);
+      if (e2) return self->close();
+      self->buf_.commit(n);
+      self->watch_disconnect(id);
     });
   }
 
@@ -141,6 +158,7 @@ class Session : public std::enable_shared_from_this<Session> {
   void close() {
     if (closed_) return;
     closed_ = true;
+    timer_.cancel();
     if (!response_ended_ && on_gone_) {
       auto fn = std::move(on_gone_);
       fn();
@@ -152,6 +170,9 @@ class Session : public std::enable_shared_from_this<Session> {
   }
 
   beast::tcp_stream stream_;
+  net::steady_timer timer_;
+  uint64_t read_gen_ = 0;
+  bool timed_out_ = false;
   beast::flat_buffer buf_;
   std::optional<http::request_parser<http::string_body>> parser_;
   const HttpLimits& lim_;

@@ -170,6 +170,9 @@ void OpenAiServer::generate(const std::shared_ptr<Exchange>& ex, bool is_chat) {
   if (auto* e = std::get_if<api::ApiError>(&parsed)) return error(ex, *e);
   auto& req = std::get<api::GenerationRequest>(parsed);
   const int64_t seqs = static_cast<int64_t>(is_chat ? 1 : req.prompts.size()) * req.n;
+  if (opt_.max_active_seqs > 0 && seqs > opt_.max_active_seqs)
+    return error(ex, {400, "the request asks for " + std::to_string(seqs) + " sequences; this server takes at most " +
+                               std::to_string(opt_.max_active_seqs) + " at once", "invalid_request_error", "n", ""});
   if (opt_.max_active_seqs > 0 && active_seqs_.fetch_add(seqs) + seqs > opt_.max_active_seqs) {
     active_seqs_ -= seqs;
     return error(ex, {429, "the server is at capacity (--max-queue); retry later", "rate_limit_error", "", ""},

@@ -1,0 +1,1544 @@
+#!/usr/bin/env python3
+"""End-to-end checks of `troupe serve` that start their own servers (python3 stdlib only).
+
+  python3 tests/serve/serve_test.py --troupe build/bin/troupe [--only a,b] [--skip c] [--list] [-v]
+
+Checks:
+  batch_invariance  greedy outputs (text and token lists) of 18 prompts of 5..300 tokens are
+                    the same alone, concurrent, with chunked prefill, and under KV pressure
+                    (preemption), on fresh servers
+  prefix_cache      a shared ~600-token prefix is not recomputed; outputs equal those of a
+                    --no-prefix-caching server; n=4 choices share the prompt's blocks
+  disconnect        clients that leave while queued / prefilling / streaming free every KV block
+                    and are never started; then 200 random early disconnects, and 80 more under
+                    KV pressure with a small admission cap (no slot leaks, outputs still right)
+  disconnect_pipelined  the same when bytes follow the request (a stray CRLF, a pipelined request)
+  bad_requests      auth, HTTP limits (413/431/408), JSON and parameter validation (400/404/405),
+                    queue cap (429 + Retry-After); the server keeps answering normal requests
+  drain             SIGTERM: /health turns 503, new requests 503, in-flight streams finish, exit 0
+  metrics_health    /health, and the Prometheus series and histograms of /metrics
+
+Each server runs under `nice -n 5` with `-t 2` on a port in 18000-18100 and is killed (its
+process group) when its check ends. Prints one PASS/FAIL line per check with measured figures
+and exits 1 if any check failed. Takes about 2-3 minutes on an idle 2-core machine.
+"""
+import argparse
+import http.client
+import json
+import os
+import random
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import traceback
+
+HOST = "127.0.0.1"
+PORT_RANGE = range(18000, 18101)
+VERBOSE = False
+TROUPE = None
+
+WORDS = (
+    "the of and to in is was for on that with as by at from his her an are were which this be or had have not but "
+    "they you one all their there been has more when who will would can said what about if out up into them only "
+    "other new some time could these two may then first any my now such like our over man me even most made after "
+    "also did many before must through back years where much your way well down should because each just those "
+    "people how too little state good very make world still own see men work long get here between both life being "
+    "under never day same another know while last might us great old year off come since against go came right used "
+    "take three river music garden window doctor winter market letter forest engine silver island"
+).split()
+
+
+class CheckFailed(AssertionError):
+    pass
+
+
+def check(cond, msg):
+    if not cond:
+        raise CheckFailed(msg)
+
+
+def log(msg):
+    if VERBOSE:
+        print("    " + msg, flush=True)
+
+
+def words(rng, n):
+    """n random common words: about one token each for this tokenizer."""
+    return " ".join(rng.choice(WORDS) for _ in range(n))
+
+
+# ----------------------------------------------------------------------------------------------
+# Servers
+
+_port_lock = threading.Lock()
+_next_port = [PORT_RANGE.start]
+
+
+def free_port():
+    with _port_lock:
+        while _next_port[0] < PORT_RANGE.stop:
+            p = _next_port[0]
+            _next_port[0] += 1
+            s = socket.socket()
+            try:
+                s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                s.bind((HOST, p))
+                return p
+            except OSError:
+                continue
+            finally:
+                s.close()
+    raise RuntimeError("no free port left in 18000-18100")
+
+
+LIVE = set()  # servers started and not yet killed
+
+
+class Server:
+    """`troupe serve` in its own process group; `with Server(...) as s:` starts it and waits for
+    /health 200, and always kills it at the end. Dying on its own is reported as a failure."""
+
+    def __init__(self, *args, name="server"):
+        self.args = [str(a) for a in args]
+        self.name = name
+        self.port = None
+        self.proc = None
+        self.log_file = None
+        self.exit_expected = False
+
+    def start(self, timeout=90):
+        self.port = free_port()
+        self.log_file = tempfile.NamedTemporaryFile(prefix=f"serve_test_{self.port}_", suffix=".log", delete=False)
+        cmd = ["nice", "-n", "5", TROUPE, "serve", "-t", "2", "--port", str(self.port)] + self.args
+        log(f"start {self.name}: {' '.join(cmd[3:])} (log {self.log_file.name})")
+        self.proc = subprocess.Popen(cmd, stdout=self.log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                     start_new_session=True)
+        LIVE.add(self)
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            if self.proc.poll() is not None:
+                raise CheckFailed(f"{self.name} exited with {self.proc.returncode} while starting:\n{self.log_tail()}")
+            try:
+                st, _, _ = request(self.port, "GET", "/health", timeout=5)
+                if st == 200:
+                    return self
+            except OSError:
+                pass
+            time.sleep(0.1)
+        raise CheckFailed(f"{self.name} not healthy after {timeout} s:\n{self.log_tail()}")
+
+    def alive(self):
+        return self.proc is not None and self.proc.poll() is None
+
+    def log_tail(self, n=25):
+        try:
+            with open(self.log_file.name, "rb") as f:
+                lines = f.read().decode("utf-8", "replace").splitlines()
+            return "\n".join("      | " + l for l in lines[-n:])
+        except Exception as e:  # noqa: BLE001
+            return f"(no log: {e})"
+
+    def signal(self, sig):
+        """Sends `sig` to the server; its exit is then expected, not a crash."""
+        self.exit_expected = True
+        os.kill(self.proc.pid, sig)
+
+    def kill(self):
+        LIVE.discard(self)
+        if self.proc is None:
+            return
+        if self.proc.poll() is None:
+            try:
+                os.killpg(self.proc.pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+            try:
+                self.proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                try:
+                    os.killpg(self.proc.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+                self.proc.wait(timeout=10)
+        try:
+            self.log_file.close()
+            if not VERBOSE:
+                os.unlink(self.log_file.name)
+        except OSError:
+            pass
+
+    def __enter__(self):
+        try:
+            return self.start()
+        except BaseException:
+            self.kill()
+            raise
+
+    def __exit__(self, et, ev, tb):
+        died = self.proc is not None and self.proc.poll() is not None and not self.exit_expected
+        rc = self.proc.returncode if died else None
+        tail = self.log_tail() if died else ""
+        self.kill()
+        if died and et is None:
+            raise CheckFailed(f"{self.name} died during the check (exit code {rc}):\n{tail}")
+        return False
+
+
+# ----------------------------------------------------------------------------------------------
+# HTTP helpers
+
+def request(port, method, path, body=None, headers=None, timeout=120):
+    """One request on a fresh connection: (status, headers with lower-case names, body bytes)."""
+    conn = http.client.HTTPConnection(HOST, port, timeout=timeout)
+    try:
+        if isinstance(body, (dict, list)):
+            body = json.dumps(body).encode()
+        elif isinstance(body, str):
+            body = body.encode()
+        h = {"Content-Type": "application/json"} if body is not None else {}
+        h.update(headers or {})
+        conn.request(method, path, body=body, headers=h)
+        r = conn.getresponse()
+        data = r.read()
+        return r.status, {k.lower(): v for k, v in r.getheaders()}, data
+    finally:
+        conn.close()
+
+
+def call(port, path, obj, headers=None, timeout=120):
+    st, h, data = request(port, "POST", path, obj, headers, timeout)
+    try:
+        j = json.loads(data)
+    except ValueError:
+        j = None
+    return st, j, h, data
+
+
+def complete(port, prompt, max_tokens=24, headers=None, timeout=120, **extra):
+    body = {"prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True, "logprobs": 1}
+    body.update(extra)
+    st, j, _, data = call(port, "/v1/completions", body, headers, timeout=timeout)
+    check(st == 200, f"completion: status {st}: {data[:300]!r}")
+    return j
+
+
+def outcome(resp):
+    """(text, token list) of each choice: what must match between runs."""
+    return [(c["text"], tuple((c.get("logprobs") or {}).get("tokens") or ())) for c in resp["choices"]]
+
+
+def tokenize(port, text, headers=None):
+    st, j, _, data = call(port, "/tokenize", {"prompt": text}, headers)
+    check(st == 200, f"/tokenize: status {st}: {data[:200]!r}")
+    return j["tokens"]
+
+
+class Metrics:
+    def __init__(self, text):
+        self.text = text
+        self.series = {}  # full key (name{labels}) -> value
+        self.by_name = {}  # name -> sum over label sets
+        for line in text.splitlines():
+            if not line or line.startswith("#"):
+                continue
+            key, val = line.rsplit(" ", 1)
+            v = float(val)
+            self.series[key] = v
+            name = key.split("{", 1)[0]
+            self.by_name[name] = self.by_name.get(name, 0.0) + v
+
+    def __getitem__(self, name):
+        if name not in self.by_name:
+            raise CheckFailed(f"/metrics has no series {name}")
+        return self.by_name[name]
+
+    def has(self, name):
+        return name in self.by_name
+
+
+def metrics(port, headers=None):
+    st, _, data = request(port, "GET", "/metrics", headers=headers, timeout=30)
+    check(st == 200, f"/metrics status {st}")
+    return Metrics(data.decode())
+
+
+def wait_idle(port, timeout=10.0, headers=None):
+    """Polls /metrics until no sequence runs or waits; returns (metrics, seconds waited)."""
+    t0 = time.time()
+    while True:
+        m = metrics(port, headers)
+        if m["troupe:num_requests_running"] + m["troupe:num_requests_waiting"] == 0:
+            return m, time.time() - t0
+        if time.time() - t0 > timeout:
+            raise CheckFailed(f"server not idle after {timeout} s: running {m['troupe:num_requests_running']:.0f}, "
+                              f"waiting {m['troupe:num_requests_waiting']:.0f}")
+        time.sleep(0.05)
+
+
+def build_request(port, method, path, body=b"", headers=None):
+    if isinstance(body, (dict, list)):
+        body = json.dumps(body).encode()
+    elif isinstance(body, str):
+        body = body.encode()
+    h = {"Host": f"{HOST}:{port}", "Content-Type": "application/json", "Content-Length": str(len(body))}
+    h.update(headers or {})
+    head = f"{method} {path} HTTP/1.1\r\n" + "".join(f"{k}: {v}\r\n" for k, v in h.items() if v is not None) + "\r\n"
+    return head.encode() + body
+
+
+class Raw:
+    """A raw TCP client, for requests that are closed early or malformed on purpose."""
+
+    def __init__(self, port, timeout=30):
+        self.sock = socket.create_connection((HOST, port), timeout=timeout)
+        self.buf = b""
+        self.eof = False
+
+    def send(self, data):
+        self.sock.sendall(data)
+
+    def _recv(self):
+        d = self.sock.recv(65536)
+        if not d:
+            self.eof = True
+            raise EOFError("connection closed by the server")
+        self.buf += d
+
+    def wait_for(self, pattern, count=1, timeout=30):
+        """Reads until `pattern` occurs `count` times in what was received."""
+        self.sock.settimeout(timeout)
+        deadline = time.time() + timeout
+        while self.buf.count(pattern) < count:
+            if time.time() > deadline:
+                raise socket.timeout(f"no {pattern!r} x{count} within {timeout} s")
+            self._recv()
+
+    def read_response(self, timeout=30):
+        """(status, headers, body) of one whole response (Content-Length, chunked, or to EOF)."""
+        self.sock.settimeout(timeout)
+        while b"\r\n\r\n" not in self.buf:
+            self._recv()
+        head, rest = self.buf.split(b"\r\n\r\n", 1)
+        lines = head.decode("latin-1").split("\r\n")
+        status = int(lines[0].split()[1])
+        hdrs = {}
+        for l in lines[1:]:
+            k, _, v = l.partition(":")
+            hdrs[k.strip().lower()] = v.strip()
+        if "content-length" in hdrs:
+            n = int(hdrs["content-length"])
+            self.buf = rest
+            while len(self.buf) < n:
+                self._recv()
+            body, self.buf = self.buf[:n], self.buf[n:]
+        elif hdrs.get("transfer-encoding", "").lower() == "chunked":
+            self.buf, body = rest, b""
+            while True:
+                while b"\r\n" not in self.buf:
+                    self._recv()
+                size_line, self.buf = self.buf.split(b"\r\n", 1)
+                size = int(size_line.split(b";")[0], 16)
+                while len(self.buf) < size + 2:
+                    self._recv()
+                body += self.buf[:size]
+                self.buf = self.buf[size + 2:]
+                if size == 0:
+                    break
+        else:
+            self.buf = rest
+            try:
+                while True:
+                    self._recv()
+            except EOFError:
+                pass
+            body, self.buf = self.buf, b""
+        return status, hdrs, body
+
+    def closed_by_peer(self, timeout=1.0):
+        """True when the server closed the connection (EOF or reset) within `timeout`."""
+        self.sock.settimeout(timeout)
+        try:
+            while True:
+                d = self.sock.recv(65536)
+                if not d:
+                    return True
+                self.buf += d
+        except (ConnectionResetError, BrokenPipeError):
+            return True
+        except socket.timeout:
+            return False
+
+    def close(self, reset=False):
+        try:
+            if reset:  # RST instead of FIN
+                self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            self.sock.close()
+        except OSError:
+            pass
+
+
+def sse_stream(port, path, body, on_event=None, headers=None, timeout=120):
+    """A streamed request read to its end: (status, list of data payloads, saw [DONE])."""
+    conn = http.client.HTTPConnection(HOST, port, timeout=timeout)
+    try:
+        h = {"Content-Type": "application/json"}
+        h.update(headers or {})
+        conn.request("POST", path, body=json.dumps(body), headers=h)
+        r = conn.getresponse()
+        if r.status != 200:
+            return r.status, [r.read()], False
+        events, done = [], False
+        while True:
+            line = r.readline()
+            if not line:
+                break
+            line = line.strip()
+            if not line.startswith(b"data: "):
+                continue
+            payload = line[6:]
+            if payload == b"[DONE]":
+                done = True
+                break
+            events.append(json.loads(payload))
+            if on_event:
+                on_event(events[-1])
+        return 200, events, done
+    finally:
+        conn.close()
+
+
+def run_threads(fns):
+    """Runs the callables at the same time; returns their results (exceptions as values)."""
+    results = [None] * len(fns)
+    barrier = threading.Barrier(len(fns))
+
+    def runner(i, fn):
+        try:
+            barrier.wait(timeout=30)
+            results[i] = fn()
+        except BaseException as e:  # noqa: BLE001
+            results[i] = e
+
+    ts = [threading.Thread(target=runner, args=(i, f), daemon=True) for i, f in enumerate(fns)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join(timeout=600)
+    return results
+
+
+# ----------------------------------------------------------------------------------------------
+# Checks: name -> function() that raises CheckFailed and returns a note with figures
+
+CHECKS = []
+
+
+def register(name):
+    def deco(fn):
+        CHECKS.append((name, fn))
+        return fn
+    return deco
+
+
+BI_LENGTHS = [5, 7, 10, 14, 20, 28, 40, 52, 63, 65, 80, 100, 128, 160, 200, 240, 275, 300]
+BI_MAX_TOKENS = 24
+
+
+def bi_prompts():
+    rng = random.Random(1234)
+    out = []
+    for i, n in enumerate(BI_LENGTHS):
+        # Different openings, so that no two prompts share a first KV block.
+        opening = ["Once upon a time", "Q:", "List:", "The report said", "Dear friend,", "In 1850"][i % 6]
+        out.append(opening + " " + words(rng, max(1, n - 4)))
+    return out
+
+
+def bi_run(port, prompts, concurrent, what=""):
+    # Generous timeouts: a loaded machine can be 10x slower; a hung request still shows.
+    def one(p):
+        return complete(port, p, BI_MAX_TOKENS, timeout=300)
+    if not concurrent:
+        return [one(p) for p in prompts]
+    t0 = time.time()
+    res = run_threads([lambda p=p: one(p) for p in prompts])
+    bad = [f"request {i} ({BI_LENGTHS[i]} tok): {r!r}" for i, r in enumerate(res) if isinstance(r, BaseException)]
+    check(not bad, f"{what}: {len(bad)} of {len(prompts)} concurrent requests failed ({time.time() - t0:.0f}s):\n      " +
+          "\n      ".join(bad))
+    return res
+
+
+def bi_compare(ref, got, what):
+    bad, max_lp = [], 0.0
+    for i, (a, b) in enumerate(zip(ref, got)):
+        if outcome(a) != outcome(b):
+            bad.append(f"prompt {i} ({BI_LENGTHS[i]} tok): solo {outcome(a)[0][0]!r} vs {what} {outcome(b)[0][0]!r}")
+        else:
+            la = a["choices"][0]["logprobs"]["token_logprobs"]
+            lb = b["choices"][0]["logprobs"]["token_logprobs"]
+            max_lp = max([max_lp] + [abs(x - y) for x, y in zip(la, lb)])
+        check(b["usage"]["completion_tokens"] == BI_MAX_TOKENS, f"{what}: prompt {i}: usage {b['usage']}")
+    check(not bad, f"{what}: {len(bad)}/{len(ref)} outputs differ from the solo run:\n      " + "\n      ".join(bad[:6]))
+    return max_lp
+
+
+@register("batch_invariance")
+def t_batch_invariance():
+    prompts = bi_prompts()
+    notes = []
+    with Server(name="A (default)") as a:
+        counts = [len(tokenize(a.port, p)) for p in prompts]
+        check(min(counts) <= 8 and max(counts) >= 250, f"prompt token counts {counts} do not span 5..300")
+        t0 = time.time()
+        solo = bi_run(a.port, prompts, concurrent=False)
+        t_solo = time.time() - t0
+        for i, r in enumerate(solo):
+            check(r["usage"]["prompt_tokens"] == counts[i], f"prompt {i}: usage {r['usage']} vs /tokenize {counts[i]}")
+            check(r["choices"][0]["finish_reason"] == "length", f"prompt {i}: finish {r['choices'][0]['finish_reason']}")
+        check(len({outcome(r)[0] for r in solo}) > 1, "every prompt produced the same output")
+        t0 = time.time()
+        conc = bi_run(a.port, prompts, concurrent=True, what="A")
+        lp = bi_compare(solo, conc, "A concurrent")
+        notes.append(f"A: solo {t_solo:.1f}s, concurrent {time.time() - t0:.1f}s, max|dlogprob| {lp:.2g}")
+    with Server("--max-num-batched-tokens", 64, name="B (chunked prefill)") as b:
+        t0 = time.time()
+        conc = bi_run(b.port, prompts, concurrent=True, what="B (--max-num-batched-tokens 64)")
+        lp = bi_compare(solo, conc, "B chunked-prefill concurrent")
+        m = metrics(b.port)
+        notes.append(f"B: {time.time() - t0:.1f}s, {m['troupe:engine_steps_total']:.0f} steps, max|dlogprob| {lp:.2g}")
+    kv_tokens = 1024
+    check(max(counts) + BI_MAX_TOKENS <= kv_tokens, "the longest prompt would not fit the KV pool alone")
+    with Server("--kv-cache-tokens", kv_tokens, "--block-size", 16, "--max-num-batched-tokens", 64,
+                name="C (KV pressure)") as c:
+        m0 = metrics(c.port)
+        check(m0["troupe:kv_cache_free_blocks"] == -(-kv_tokens // 16),
+              f"C: {m0['troupe:kv_cache_free_blocks']:.0f} free blocks at start, expected {-(-kv_tokens // 16)}")
+        t0 = time.time()
+        conc = bi_run(c.port, prompts, concurrent=True, what="C (--kv-cache-tokens 1024)")
+        elapsed = time.time() - t0
+        m, _ = wait_idle(c.port)
+        pre = m["troupe:num_preemptions_total"]
+        lp = bi_compare(solo, conc, "C KV-pressure concurrent")
+        check(pre > 0, f"C: no preemption with {sum(counts)} prompt tokens + 18x{BI_MAX_TOKENS} in a {kv_tokens}-token pool")
+        check(m["troupe:kv_cache_free_blocks"] == m0["troupe:kv_cache_free_blocks"],
+              f"C: {m['troupe:kv_cache_free_blocks']:.0f} free blocks after, {m0['troupe:kv_cache_free_blocks']:.0f} before")
+        notes.append(f"C: {elapsed:.1f}s, {pre:.0f} preemptions, computed {m['troupe:prompt_tokens_computed_total']:.0f}"
+                     f"/{m['troupe:prompt_tokens_total']:.0f} prompt tok, max|dlogprob| {lp:.2g}")
+    return f"18 prompts of {min(counts)}..{max(counts)} tokens identical in all runs; " + "; ".join(notes)
+
+
+@register("prefix_cache")
+def t_prefix_cache():
+    rng = random.Random(77)
+    base = "Read the following notes carefully. " + words(rng, 600)
+    pa, pb = base + " Question A: what is the first word?", base + " Question B: what is the last word?"
+    with Server(name="default") as s:
+        ta, tb = tokenize(s.port, pa), tokenize(s.port, pb)
+        shared = next((i for i, (x, y) in enumerate(zip(ta, tb)) if x != y), min(len(ta), len(tb)))
+        check(shared >= 550, f"the prompts share only {shared} tokens")
+        m0 = metrics(s.port)
+        ra = complete(s.port, pa)
+        m1 = metrics(s.port)
+        comp_a = m1["troupe:prompt_tokens_computed_total"] - m0["troupe:prompt_tokens_computed_total"]
+        check(comp_a == len(ta), f"first request: {comp_a:.0f} prompt tokens computed, prompt has {len(ta)} (cold cache)")
+        rb = complete(s.port, pb)
+        m2 = metrics(s.port)
+        comp_b = m2["troupe:prompt_tokens_computed_total"] - m1["troupe:prompt_tokens_computed_total"]
+        hits_b = m2["troupe:prefix_cache_hits_total"] - m1["troupe:prefix_cache_hits_total"]
+        check(rb["usage"]["prompt_tokens"] == len(tb), f"usage {rb['usage']} vs {len(tb)} tokens")
+        check(comp_b < len(tb) - 500,
+              f"second request computed {comp_b:.0f} of {len(tb)} prompt tokens (shared prefix {shared}); expected < {len(tb) - 500}")
+        reusable = shared // 16 * 16
+        check(comp_b >= len(tb) - reusable,
+              f"second request computed only {comp_b:.0f} tokens but at most {reusable} (whole blocks of the shared "
+              f"{shared}-token prefix) can be reused: tokens that differ were served from the cache")
+        check(hits_b >= 500, f"prefix_cache_hits_total grew by {hits_b:.0f}")
+        # The same prompt again: every block is cached.
+        rb2 = complete(s.port, pb)
+        m3 = metrics(s.port)
+        comp_b2 = m3["troupe:prompt_tokens_computed_total"] - m2["troupe:prompt_tokens_computed_total"]
+        check(outcome(rb2) == outcome(rb), f"repeated prompt B: {outcome(rb2)[0][0]!r} != {outcome(rb)[0][0]!r}")
+        check(comp_b2 <= 16, f"repeated prompt B: {comp_b2:.0f} prompt tokens computed")
+        m_idle, _ = wait_idle(s.port)
+        check(m_idle["troupe:kv_cache_free_blocks"] == m0["troupe:kv_cache_free_blocks"],
+              f"free blocks {m_idle['troupe:kv_cache_free_blocks']:.0f} after, {m0['troupe:kv_cache_free_blocks']:.0f} before")
+    with Server("--no-prefix-caching", name="no-prefix-caching") as s:
+        m0 = metrics(s.port)
+        ra_ref = complete(s.port, pa)
+        rb_ref = complete(s.port, pb)
+        m1 = metrics(s.port)
+        comp = m1["troupe:prompt_tokens_computed_total"] - m0["troupe:prompt_tokens_computed_total"]
+        hits = m1["troupe:prefix_cache_hits_total"] - m0["troupe:prefix_cache_hits_total"]
+        check(outcome(ra_ref) == outcome(ra), f"prompt A: cached server {outcome(ra)[0][0]!r} vs no-cache {outcome(ra_ref)[0][0]!r}")
+        check(outcome(rb_ref) == outcome(rb),
+              f"prompt B (prefix from the cache): {outcome(rb)[0][0]!r} vs no-cache {outcome(rb_ref)[0][0]!r}")
+        check(comp == len(ta) + len(tb) and hits == 0,
+              f"--no-prefix-caching: computed {comp:.0f} of {len(ta) + len(tb)} prompt tokens, {hits:.0f} cache hits")
+    # n = 4: the choices share the prompt's blocks.
+    q = "Write a short story about " + words(random.Random(5), 300)
+    body = {"prompt": q, "n": 4, "temperature": 0.8, "seed": 1234, "max_tokens": 24, "ignore_eos": True, "logprobs": 1}
+    with Server(name="default (n=4)") as s:
+        tq = len(tokenize(s.port, q))
+        m0 = metrics(s.port)
+        st, r, _, data = call(s.port, "/v1/completions", body)
+        check(st == 200, f"n=4: status {st}: {data[:200]!r}")
+        m1 = metrics(s.port)
+        comp_n = m1["troupe:prompt_tokens_computed_total"] - m0["troupe:prompt_tokens_computed_total"]
+        check(sorted(c["index"] for c in r["choices"]) == [0, 1, 2, 3], f"n=4: indices {[c['index'] for c in r['choices']]}")
+        check(r["usage"]["completion_tokens"] == 4 * 24, f"n=4: usage {r['usage']}")
+        check(comp_n < 2 * tq, f"n=4: {comp_n:.0f} prompt tokens computed for a {tq}-token prompt (>= 2x)")
+        distinct = len({c["text"] for c in r["choices"]})
+        st, r2, _, _ = call(s.port, "/v1/completions", body)
+        check(st == 200 and [c["text"] for c in r2["choices"]] == [c["text"] for c in r["choices"]],
+              "n=4 with a seed: a repeated request gave different choices")
+        m2, _ = wait_idle(s.port)
+        check(m2["troupe:kv_cache_free_blocks"] == m0["troupe:kv_cache_free_blocks"], "n=4: KV blocks not all freed")
+    return (f"prompts {len(ta)}/{len(tb)} tok sharing {shared}: computed {comp_a:.0f} then {comp_b:.0f} (hits {hits_b:.0f}), "
+            f"repeat {comp_b2:.0f}; outputs = --no-prefix-caching; n=4 computed {comp_n:.0f} for {tq} tok, "
+            f"{distinct} distinct choices, seeded repeat identical")
+
+
+# --- disconnect -------------------------------------------------------------------------------
+
+def gen_body(prompt, n, stream, max_tokens, chat=False, **extra):
+    b = {"n": n, "stream": stream, "max_tokens": max_tokens, "temperature": 0.7 if n > 1 else 0, "seed": 1,
+         "ignore_eos": True}
+    if chat:
+        b["messages"] = [{"role": "user", "content": prompt}]
+    else:
+        b["prompt"] = prompt
+    b.update(extra)
+    return b
+
+
+def open_blockers(port, rng, count=2, max_tokens=400):
+    """Long streaming requests that occupy the running batch; returns their sockets once each
+    has streamed its first token."""
+    socks = []
+    try:
+        for _ in range(count):
+            r = Raw(port)
+            socks.append(r)
+            r.send(build_request(port, "POST", "/v1/completions", gen_body("Story: " + words(rng, 8), 1, True, max_tokens)))
+        for r in socks:
+            r.wait_for(b"data: ", 1, timeout=30)
+    except BaseException:
+        for r in socks:
+            r.close()
+        raise
+    return socks
+
+
+def wait_metric(port, pred, timeout):
+    t0 = time.time()
+    while True:
+        m = metrics(port)
+        if pred(m):
+            return m, True
+        if time.time() - t0 > timeout:
+            return m, False
+        time.sleep(0.03)
+
+
+def choice_texts(data):
+    """{choice index: text} of a JSON or server-sent-events response body."""
+    out = {}
+    if data.lstrip().startswith(b"data:"):
+        for line in data.splitlines():
+            line = line.strip()
+            if not line.startswith(b"data: ") or line == b"data: [DONE]":
+                continue
+            for c in json.loads(line[6:]).get("choices", []):
+                piece = c.get("text") if "text" in c else (c.get("delta") or {}).get("content")
+                out[c["index"]] = out.get(c["index"], "") + (piece or "")
+        return out
+    for c in json.loads(data)["choices"]:
+        out[c["index"]] = c["text"] if "text" in c else c["message"]["content"]
+    return out
+
+
+def new_counters():
+    return {"lock": threading.Lock(), "rst": 0, "answered": 0, "429": 0, "errors": 0}
+
+
+def fmt_counters(c):
+    return (f"{c.get('finished', 0)} read to the end, {c['rst']} closed by RST, {c['answered']} had answer bytes, "
+            f"{c['429']} got 429, {c['errors']} socket errors")
+
+
+def random_disconnects(port, seed, cycles, max_n, counters, prompt_len=(3, 400), delay=(0.0, 0.3), finish_frac=0.0):
+    """Requests of random shape (n, stream, chat, prompt length, max_tokens), each closed (FIN,
+    or RST) after a random delay without reading the answer; a fraction `finish_frac` of them
+    are instead read to the end (they keep the KV pool busy)."""
+    r = random.Random(seed)
+    for _ in range(cycles):
+        n = r.randint(1, max_n)
+        chat = r.random() < 0.3
+        body = gen_body(words(r, r.randint(*prompt_len)), n, r.random() < 0.5, r.randint(4, 64), chat=chat)
+        path = "/v1/chat/completions" if chat else "/v1/completions"
+        if r.random() < finish_frac:
+            st, _, data = request(port, "POST", path, body, timeout=120)
+            with counters["lock"]:
+                counters["finished"] = counters.get("finished", 0) + 1
+                counters["429"] += st == 429
+                if st == 200:
+                    counters.setdefault("done", []).append((path, body, choice_texts(data)))
+                elif st != 429:
+                    counters.setdefault("bad", []).append(f"{st} {data[:100]!r}")
+            continue
+        try:
+            c = Raw(port, timeout=10)
+            c.send(build_request(port, "POST", path, body))
+            time.sleep(r.uniform(*delay))
+            try:
+                c.sock.setblocking(False)
+                head = c.sock.recv(16, socket.MSG_PEEK)
+                if head:
+                    with counters["lock"]:
+                        counters["answered"] += 1
+                        counters["429"] += head.startswith(b"HTTP/1.1 429")
+            except (BlockingIOError, OSError):
+                pass
+            reset = r.random() < 0.3
+            c.close(reset=reset)
+            with counters["lock"]:
+                counters["rst"] += reset
+        except OSError:
+            with counters["lock"]:
+                counters["errors"] += 1
+
+
+@register("disconnect")
+def t_disconnect():
+    rng = random.Random(99)
+    figures = []
+    with Server("--max-num-seqs", 2, "--max-num-batched-tokens", 64, name="disconnect") as s:
+        port = s.port
+        m0, _ = wait_idle(port)
+        baseline = m0["troupe:kv_cache_free_blocks"]
+        check(baseline == 32768 // 16, f"baseline free blocks {baseline:.0f}, expected {32768 // 16}")
+        ref_prompt = "The capital of France is"
+        ref = complete(port, ref_prompt, 16)
+        failures = []
+
+        def after_case(label, t_close, extra=""):
+            m, waited = wait_idle(port, 10)
+            free = m["troupe:kv_cache_free_blocks"]
+            ok = free == baseline
+            line = f"{label}: idle {time.time() - t_close:.2f}s after close, free {free:.0f}/{baseline:.0f} {extra}"
+            log(("ok   " if ok else "LEAK ") + line)
+            if not ok:
+                failures.append(f"{label}: {baseline - free:.0f} KV blocks leaked {extra}")
+            return m
+
+        for phase in ("queued", "queued_immediate", "prefilling", "streaming"):
+            for stream in (True, False):
+                for n in (1, 4):
+                    label = f"{phase}/{'stream' if stream else 'json'}/n={n}"
+                    try:
+                        if phase.startswith("queued"):
+                            blockers = open_blockers(port, rng)
+                            try:
+                                vprompt = "Summary: " + words(rng, 200)
+                                mb = metrics(port)
+                                v = Raw(port)
+                                v.send(build_request(port, "POST", "/v1/completions", gen_body(vprompt, n, stream, 24)))
+                                if phase == "queued":
+                                    _, seen = wait_metric(port, lambda m: m["troupe:num_requests_waiting"] >= n, 5)
+                                    if not seen:
+                                        failures.append(f"{label}: the victim never showed up as waiting")
+                                v.close()
+                                t_close = time.time()
+                                m, gone = wait_metric(port, lambda m: m["troupe:num_requests_waiting"] == 0, 5)
+                                if not gone:
+                                    failures.append(f"{label}: victim still waiting 5 s after its client left "
+                                                    f"({m['troupe:num_requests_waiting']:.0f} waiting)")
+                                if m["troupe:num_requests_running"] != 2:
+                                    failures.append(f"{label}: {m['troupe:num_requests_running']:.0f} running while the "
+                                                    f"2 blockers stream")
+                            finally:
+                                for b in blockers:
+                                    b.close()
+                            m = after_case(label, t_close)
+                            computed = m["troupe:prompt_tokens_computed_total"] - mb["troupe:prompt_tokens_computed_total"]
+                            if computed != 0:
+                                failures.append(f"{label}: {computed:.0f} prompt tokens computed after the victim "
+                                                f"(~200 tokens) left the queue: it was started anyway")
+                        elif phase == "prefilling":
+                            vprompt = "Essay: " + words(rng, 1500)
+                            mb = metrics(port)
+                            v = Raw(port)
+                            v.send(build_request(port, "POST", "/v1/completions", gen_body(vprompt, n, stream, 24)))
+                            # Close once the first chunks are computed (~0.2 s on an idle machine): mid-prefill.
+                            t_sent = time.time()
+                            mm, started = wait_metric(port, lambda m: m["troupe:prompt_tokens_computed_total"] >
+                                                      mb["troupe:prompt_tokens_computed_total"], 15)
+                            time.sleep(max(0.0, 0.2 - (time.time() - t_sent)))
+                            mm = metrics(port)
+                            v.close()
+                            if not started:
+                                failures.append(f"{label}: no prompt token computed 15 s after sending")
+                            t_close = time.time()
+                            m = after_case(label, t_close)
+                            computed = m["troupe:prompt_tokens_computed_total"] - mb["troupe:prompt_tokens_computed_total"]
+                            at_close = mm["troupe:prompt_tokens_computed_total"] - mb["troupe:prompt_tokens_computed_total"]
+                            log(f"     prefilled {at_close:.0f} tok at close, {computed:.0f} in all (prompt ~1500)")
+                            if computed >= 1400:
+                                failures.append(f"{label}: {computed:.0f} prompt tokens computed: the prefill of a "
+                                                f"1500-token prompt went on after the client left")
+                        else:  # streaming
+                            vprompt = "Poem: " + words(rng, 40)
+                            mb = metrics(port)
+                            v = Raw(port)
+                            v.send(build_request(port, "POST", "/v1/completions", gen_body(vprompt, n, stream, 200)))
+                            if stream:
+                                v.wait_for(b"data: ", 4, timeout=30)
+                            else:  # close 0.5 s after sending, or once generation has begun if later
+                                t_sent = time.time()
+                                _, started = wait_metric(port, lambda m: m["troupe:generation_tokens_total"] >=
+                                                         mb["troupe:generation_tokens_total"] + 2, 15)
+                                time.sleep(max(0.0, 0.5 - (time.time() - t_sent)))
+                                if not started:
+                                    failures.append(f"{label}: no token generated 15 s after sending")
+                            v.close()
+                            t_close = time.time()
+                            m = after_case(label, t_close)
+                            gen = m["troupe:generation_tokens_total"] - mb["troupe:generation_tokens_total"]
+                            log(f"     generated {gen:.0f} tokens of {200 * n}")
+                            if gen >= 200 * n:
+                                failures.append(f"{label}: all {gen:.0f} tokens were generated: not cancelled")
+                            if stream and gen < 1:
+                                failures.append(f"{label}: no token generated before the close")
+                    except CheckFailed as e:
+                        failures.append(f"{label}: {e}")
+                    except OSError as e:
+                        failures.append(f"{label}: socket error {e!r}")
+            if not s.alive():
+                break
+        check(s.alive(), "the server died during the disconnect cases:\n" + s.log_tail())
+        figures.append(f"{4 * 4} phase cases")
+
+        # Randomized: 200 requests in 4 parallel streams, each closed after 0-300 ms.
+        counters = new_counters()
+        t0 = time.time()
+        res = run_threads([lambda i=i: random_disconnects(port, 1000 + i, 50, 4, counters) for i in range(4)])
+        failures += [f"random loop worker: {r!r}" for r in res if isinstance(r, BaseException)]
+        t_loop = time.time() - t0
+        check(s.alive(), "the server died during the random disconnects:\n" + s.log_tail())
+        try:
+            m, waited = wait_idle(port, 30)
+            free = m["troupe:kv_cache_free_blocks"]
+            if free != baseline:
+                failures.append(f"random loop: {baseline - free:.0f} KV blocks leaked ({free:.0f}/{baseline:.0f} free)")
+        except CheckFailed as e:
+            failures.append(f"random loop: {e}")
+            waited = -1
+        after = complete(port, ref_prompt, 16)
+        if outcome(after) != outcome(ref):
+            failures.append(f"after the random loop: {outcome(after)[0][0]!r} != before {outcome(ref)[0][0]!r}")
+        figures.append(f"random: 200 requests in {t_loop:.1f}s ({fmt_counters(counters)}), idle {waited:.1f}s later, "
+                       f"free {m['troupe:kv_cache_free_blocks']:.0f}/{baseline:.0f}")
+        check(not failures, f"{len(failures)} problem(s):\n      " + "\n      ".join(failures))
+
+    # Randomized again under KV pressure (preemption) with a small admission cap (--max-num-seqs 4
+    # + --max-queue 2 = 6 sequences): afterwards every block must be free and all 6 slots usable,
+    # i.e. no request's accounting outlived its client.
+    with Server("--max-num-seqs", 4, "--max-queue", 2, "--kv-cache-tokens", 512, "--max-num-batched-tokens", 64,
+                name="disconnect (KV pressure, cap 6)") as s:
+        port = s.port
+        m0, _ = wait_idle(port)
+        baseline = m0["troupe:kv_cache_free_blocks"]
+        counters = new_counters()
+        t0 = time.time()
+        res = run_threads([lambda i=i: random_disconnects(port, 2000 + i, 20, 2, counters, prompt_len=(60, 250),
+                                                          delay=(0.1, 1.2), finish_frac=0.3) for i in range(4)])
+        failures += [f"random loop 2 worker: {r!r}" for r in res if isinstance(r, BaseException)]
+        failures += [f"random loop 2: a request read to the end got {b}" for b in counters.get("bad", [])]
+        t_loop = time.time() - t0
+        check(s.alive(), "the server died during the random disconnects under KV pressure:\n" + s.log_tail())
+        m, waited = wait_idle(port, 30)
+        free = m["troupe:kv_cache_free_blocks"]
+        if free != baseline:
+            failures.append(f"random loop 2 (KV pressure): {baseline - free:.0f} KV blocks leaked")
+        time.sleep(0.5)
+        slots = []
+        try:
+            for i in range(6):
+                r = Raw(port)
+                slots.append(r)
+                r.send(build_request(port, "POST", "/v1/completions", gen_body("Tale " + words(rng, 5), 1, True, 300)))
+            statuses = []
+            for r in slots:
+                r.wait_for(b"\r\n\r\n", 1, timeout=30)
+                statuses.append(int(r.buf.split(b" ", 2)[1]))
+            if statuses != [200] * 6:
+                failures.append(f"random loop 2: 6 requests on the idle server (cap 6) got {statuses}: admission slots "
+                                f"leaked by disconnected requests")
+        finally:
+            for r in slots:
+                r.close()
+        m, _ = wait_idle(port, 10)
+        if m["troupe:kv_cache_free_blocks"] != baseline:
+            failures.append(f"random loop 2: {baseline - m['troupe:kv_cache_free_blocks']:.0f} KV blocks leaked at the end")
+        # The requests that were read to the end ran among preemptions and cancellations: their
+        # outputs (greedy, or seeded for n > 1) must match a rerun on the idle server.
+        done = counters.get("done", [])[:8]
+        for path, body, texts in done:
+            st, _, data = request(port, "POST", path, body)
+            again = choice_texts(data) if st == 200 else {"status": st}
+            if again != texts:
+                failures.append(f"random loop 2: n={body['n']} {'chat' if 'messages' in body else 'completion'} "
+                                f"(temperature {body['temperature']}, seed 1) gave {texts} amid the disconnects "
+                                f"but {again} alone")
+        figures.append(f"random under KV pressure: 80 requests in {t_loop:.1f}s ({fmt_counters(counters)}), "
+                       f"{m['troupe:num_preemptions_total']:.0f} preemptions, free {free:.0f}/{baseline:.0f}, 6/6 slots usable, "
+                       f"{len(done)} finished outputs = idle rerun")
+        check(not failures, f"{len(failures)} problem(s):\n      " + "\n      ".join(failures))
+    return "; ".join(figures) + "; every case back to the baseline free blocks; queued victims never computed"
+
+
+@register("disconnect_pipelined")
+def t_disconnect_pipelined():
+    """A client that leaves while bytes beyond its request are buffered (a pipelined second
+    request, or one stray CRLF after the body, which RFC 9112 asks servers to tolerate) must be
+    noticed like any other."""
+    failures, figures = [], []
+    with Server(name="pipelined") as s:
+        port = s.port
+        m0, _ = wait_idle(port)
+        baseline = m0["troupe:kv_cache_free_blocks"]
+        for label, tail, stream in (("trailing CRLF after the body", b"\r\n", False),
+                                    ("trailing CRLF after the body, stream", b"\r\n", True),
+                                    ("pipelined second request", None, False)):
+            body = {"prompt": "Once upon a time " + label, "max_tokens": 40, "ignore_eos": True, "temperature": 0,
+                    "stream": stream}
+            req = build_request(port, "POST", "/v1/completions", body)
+            mb = metrics(port)
+            c = Raw(port)
+            c.send(req + (tail if tail is not None else req))
+            wait_metric(port, lambda m: m["troupe:generation_tokens_total"] >= mb["troupe:generation_tokens_total"] + 2, 15)
+            c.close()
+            t_close = time.time()
+            m, _ = wait_idle(port, 60)
+            t_idle = time.time() - t_close
+            gen = m["troupe:generation_tokens_total"] - mb["troupe:generation_tokens_total"]
+            figures.append(f"{label}: {gen:.0f}/40 tokens generated, idle {t_idle:.1f}s after the close")
+            if gen >= 40:
+                failures.append(f"{label}: the client closed after ~2 tokens but all {gen:.0f} tokens were generated "
+                                f"({t_idle:.1f}s more): the disconnect was not noticed")
+            if m["troupe:kv_cache_free_blocks"] != baseline:
+                failures.append(f"{label}: {baseline - m['troupe:kv_cache_free_blocks']:.0f} KV blocks leaked")
+    check(not failures, "\n      ".join(failures))
+    return "; ".join(figures)
+
+
+# --- bad requests -----------------------------------------------------------------------------
+
+KEY = "sekrit"
+AUTH = {"Authorization": f"Bearer {KEY}"}
+
+
+def error_shape(data):
+    """The OpenAI error object, or a string saying what is wrong with it."""
+    try:
+        j = json.loads(data)
+    except ValueError:
+        return f"not JSON: {data[:120]!r}"
+    e = j.get("error") if isinstance(j, dict) else None
+    if not isinstance(e, dict):
+        return f"no 'error' object: {data[:120]!r}"
+    if set(e) != {"message", "type", "param", "code"}:
+        return f"error keys {sorted(e)}"
+    if not isinstance(e["message"], str) or not e["message"] or not isinstance(e["type"], str):
+        return f"bad message/type: {e}"
+    if not (e["param"] is None or isinstance(e["param"], str)) or not (e["code"] is None or isinstance(e["code"], str)):
+        return f"bad param/code: {e}"
+    return e
+
+
+@register("bad_requests")
+def t_bad_requests():
+    CTX = 512
+    failures, notes, passed = [], [], [0]
+    with Server("--api-key", KEY, "--max-body-bytes", 65536, "--max-header-bytes", 8192, "--read-timeout", 3,
+                "--max-queue", 0, "--max-num-seqs", 2, "-c", CTX, name="strict") as s:
+        port = s.port
+        ref = complete(port, "Hello there", 2, headers=AUTH)
+        rng = random.Random(3)
+
+        def normal_ok(after):
+            try:
+                r = complete(port, "Hello there", 2, headers=AUTH)
+                if outcome(r) != outcome(ref):
+                    failures.append(f"after {after}: normal completion gave {outcome(r)} != {outcome(ref)}")
+            except (CheckFailed, OSError) as e:
+                failures.append(f"after {after}: normal completion failed: {e}")
+
+        def expect(label, status, st, hdrs, data, param=Ellipsis, json_error=True, extra_ok=None):
+            problems = []
+            if st != status:
+                problems.append(f"status {st}, expected {status}: {data[:200]!r}")
+            elif json_error:
+                e = error_shape(data)
+                if isinstance(e, str):
+                    problems.append(f"error body: {e}")
+                elif param is not Ellipsis and e["param"] != param:
+                    problems.append(f"param {e['param']!r}, expected {param!r} ({e['message'][:100]})")
+            if extra_ok:
+                p = extra_ok(hdrs, data)
+                if p:
+                    problems.append(p)
+            if problems:
+                failures.append(f"{label}: " + "; ".join(problems))
+            else:
+                passed[0] += 1
+            log(f"{'ok  ' if not problems else 'FAIL'} {label}: {st} {data[:100]!r}")
+
+        since_check = [0]
+
+        def post(label, status, body, path="/v1/completions", headers=AUTH, param=Ellipsis, check_after=None):
+            try:
+                st, hdrs, data = request(port, "POST", path, body, headers, timeout=30)
+            except OSError as e:
+                failures.append(f"{label}: connection error {e!r}")
+                st, hdrs, data = None, {}, b""
+            else:
+                expect(label, status, st, hdrs, data, param)
+            since_check[0] += 1
+            if check_after or (check_after is None and since_check[0] >= 4):  # every few bad requests
+                since_check[0] = 0
+                normal_ok(label)
+            return st, hdrs, data
+
+        def comp(**kw):
+            b = {"prompt": "Hello there", "max_tokens": 2}
+            b.update(kw)
+            return b
+
+        # --- authentication
+        post("no key", 401, comp(), headers={}, param=None)
+        post("wrong key (same length)", 401, comp(), headers={"Authorization": "Bearer sekrix"})
+        post("shorter key", 401, comp(), headers={"Authorization": "Bearer sekri"})
+        post("longer key", 401, comp(), headers={"Authorization": "Bearer sekrit-and-more"})
+        post("key without Bearer", 401, comp(), headers={"Authorization": KEY})
+        st, _, data = request(port, "GET", "/health")
+        expect("/health without key", 200, st, {}, data, json_error=False)
+        st, _, data = request(port, "GET", "/v1/models")
+        expect("/v1/models without key", 401, st, {}, data)
+        st, _, data = request(port, "GET", "/metrics")
+        notes.append(f"/metrics without key -> {st}")
+
+        # --- HTTP limits
+        big = json.dumps(comp(user="x" * 70000)).encode()
+        try:  # the client sends everything, then reads (as most clients do)
+            r = Raw(port)
+            try:
+                r.send(build_request(port, "POST", "/v1/completions", big, AUTH))
+            except (BrokenPipeError, ConnectionResetError):
+                pass
+            st, hdrs, data = r.read_response(timeout=10)
+            expect("body 70 KB > 64 KiB", 413, st, hdrs, data)
+            r.close()
+        except (OSError, EOFError, ValueError) as e:
+            failures.append(f"body 70 KB > 64 KiB: no 413 response, {e!r}")
+        try:  # headers first, then wait for the answer before sending the body
+            r = Raw(port)
+            head = build_request(port, "POST", "/v1/completions", big, AUTH)
+            r.send(head[:head.index(b"\r\n\r\n") + 4])
+            st, hdrs, data = r.read_response(timeout=10)
+            expect("Content-Length 70 KB > 64 KiB (headers only)", 413, st, hdrs, data)
+            r.close()
+        except (OSError, EOFError, ValueError) as e:
+            failures.append(f"Content-Length > 64 KiB (headers only): no 413 response, {e!r}")
+        normal_ok("413")
+        try:
+            r = Raw(port)
+            hdr = dict(AUTH)
+            hdr["X-Padding"] = "p" * 9000
+            try:
+                r.send(build_request(port, "POST", "/v1/completions", comp(), hdr))
+            except (BrokenPipeError, ConnectionResetError):
+                pass
+            st, hdrs, data = r.read_response(timeout=10)
+            expect("header block 9 KB > 8 KiB", 431, st, hdrs, data)
+            r.close()
+        except (OSError, EOFError, ValueError) as e:
+            failures.append(f"header block 9 KB > 8 KiB: no 431 response, {e!r}")
+        try:  # many small headers adding up to more than 8 KiB
+            r = Raw(port)
+            hdr = dict(AUTH)
+            hdr.update({f"X-H{i}": "v" * 90 for i in range(100)})
+            try:
+                r.send(build_request(port, "POST", "/v1/completions", comp(), hdr))
+            except (BrokenPipeError, ConnectionResetError):
+                pass
+            st, hdrs, data = r.read_response(timeout=10)
+            expect("100 headers of 100 B > 8 KiB", 431, st, hdrs, data)
+            r.close()
+        except (OSError, EOFError, ValueError) as e:
+            failures.append(f"100 headers > 8 KiB: no 431 response, {e!r}")
+        try:  # a chunked body over the limit
+            r = Raw(port)
+            head = (f"POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {KEY}\r\n"
+                    f"Content-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n").encode()
+            payload = b"".join(b"%x\r\n%s\r\n" % (8192, b" " * 8192) for _ in range(9))
+            try:
+                r.send(head + payload)
+            except (BrokenPipeError, ConnectionResetError):
+                pass
+            st, hdrs, data = r.read_response(timeout=10)
+            expect("chunked body 72 KiB > 64 KiB", 413, st, hdrs, data)
+            r.close()
+        except (OSError, EOFError, ValueError) as e:
+            failures.append(f"chunked body > 64 KiB: no 413 response, {e!r}")
+        for label, raw in (("garbage request line", b"HELLO\r\n\r\n"),
+                           ("Content-Length: -5", b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: -5\r\n\r\n"),
+                           ("two different Content-Lengths", b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n"
+                            b"Content-Length: 2\r\nContent-Length: 3\r\n\r\n{}x")):
+            try:
+                r = Raw(port)
+                r.send(raw)
+                st, hdrs, data = r.read_response(timeout=10)
+                expect(label, 400, st, hdrs, data)
+                r.close()
+            except (OSError, EOFError, ValueError) as e:
+                failures.append(f"{label}: no 400 response, {e!r}")
+        normal_ok("431")
+        # A JSON error leaves a keep-alive connection usable.
+        conn = http.client.HTTPConnection(HOST, port, timeout=30)
+        try:
+            conn.request("POST", "/v1/completions", body="[1]", headers=dict(AUTH, **{"Content-Type": "application/json"}))
+            r1 = conn.getresponse()
+            r1.read()
+            conn.request("POST", "/v1/completions", body=json.dumps(comp()), headers=dict(AUTH, **{"Content-Type": "application/json"}))
+            r2 = conn.getresponse()
+            d2 = r2.read()
+            expect("keep-alive: 400 then a normal request on the same connection", 200, r2.status, {}, d2, json_error=False)
+        except (OSError, http.client.HTTPException) as e:
+            failures.append(f"keep-alive after a 400: {e!r}")
+        finally:
+            conn.close()
+        # Slow headers and slow body (read timeout 3 s), both at once: within 4 s the server must
+        # answer 408 or close the connection. Records when and how.
+        slow_h, slow_b = Raw(port), Raw(port)
+        slow_h.send(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bea")
+        body = json.dumps(comp()).encode()
+        slow_b.send(build_request(port, "POST", "/v1/completions", body, AUTH)[:-len(body) + 5])
+        t0 = time.time()
+        for label, r in (("slow headers (--read-timeout 3)", slow_h), ("slow body (--read-timeout 3)", slow_b)):
+            short = label.split(" (")[0]
+            try:
+                r.sock.settimeout(max(0.05, 4.0 - (time.time() - t0)))
+                first = r.sock.recv(65536)
+                t_ev = time.time() - t0
+                if not first:
+                    passed[0] += 1
+                    notes.append(f"{short}: closed after {t_ev:.1f}s with no 408 sent")
+                else:
+                    r.buf = first
+                    st, hdrs, data = r.read_response(timeout=2)
+                    expect(label, 408, st, hdrs, data)
+                    notes.append(f"{short}: {st} after {t_ev:.1f}s")
+            except ConnectionResetError:
+                passed[0] += 1
+                notes.append(f"{short}: reset after {time.time() - t0:.1f}s")
+            except socket.timeout:
+                failures.append(f"{label}: connection still open and silent after {time.time() - t0:.1f} s")
+            except (EOFError, ValueError, OSError) as e:
+                failures.append(f"{label}: {e!r}")
+            r.close()
+        normal_ok("read timeouts")
+
+        # --- JSON
+        post("invalid JSON", 400, '{"prompt": "hi", ', param=None)
+        post("body [1]", 400, "[1]", param=None)
+        post("body \"str\"", 400, '"hello"', param=None)
+        post("empty body", 400, "", param=None)
+        post("10000-deep nesting", 400, '{"prompt":"x","a":' + "[" * 10000 + "]" * 10000 + "}", param=None)
+        post("10000-deep objects", 400, '{"prompt":"x","a":' + '{"a":' * 10000 + "1" + "}" * 10000 + "}", param=None)
+        post("invalid UTF-8 in a string", 400, b'{"prompt": "caf\xc3\x28 \xff\xfe", "max_tokens": 2}', param=None)
+        post("trailing garbage", 400, '{"prompt": "hi", "max_tokens": 2} x', param=None)
+
+        # --- prompts and messages
+        post("empty prompt", 400, comp(prompt=""), param="prompt")
+        post("prompt []", 400, comp(prompt=[]), param="prompt")
+        post("missing prompt", 400, {"max_tokens": 2}, param="prompt")
+        post("empty messages", 400, {"messages": [], "max_tokens": 2}, path="/v1/chat/completions", param="messages")
+        post("message without role", 400, {"messages": [{"content": "hi"}]}, path="/v1/chat/completions", param="messages")
+        post("token id 999999", 400, comp(prompt=[1, 2, 999999]), param="prompt")
+        post("token id -1", 400, comp(prompt=[-1]), param="prompt")
+        long_prompt = words(rng, 1000)
+        post(f"prompt ~1000 tok > -c {CTX}", 400, {"prompt": long_prompt}, param="prompt")
+        post(f"chat ~1000 tok > -c {CTX}", 400, {"messages": [{"role": "user", "content": long_prompt}]},
+             path="/v1/chat/completions", param="messages")
+        p500 = words(rng, 505)
+        n500 = len(tokenize(port, p500, AUTH))
+        post(f"prompt {n500} + max_tokens {CTX - n500 + 1} > {CTX}", 400, {"prompt": p500, "max_tokens": CTX - n500 + 1},
+             param="max_tokens")
+        st, hdrs, data = request(port, "POST", "/v1/completions",
+                                 {"prompt": p500, "max_tokens": CTX - n500, "ignore_eos": True}, AUTH)
+        expect(f"prompt {n500} + max_tokens {CTX - n500} = {CTX} (fits)", 200, st, hdrs, data, json_error=False)
+        post("prompt 300 + max_tokens 300 > 512", 400, {"prompt": words(rng, 300), "max_tokens": 300}, param="max_tokens")
+
+        # --- numeric parameters
+        for v in (0, -1, 1e9, "10", 1.5, True, [1]):
+            post(f"max_tokens {v!r}", 400, comp(max_tokens=v), param="max_tokens")
+        post("max_tokens 1e999", 400, '{"prompt": "hi", "max_tokens": 1e999}', param=None)
+        for v in (0, -1, 17, 1.5, "2"):
+            post(f"n {v!r}", 400, comp(n=v), param="n")
+        normal_ok("max_tokens / n cases")
+        bad_sampling = {
+            "temperature": [-1, 5, "x", 2.5],
+            "top_p": [-1, 5, "x", 0],
+            "top_k": [-2, "x", 1.5],
+            "min_p": [-1, 5, "x"],
+            "presence_penalty": [5, -3, "x"],
+            "frequency_penalty": [5, "x"],
+            "repetition_penalty": [0, 5, "x"],
+        }
+        for name, values in bad_sampling.items():
+            for v in values:
+                post(f"{name} {v!r}", 400, comp(**{name: v}), param=name)
+            post(f"{name} NaN (literal)", 400, '{"prompt": "hi", "max_tokens": 2, "%s": NaN}' % name, param=None)
+            post(f"{name} 1e999", 400, '{"prompt": "hi", "max_tokens": 2, "%s": 1e999}' % name)
+            post(f"{name} Infinity (literal)", 400, '{"prompt": "hi", "max_tokens": 2, "%s": Infinity}' % name,
+                 param=None)
+        for name, v in (("top_k", -1), ("top_k", 5), ("presence_penalty", -1), ("seed", -1), ("top_p", 1)):
+            st, hdrs, data = request(port, "POST", "/v1/completions", comp(**{name: v}), AUTH)
+            expect(f"{name} {v} (valid)", 200, st, hdrs, data, json_error=False)
+        post("chat top_logprobs 21", 400, {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2,
+                                            "logprobs": True, "top_logprobs": 21},
+             path="/v1/chat/completions", param="top_logprobs")
+        post("completions logprobs 21", 400, comp(logprobs=21), param="logprobs")
+        post("5 stop strings", 400, comp(stop=["a", "b", "c", "d", "e"]), param="stop")
+        post("10 KB stop string", 400, comp(stop="s" * 10240), param="stop")
+        post("empty stop string", 400, comp(stop=[""]), param="stop")
+        post("stop [1]", 400, comp(stop=[1]), param="stop")
+        post("stop_token_ids [999999]", 400, comp(stop_token_ids=[999999]), param="stop_token_ids")
+        post('logit_bias {"999999": 1}', 400, comp(logit_bias={"999999": 1}), param="logit_bias")
+        post('logit_bias {"abc": 1}', 400, comp(logit_bias={"abc": 1}), param="logit_bias")
+        post('logit_bias {"5": 101}', 400, comp(logit_bias={"5": 101}), param="logit_bias")
+        post('logit_bias {"5": 1e999}', 400, '{"prompt": "hi", "max_tokens": 2, "logit_bias": {"5": 1e999}}')
+        post("seed 1.5", 400, comp(seed=1.5), param="seed")
+        post("seed 18446744073709551616", 400, '{"prompt": "hi", "max_tokens": 2, "seed": 18446744073709551616}')
+        post("seed \"1\"", 400, comp(seed="1"), param="seed")
+        post("stream \"yes\"", 400, comp(stream="yes"), param="stream")
+        post("stream_options without stream", 400, comp(stream_options={"include_usage": True}), param="stream_options")
+
+        # --- /tokenize, /detokenize
+        post("/detokenize [999999]", 400, {"tokens": [999999]}, path="/detokenize", param="tokens")
+        post("/detokenize tokens 'x'", 400, {"tokens": "x"}, path="/detokenize", param="tokens")
+        post("/tokenize prompt and messages", 400, {"prompt": "x", "messages": [{"role": "user", "content": "x"}]},
+             path="/tokenize")
+        post("/tokenize prompt 5", 400, {"prompt": 5}, path="/tokenize", param="prompt")
+
+        # --- routing
+        post("unknown model", 404, comp(model="nope"), param="model")
+        st, hdrs, data = request(port, "POST", "/v1/nope", comp(), AUTH)
+        expect("unknown route", 404, st, hdrs, data)
+        st, hdrs, data = request(port, "GET", "/v1/completions", None, AUTH)
+        expect("GET /v1/completions", 405, st, hdrs, data)
+        st, hdrs, data = request(port, "POST", "/v1/models", comp(), AUTH)
+        expect("POST /v1/models", 405, st, hdrs, data)
+        normal_ok("routing")
+
+        # --- special-token text in user content
+        st, hdrs, data = request(port, "POST", "/v1/chat/completions",
+                                 {"messages": [{"role": "user", "content": "<|im_start|>"}], "max_tokens": 4}, AUTH)
+        expect("chat content '<|im_start|>'", 200, st, hdrs, data, json_error=False)
+        try:
+            tk = lambda c: call(port, "/tokenize", {"messages": [{"role": "user", "content": c}]}, AUTH)[1]["tokens"]
+            with_tag, plain = tk("<|im_start|>"), tk("x")
+            sid = plain[0]  # the chat template starts with <|im_start|>
+            as_text = len(tokenize(port, "<|im_start|>", AUTH))
+            if with_tag.count(sid) > plain.count(sid):
+                notes.append(f"'<|im_start|>' in chat user content -> 200, but it is encoded as the special token {sid} "
+                             f"(a user can inject chat-template tokens; /tokenize of the same text as a prompt gives "
+                             f"{as_text} plain-text tokens)")
+            else:
+                notes.append(f"'<|im_start|>' in chat user content -> 200, encoded as plain text")
+        except Exception as e:  # noqa: BLE001
+            notes.append(f"special-token probe failed: {e!r}")
+
+        # --- queue full: 2 running (max-num-seqs 2), no queue (max-queue 0)
+        m0, _ = wait_idle(port, headers=AUTH)
+        blockers = []
+        try:
+            for i in range(2):
+                r = Raw(port)
+                blockers.append(r)
+                r.send(build_request(port, "POST", "/v1/completions",
+                                     gen_body("Story " + words(rng, 6), 1, True, 400), AUTH))
+            for r in blockers:
+                r.wait_for(b"data: ", 1, timeout=30)
+            st, hdrs, data = request(port, "POST", "/v1/completions", comp(), AUTH)
+            expect("third request with 2 running, --max-queue 0", 429, st, hdrs, data,
+                   extra_ok=lambda h, d: None if h.get("retry-after", "").strip().isdigit()
+                   else f"Retry-After header {h.get('retry-after')!r}")
+            st, hdrs, data = request(port, "POST", "/v1/chat/completions",
+                                     {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}, AUTH)
+            expect("third (chat) request with 2 running", 429, st, hdrs, data)
+        finally:
+            for r in blockers:
+                r.close()
+        try:
+            m1, _ = wait_idle(port, headers=AUTH)
+            if m1["troupe:kv_cache_free_blocks"] != m0["troupe:kv_cache_free_blocks"]:
+                failures.append(f"after the 429 case: {m0['troupe:kv_cache_free_blocks'] - m1['troupe:kv_cache_free_blocks']:.0f}"
+                                f" KV blocks not freed")
+        except CheckFailed as e:
+            failures.append(f"after the 429 case: {e}")
+        ok_after = False
+        for _ in range(30):  # the two closed requests must give their slots back
+            st, _, _ = request(port, "POST", "/v1/completions", comp(), AUTH)
+            if st == 200:
+                ok_after = True
+                break
+            time.sleep(0.1)
+        if not ok_after:
+            failures.append(f"after closing the 2 blockers: still {st} 3 s later (queue slots leaked)")
+        st, hdrs, data = request(port, "POST", "/v1/completions", comp(n=2), AUTH)
+        expect("n=2 on an idle server (fits --max-num-seqs 2)", 200, st, hdrs, data, json_error=False)
+        st, hdrs, data = request(port, "POST", "/v1/completions", comp(n=3), AUTH)
+        notes.append(f"n=3 with capacity 2 (can never fit) -> {st}" + (" + Retry-After" if "retry-after" in hdrs else ""))
+        normal_ok("the end")
+        check(s.alive(), "the server died:\n" + s.log_tail())
+    check(not failures, f"{len(failures)} of {len(failures) + passed[0]} cases failed:\n      " + "\n      ".join(failures))
+    return f"{passed[0]} cases as expected; " + "; ".join(notes)
+
+
+# --- drain ------------------------------------------------------------------------------------
+
+@register("drain")
+def t_drain():
+    notes = []
+    with Server("--drain-timeout", 20, name="drain") as s:
+        port = s.port
+        first = threading.Event()
+        prompts = ["Tell me about rivers.", "Write about winter markets.", "Describe a silver engine."]
+
+        ended = [None] * 3
+
+        def one(i, p):
+            try:
+                return sse_stream(port, "/v1/completions",
+                                  {"prompt": p, "max_tokens": 60, "ignore_eos": True, "temperature": 0, "stream": True,
+                                   "stream_options": {"include_usage": True}},
+                                  on_event=lambda e: first.set())
+            finally:
+                ended[i] = time.time()
+
+        results = [None] * 3
+        threads = []
+        for i, p in enumerate(prompts):
+            t = threading.Thread(target=lambda i=i, p=p: results.__setitem__(i, _capture(one, i, p)), daemon=True)
+            t.start()
+            threads.append(t)
+        check(first.wait(30), "no streamed chunk within 30 s")
+        t_sig = time.time()
+        s.signal(signal.SIGTERM)
+        health_503 = None
+        while time.time() - t_sig < 1.0:
+            try:
+                st, _, data = request(port, "GET", "/health", timeout=1)
+                if st == 503:
+                    health_503 = time.time() - t_sig
+                    check(b"draining" in data, f"/health 503 body {data!r}")
+                    break
+            except OSError as e:
+                raise CheckFailed(f"/health unreachable {time.time() - t_sig:.2f}s after SIGTERM: {e!r}")
+            time.sleep(0.01)
+        check(health_503 is not None, "/health still 200 one second after SIGTERM")
+        try:
+            st, hdrs, data = request(port, "POST", "/v1/completions", {"prompt": "hi", "max_tokens": 2}, timeout=5)
+            check(st == 503, f"new request while draining: {st} {data[:200]!r}")
+            check(hdrs.get("retry-after", "").strip().isdigit(), f"503 without Retry-After: {hdrs}")
+            e = error_shape(data)
+            check(not isinstance(e, str), f"503 body: {e}")
+            notes.append(f"new request -> 503, Retry-After {hdrs['retry-after']}")
+        except ConnectionRefusedError:
+            notes.append("new request -> connection refused")
+        for t in threads:
+            t.join(60)
+        for i, r in enumerate(results):
+            check(not isinstance(r, BaseException), f"stream {i}: {r!r}")
+            st, events, done = r
+            check(st == 200, f"stream {i}: status {st}")
+            check(done, f"stream {i}: no [DONE] ({len(events)} events), connection ended "
+                        f"{ended[i] - t_sig:.1f}s after SIGTERM")
+            usage = [e["usage"] for e in events if e.get("usage")]
+            check(usage and usage[-1]["completion_tokens"] == 60, f"stream {i}: usage {usage}")
+            finish = [c["finish_reason"] for e in events for c in e.get("choices", []) if c.get("finish_reason")]
+            check(finish == ["length"], f"stream {i}: finish reasons {finish}")
+        try:
+            rc = s.proc.wait(timeout=25)
+        except subprocess.TimeoutExpired:
+            raise CheckFailed("server still running 25 s after SIGTERM (--drain-timeout 20)")
+        t_exit = time.time() - t_sig
+        check(rc == 0, f"exit code {rc} after SIGTERM:\n{s.log_tail()}")
+        check(t_exit < 20, f"exit {t_exit:.1f}s after SIGTERM")
+    # Past the deadline, requests still running are cancelled and the server exits 0.
+    with Server("--drain-timeout", 1, name="drain-timeout") as s:
+        r = Raw(s.port)
+        r.send(build_request(s.port, "POST", "/v1/completions",
+                             {"prompt": "Count:", "max_tokens": 3000, "ignore_eos": True, "stream": True}))
+        r.wait_for(b"data: ", 1)
+        t_sig = time.time()
+        s.signal(signal.SIGTERM)
+        try:
+            rc = s.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            raise CheckFailed("--drain-timeout 1: server still running 10 s after SIGTERM with a long request")
+        t_exit2 = time.time() - t_sig
+        ended = r.closed_by_peer(2)
+        r.close()
+        check(rc == 0, f"--drain-timeout 1: exit code {rc}:\n{s.log_tail()}")
+        check(ended, "--drain-timeout 1: the cancelled stream's connection was not closed")
+    return (f"/health 503 {health_503 * 1000:.0f} ms after SIGTERM; " + "; ".join(notes) +
+            f"; 3 streams got 60 tokens + [DONE]; exit 0 after {t_exit:.1f}s; --drain-timeout 1 with a 3000-token "
+            f"request: exit 0 after {t_exit2:.1f}s")
+
+
+def _capture(fn, *a):
+    try:
+        return fn(*a)
+    except BaseException as e:  # noqa: BLE001
+        return e
+
+
+# --- metrics and health -----------------------------------------------------------------------
+
+SERIES = ["troupe:kv_cache_free_blocks", "troupe:num_requests_running", "troupe:num_requests_waiting",
+          "troupe:prefix_cache_hits_total", "troupe:prefix_cache_queries_total", "troupe:prompt_tokens_total",
+          "troupe:prompt_tokens_computed_total", "troupe:generation_tokens_total", "troupe:num_preemptions_total"]
+HISTOGRAMS = ["troupe:time_to_first_token_seconds", "troupe:inter_token_latency_seconds",
+              "troupe:e2e_request_latency_seconds", "troupe:request_queue_time_seconds"]
+
+
+def check_histogram(m, name):
+    buckets = [(k, v) for k, v in m.series.items() if k.startswith(name + "_bucket{")]
+    check(buckets, f"no {name}_bucket")
+    check(m.has(name + "_count") and m.has(name + "_sum"), f"{name}: _count or _sum missing")
+    values = [v for _, v in buckets]
+    check(values == sorted(values), f"{name}: buckets not cumulative: {values}")
+    inf = [v for k, v in buckets if 'le="+Inf"' in k]
+    check(inf and inf[0] == m[name + "_count"], f"{name}: +Inf bucket {inf} != count {m[name + '_count']}")
+    check(f"# TYPE {name} histogram" in m.text, f"{name}: no TYPE line")
+
+
+@register("metrics_health")
+def t_metrics_health():
+    with Server(name="metrics") as s:
+        st, hdrs, data = request(s.port, "GET", "/health")
+        check(st == 200, f"/health {st}")
+        check(json.loads(data).get("status") == "ok", f"/health body {data!r}")
+        st, hdrs, data = request(s.port, "GET", "/metrics")
+        check(st == 200 and hdrs.get("content-type", "").startswith("text/plain"), f"/metrics {st} {hdrs}")
+        m0 = Metrics(data.decode())
+        missing = [n for n in SERIES if not m0.has(n)]
+        check(not missing, f"missing series: {missing}")
+        for h in HISTOGRAMS:
+            check_histogram(m0, h)
+        check(m0["troupe:kv_cache_free_blocks"] == 2048, f"free blocks {m0['troupe:kv_cache_free_blocks']}")
+        prompt = "The quick brown fox jumps over the lazy dog."
+        r = complete(s.port, prompt, 24)
+        m1 = metrics(s.port)
+        d = lambda n: m1[n] - m0[n]
+        for h in HISTOGRAMS:
+            check_histogram(m1, h)
+        check(d("troupe:time_to_first_token_seconds_count") == 1, f"TTFT count +{d('troupe:time_to_first_token_seconds_count')}")
+        check(d("troupe:e2e_request_latency_seconds_count") == 1, f"e2e count +{d('troupe:e2e_request_latency_seconds_count')}")
+        check(d("troupe:request_queue_time_seconds_count") == 1, f"queue count +{d('troupe:request_queue_time_seconds_count')}")
+        check(d("troupe:inter_token_latency_seconds_count") == 23, f"ITL count +{d('troupe:inter_token_latency_seconds_count')}")
+        check(d("troupe:generation_tokens_total") == 24, f"generation tokens +{d('troupe:generation_tokens_total')}")
+        check(d("troupe:prompt_tokens_total") == r["usage"]["prompt_tokens"],
+              f"prompt tokens +{d('troupe:prompt_tokens_total')} vs usage {r['usage']['prompt_tokens']}")
+        check(d("troupe:prompt_tokens_computed_total") == r["usage"]["prompt_tokens"], "computed prompt tokens")
+        ttft = d("troupe:time_to_first_token_seconds_sum")
+        e2e = d("troupe:e2e_request_latency_seconds_sum")
+        check(0 < ttft <= e2e, f"TTFT {ttft} vs e2e {e2e}")
+        check(m1["troupe:num_requests_running"] == 0 and m1["troupe:num_requests_waiting"] == 0, "not idle after the request")
+        check(m1["troupe:kv_cache_free_blocks"] == 2048, f"free blocks {m1['troupe:kv_cache_free_blocks']} after the request")
+        st, _, data = request(s.port, "GET", "/v1/models")
+        check(st == 200 and json.loads(data)["data"], f"/v1/models {st}")
+    return (f"{len(SERIES)} series + {len(HISTOGRAMS)} histograms present and consistent; one request: TTFT count +1 "
+            f"({ttft * 1000:.0f} ms), e2e {e2e * 1000:.0f} ms, ITL +23, generation +24")
+
+
+# ----------------------------------------------------------------------------------------------
+
+def split_names(values):
+    out = []
+    for v in values or []:
+        out += [x for x in v.replace(",", " ").split() if x]
+    return out
+
+
+def main():
+    global VERBOSE, TROUPE
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--troupe", default="build/bin/troupe", help="the troupe binary")
+    p.add_argument("--only", action="append", help="checks to run (comma- or space-separated; repeatable)", nargs="+")
+    p.add_argument("--skip", action="append", help="checks to skip", nargs="+")
+    p.add_argument("--list", action="store_true", help="list the checks and exit")
+    p.add_argument("-v", "--verbose", action="store_true", help="sub-case lines, tracebacks, keep server logs")
+    a = p.parse_args()
+    VERBOSE = a.verbose
+    names = [n for n, _ in CHECKS]
+    if a.list:
+        print("\n".join(names))
+        return 0
+    only = split_names(sum(a.only or [], []))
+    skip = split_names(sum(a.skip or [], []))
+    unknown = [n for n in only + skip if n not in names]
+    if unknown:
+        print(f"unknown check(s): {unknown}; known: {names}", file=sys.stderr)
+        return 2
+    TROUPE = os.path.abspath(a.troupe)
+    if not os.access(TROUPE, os.X_OK):
+        print(f"not an executable: {TROUPE}", file=sys.stderr)
+        return 2
+
+    def on_term(signum, frame):
+        raise KeyboardInterrupt(f"signal {signum}")
+    signal.signal(signal.SIGTERM, on_term)
+    try:
+        return run_checks(only, skip)
+    except KeyboardInterrupt as e:
+        print(f"interrupted ({e}); servers killed", flush=True)
+        return 130
+    finally:
+        for srv in list(LIVE):  # only after an interruption: every check kills its own servers
+            srv.kill()
+
+
+def run_checks(only, skip):
+    failed = 0
+    t_all = time.time()
+    for name, fn in CHECKS:
+        if (only and name not in only) or name in skip:
+            continue
+        t0 = time.time()
+        try:
+            note = fn()
+            print(f"PASS {name} ({time.time() - t0:.1f}s): {note}", flush=True)
+        except CheckFailed as e:
+            failed += 1
+            print(f"FAIL {name} ({time.time() - t0:.1f}s): {e}", flush=True)
+            if VERBOSE:
+                traceback.print_exc()
+        except Exception as e:  # noqa: BLE001
+            failed += 1
+            print(f"FAIL {name} ({time.time() - t0:.1f}s): {type(e).__name__}: {e}", flush=True)
+            traceback.print_exc()
+    print(f"{'FAILED' if failed else 'OK'}: {failed} check(s) failed; {time.time() - t_all:.0f}s", flush=True)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
