@@ -130,7 +130,7 @@ for name in $SERVERS; do
 done
 
 peer_version="$(LD_LIBRARY_PATH="$PEER_BIN" "$PEER_BIN/llama-server" --version 2>&1 | grep -m1 version || true)"
-troupe_version="$( { [[ -x "$TROUPE_BIN" ]] && "$TROUPE_BIN" --version 2>/dev/null | head -n1; } || echo "not built")"
+troupe_version="$( { [[ -x "$TROUPE_BIN" ]] && echo "commit $(git -C "$(dirname "$0")" rev-parse --short HEAD 2>/dev/null || echo unknown)"; } || echo "not built")"
 
 WORK="$WORK" MODEL="$MODEL" SERVERS="$SERVERS" CONCURRENCY="$CONCURRENCY" OUT_MD="$OUT_MD" \
 OUT_JSON="$OUT_JSON" INPUT_LEN="$INPUT_LEN" RANGE_RATIO="$RANGE_RATIO" OUTPUT_LEN="$OUTPUT_LEN" \
