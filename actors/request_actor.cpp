@@ -31,14 +31,22 @@ using clock = std::chrono::steady_clock;
 
 double secs(clock::duration d) { return std::chrono::duration<double>(d).count(); }
 
-void fail(self_ptr self, int status, std::string message, std::string param = {}) {
+// Ends the request: every sequence still generating is cancelled at the scheduler (which
+// frees its blocks). False if it had already ended.
+bool close_request(self_ptr self) {
   auto& st = self->state;
-  if (st.closed) return;
+  if (st.closed) return false;
   st.closed = true;
   std::vector<int64_t> open;
   for (auto& c : st.choices)
     if (c->open) open.push_back(c->seq_id);
   if (!open.empty()) self->send(st.ctx.scheduler, CancelSeqs{open});
+  return true;
+}
+
+void fail(self_ptr self, int status, std::string message, std::string param = {}) {
+  auto& st = self->state;
+  if (!close_request(self)) return;
   RequestUpdate u;
   u.kind = RequestUpdate::Kind::failed;
   u.status = status;
@@ -235,14 +243,7 @@ request_actor::behavior_type request_fn(self_ptr self, RequestContext ctx, Reque
   return {
       [=](SeqEvent& ev) { on_event(self, ev); },
       [=](cancel_atom) {
-        auto& st = self->state;
-        if (st.closed) return;
-        st.closed = true;
-        std::vector<int64_t> open;
-        for (auto& c : st.choices)
-          if (c->open) open.push_back(c->seq_id);
-        if (!open.empty()) self->send(st.ctx.scheduler, CancelSeqs{open});
-        self->quit();
+        if (close_request(self)) self->quit();
       },
   };
 }
