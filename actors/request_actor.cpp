@@ -2,6 +2,8 @@
 
 #include <random>
 
+#include "runtime/context_fit.h"
+
 namespace troupe::actors {
 
 size_t stop_holdback(std::string_view text, const std::vector<std::string>& stops) {
@@ -151,24 +153,12 @@ void on_event(self_ptr self, SeqEvent& ev) {
 // All prompts are encoded: check them, tell the client, submit one sequence per choice.
 void submit_all(self_ptr self) {
   auto& st = self->state;
-  const char* what = st.spec.is_chat ? "messages" : "prompt";
+  const std::string what = st.spec.is_chat ? "messages" : "prompt";
   std::vector<int32_t> max_new;
   for (const auto& p : st.prompts) {
-    const int64_t len = static_cast<int64_t>(p.size());
-    if (len == 0) return fail(self, 400, std::string("the ") + what + " is empty after tokenization", what);
-    if (len >= st.spec.max_context)
-      return fail(self, 400,
-                  "This model's maximum context length is " + std::to_string(st.spec.max_context) +
-                      " tokens. However, your " + what + " has " + std::to_string(len) + " tokens.",
-                  what);
-    const int64_t m = st.spec.max_tokens ? *st.spec.max_tokens : st.spec.max_context - len;
-    if (len + m > st.spec.max_context)
-      return fail(self, 400,
-                  "This model's maximum context length is " + std::to_string(st.spec.max_context) +
-                      " tokens. However, you requested " + std::to_string(len + m) + " tokens (" + std::to_string(len) +
-                      " in the " + what + ", " + std::to_string(m) + " in the completion).",
-                  "max_tokens");
-    max_new.push_back(static_cast<int32_t>(m));
+    const ContextFit f = fit_to_context(p.size(), st.spec.max_tokens, st.spec.max_context, what);
+    if (!f.ok()) return fail(self, 400, f.error, f.param);
+    max_new.push_back(f.max_new_tokens);
   }
   RequestUpdate started;
   started.kind = RequestUpdate::Kind::started;

@@ -15,8 +15,6 @@ namespace {
 using json = nlohmann::json;
 using actors::RequestUpdate;
 
-std::string dump(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
-
 std::string random_id(const char* prefix) {
   static thread_local std::mt19937_64 rng{std::random_device{}()};
   char buf[40];
@@ -70,7 +68,7 @@ class Generation : public std::enable_shared_from_this<Generation> {
     return json{{"id", id_}, {"object", req_.is_chat ? "chat.completion.chunk" : "text_completion"}, {"created", created_},
                 {"model", model_}};
   }
-  void send_event(const json& j) { ex_->send_chunk("data: " + dump(j) + "\n\n"); }
+  void send_event(const json& j) { ex_->send_chunk("data: " + api::to_json_text(j) + "\n\n"); }
   size_t num_choices() const { return choices_.size(); }
 
   void on_started(const RequestUpdate& u) {
@@ -200,7 +198,7 @@ class Generation : public std::enable_shared_from_this<Generation> {
     }
     json r = {{"id", id_}, {"object", req_.is_chat ? "chat.completion" : "text_completion"}, {"created", created_},
               {"model", model_}, {"choices", out}, {"usage", usage(u.completion_total)}};
-    ex_->respond(200, "application/json", dump(r));
+    ex_->respond(200, "application/json", api::to_json_text(r));
   }
 
   OpenAiServer& server_;

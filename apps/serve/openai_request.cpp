@@ -6,6 +6,8 @@
 // and error_json() replaces any invalid byte anyway.
 #include "apps/serve/openai_request.h"
 
+#include "runtime/context_fit.h"
+
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -391,7 +393,7 @@ std::string error_json(const ApiError& e) {
   json err = {{"message", e.message}, {"type", e.type}, {"param", nullptr}, {"code", nullptr}};
   if (!e.param.empty()) err["param"] = e.param;
   if (!e.code.empty()) err["code"] = e.code;
-  return json{{"error", err}}.dump(-1, ' ', false, json::error_handler_t::replace);
+  return to_json_text(json{{"error", err}});
 }
 
 std::variant<GenerationRequest, ApiError> parse_generation(std::string_view body, bool is_chat, const Limits& lim) {
@@ -418,21 +420,12 @@ std::variant<GenerationRequest, ApiError> parse_generation(std::string_view body
 }
 
 std::variant<int32_t, ApiError> check_prompt_fits(size_t prompt_tokens, const GenerationRequest& r, const Limits& lim) {
-  return guarded<int32_t>([&]() -> int32_t {
-    const std::string where = r.is_chat ? "messages" : "prompt";  // also the param
-    if (prompt_tokens == 0) reject(where, "the " + where + " must not be empty");
-    const uint64_t ctx = static_cast<uint64_t>(std::max(lim.max_context, 0));
-    const std::string head = "This model's maximum context length is " + std::to_string(ctx) + " tokens. ";
-    if (r.max_tokens && prompt_tokens + static_cast<uint64_t>(*r.max_tokens) > ctx)
-      reject("max_tokens", head + "However, you requested " + std::to_string(prompt_tokens + *r.max_tokens) + " tokens (" +
-                               std::to_string(prompt_tokens) + " in the " + where + ", " + std::to_string(*r.max_tokens) +
-                               " in the completion). Please reduce the length of the " + where + " or completion.");
-    if (prompt_tokens >= ctx)
-      reject(where, head + "However, your " + where + " has " + std::to_string(prompt_tokens) +
-                        " tokens, which leaves no room for the completion. Please reduce the length of the " + where + ".");
-    return r.max_tokens ? *r.max_tokens : static_cast<int32_t>(ctx - prompt_tokens);
-  });
+  const ContextFit f = fit_to_context(prompt_tokens, r.max_tokens, lim.max_context, r.is_chat ? "messages" : "prompt");
+  if (!f.ok()) return ApiError{400, f.error, "invalid_request_error", f.param, ""};
+  return f.max_new_tokens;
 }
+
+std::string to_json_text(const nlohmann::json& j) { return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace); }
 
 std::variant<TokenizeRequest, ApiError> parse_tokenize(std::string_view body, const Limits& lim) {
   return guarded<TokenizeRequest>([&] {

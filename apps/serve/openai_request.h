@@ -10,6 +10,8 @@
 #include <variant>
 #include <vector>
 
+#include <nlohmann/json_fwd.hpp>
+
 #include "runtime/sampler.h"
 
 namespace troupe::api {
@@ -24,6 +26,9 @@ struct ApiError {
 
 // {"error": {"message": ..., "type": ..., "param": ... | null, "code": ... | null}}
 std::string error_json(const ApiError& e);
+
+// Compact JSON text; invalid UTF-8 in strings (e.g. a partial token's bytes) becomes U+FFFD.
+std::string to_json_text(const nlohmann::json& j);
 
 // Caps (flags of `troupe serve`) and model facts used for validation.
 struct Limits {
@@ -78,8 +83,8 @@ struct GenerationRequest {
 // after tokenization (check_prompt_fits).
 std::variant<GenerationRequest, ApiError> parse_generation(std::string_view body, bool is_chat, const Limits& lim);
 
-// After tokenization: prompt non-empty, prompt + max_tokens within the context. Returns the
-// effective max_tokens (the request's, or what is left of the context).
+// After tokenization: prompt non-empty, prompt + max_tokens within the context (the rule of
+// runtime/context_fit.h). Returns the effective max_tokens (the request's, or what is left of the context).
 std::variant<int32_t, ApiError> check_prompt_fits(size_t prompt_tokens, const GenerationRequest& r, const Limits& lim);
 
 // /tokenize: {"model"?, "prompt": str} or {"model"?, "messages": [...], "add_generation_prompt"?: bool}

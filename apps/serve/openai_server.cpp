@@ -10,8 +10,6 @@ namespace {
 
 using json = nlohmann::json;
 
-std::string dump(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
-
 // Compares in time that depends only on the length of `given`, never on where they differ
 // or on the secret's length.
 bool constant_time_equal(const std::string& given, const std::string& secret) {
@@ -123,13 +121,13 @@ void OpenAiServer::health(const std::shared_ptr<Exchange>& ex) {
     }
     j["heartbeat_age_seconds"] = s.heartbeat_age_seconds;
   }
-  respond(ex, status, dump(j));
+  respond(ex, status, api::to_json_text(j));
 }
 
 void OpenAiServer::models(const std::shared_ptr<Exchange>& ex) {
   json m = {{"id", opt_.model_name}, {"object", "model"}, {"created", created_}, {"owned_by", "troupe"},
             {"max_model_len", opt_.limits.max_context}};
-  respond(ex, 200, dump(json{{"object", "list"}, {"data", json::array({m})}}));
+  respond(ex, 200, api::to_json_text(json{{"object", "list"}, {"data", json::array({m})}}));
 }
 
 void OpenAiServer::tokenize(const std::shared_ptr<Exchange>& ex) {
@@ -139,7 +137,7 @@ void OpenAiServer::tokenize(const std::shared_ptr<Exchange>& ex) {
   const int32_t max_len = opt_.limits.max_context;
   auto reply = [this, ex, max_len](actors::EncodeResult res) {
     if (!res.error.empty()) return error(ex, {400, res.error, "invalid_request_error", "messages", ""});
-    respond(ex, 200, dump(json{{"tokens", res.ids}, {"count", res.ids.size()}, {"max_model_len", max_len}}));
+    respond(ex, 200, api::to_json_text(json{{"tokens", res.ids}, {"count", res.ids.size()}, {"max_model_len", max_len}}));
   };
   auto tok = node_->tokenizers->pick();
   if (r.prompt) {
@@ -160,7 +158,7 @@ void OpenAiServer::detokenize(const std::shared_ptr<Exchange>& ex) {
   if (auto* e = std::get_if<api::ApiError>(&parsed)) return error(ex, *e);
   auto ids = std::get<std::vector<int32_t>>(std::move(parsed));
   ask_tokenizer<actors::DecodeTokens, std::string>(sys_, node_->tokenizers->pick(), {std::move(ids)},
-                                                   [this, ex](std::string text) { respond(ex, 200, dump(json{{"prompt", text}})); });
+                                                   [this, ex](std::string text) { respond(ex, 200, api::to_json_text(json{{"prompt", text}})); });
 }
 
 void OpenAiServer::generate(const std::shared_ptr<Exchange>& ex, bool is_chat) {
