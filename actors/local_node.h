@@ -2,6 +2,7 @@
 // worker and layer range), the scheduler actor and a tokenizer pool. `troupe serve` and the
 // actor tests build their nodes with this one function, from explicit options.
 #pragma once
+#include <string>
 #include <memory>
 #include <vector>
 
@@ -16,6 +17,8 @@ namespace troupe::actors {
 struct NodeOptions {
   int32_t num_stages = 1;        // layers split evenly over the stages
   int32_t threads = 0;           // CPU threads per stage worker (0: all cores)
+  std::string device = "cpu";    // cpu | cuda | cuda:N (every stage on that device)
+  bool batch_invariant = true;   // CUDA: batch-invariant GEMV for every batch size
   int32_t max_batch_tokens = 512;
   int32_t num_tokenizers = 1;
   bool detached_stages = true;   // stages on their own threads (false: deterministic tests)

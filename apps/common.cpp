@@ -18,6 +18,11 @@ void ModelFlags::add_to(CLI::App& app) {
   app.add_option("--dtype", dtype, "weight type for --load-format dummy: f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1")
       ->capture_default_str();
   app.add_option("-t,--threads", threads, "CPU threads (0: all cores)")->capture_default_str();
+  app.add_option("--device", device, "cpu, cuda or cuda:N (a CUDA GPU; needs a build with nvcc and a GPU)")
+      ->capture_default_str();
+  app.add_flag("--cuda-cublas", cuda_cublas,
+               "CUDA: run batches above 8 tokens through cuBLAS (faster long prefills; a token's result then "
+               "depends on its batch neighbours). Default: batch-invariant fused GEMV for every batch");
   app.add_option("-c,--ctx", ctx, "context length in tokens (capped by the model's)")->capture_default_str();
   app.add_option("-b,--batch", batch, "largest number of tokens per forward step (prompt chunk)")->capture_default_str();
 }
@@ -43,9 +48,9 @@ Result<LoadedEngine> load_engine(const ModelFlags& flags) {
   e.files = std::move(*files);
   if (flags.threads < 0 || flags.threads > 1024) return make_error("--threads must be 0..1024");
   if (flags.batch <= 0 || flags.batch > 65536) return make_error("--batch must be 1..65536");
-  CpuBackendOptions bo;
-  bo.num_threads = flags.threads;
-  e.backend = make_cpu_backend(bo);
+  auto backend = make_backend(flags.device, flags.threads, !flags.cuda_cublas);
+  if (!backend) return backend.error();
+  e.backend = std::move(*backend);
   auto model = Model::build(e.files.config, *e.files.weights, *e.backend, flags.batch,
                             [](size_t d, size_t t) { progress_bar("loading", d, t); });
   if (!model) return model.error();

@@ -15,6 +15,8 @@ struct ModelFlags {
   std::string load_format = "auto";
   std::string dtype = "bf16";
   int threads = 0;
+  std::string device = "cpu";
+  bool cuda_cublas = false;
   int ctx = 4096;
   int batch = 512;
   void add_to(CLI::App& app);

@@ -63,6 +63,21 @@ class Backend {
   virtual Result<std::unique_ptr<KvCache>> make_kv_cache(const KvCacheShape& shape) = 0;
   virtual float* alloc(size_t num_floats) = 0;  // activation scratch owned by the backend
 
+  // Memory. A device backend's alloc() returns device memory that the host cannot read;
+  // the model moves data with these. Index arrays passed to ops (token ids, rows) and the
+  // StepInputs arrays are always host memory: a device backend copies them itself.
+  virtual bool is_host_memory() const { return true; }
+  // dst (backend memory, n floats) <- src (host)
+  virtual void copy_in(float* dst, const float* src, size_t n);
+  // dst (host) <- src (backend memory, n floats); waits for the work queued before it.
+  virtual void copy_out(float* dst, const float* src, size_t n);
+  // A backend-owned copy of a host vector (norm weights, biases).
+  float* upload(const std::vector<float>& v);
+  // Waits for queued work and reports the first failed CUDA call or launch since the
+  // backend was made (call, file and line; a device error is sticky). Model::forward ends
+  // every step with it; the CPU backend cannot fail here.
+  virtual Status sync() { return {}; }
+
   virtual void begin_step(const StepInputs& step) = 0;
   // out[i] = table[ids[i]]  (dequantized)                        out: [n, table.cols]
   virtual void embed(const Weight& table, const int32_t* ids, int64_t n, float* out) = 0;
@@ -89,5 +104,21 @@ struct CpuBackendOptions {
   int num_threads = 0;  // 0: all cores
 };
 std::unique_ptr<Backend> make_cpu_backend(const CpuBackendOptions& opts);
+
+struct CudaBackendOptions {
+  int device = 0;  // CUDA device ordinal
+  // true: every matmul runs the fused dequant-GEMV (token groups of 8), so a token's result
+  // never depends on its batch neighbours, as on the CPU. false: batches above 8 tokens go
+  // through cuBLAS (dequantized to f16), faster for long prefills but batch-dependent.
+  bool batch_invariant = true;
+};
+// kernels/cuda/: an error (never a crash) when the build has no CUDA, no GPU is present
+// or the device ordinal is out of range.
+Result<std::unique_ptr<Backend>> make_cuda_backend(const CudaBackendOptions& opts);
+// Why the CUDA backend cannot run here, or empty when it can (built with CUDA, a GPU present).
+std::string cuda_unavailable_reason();
+
+// "cpu" or "cuda" / "cuda:N": the backend a --device flag names.
+Result<std::unique_ptr<Backend>> make_backend(const std::string& device, int cpu_threads, bool batch_invariant = true);
 
 }  // namespace troupe

@@ -1,5 +1,6 @@
 #include "runtime/model.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 
@@ -120,8 +121,8 @@ Result<std::unique_ptr<Model>> Model::build(const ModelConfig& cfg, const Weight
     if (!an) return an.error();
     auto fn = vector_f32(src, p + "ffn_norm.weight", H);
     if (!fn) return fn.error();
-    L.attn_norm = std::move(*an);
-    L.ffn_norm = std::move(*fn);
+    L.attn_norm = backend.upload(*an);
+    L.ffn_norm = backend.upload(*fn);
     if (cfg.qkv_bias) {
       auto bq = vector_f32(src, p + "attn_q.bias", q_rows);
       auto bk = vector_f32(src, p + "attn_k.bias", kv_rows);
@@ -129,9 +130,10 @@ Result<std::unique_ptr<Model>> Model::build(const ModelConfig& cfg, const Weight
       if (!bq) return bq.error();
       if (!bk) return bk.error();
       if (!bv) return bv.error();
-      L.qkv_bias = std::move(*bq);
-      L.qkv_bias.insert(L.qkv_bias.end(), bk->begin(), bk->end());
-      L.qkv_bias.insert(L.qkv_bias.end(), bv->begin(), bv->end());
+      std::vector<float> bias = std::move(*bq);
+      bias.insert(bias.end(), bk->begin(), bk->end());
+      bias.insert(bias.end(), bv->begin(), bv->end());
+      L.qkv_bias = backend.upload(bias);
     }
     m->layers_.push_back(std::move(L));
     tick();
@@ -140,7 +142,7 @@ Result<std::unique_ptr<Model>> Model::build(const ModelConfig& cfg, const Weight
   if (last_stage) {
     auto on = vector_f32(src, "output_norm.weight", H);
     if (!on) return on.error();
-    m->output_norm_ = std::move(*on);
+    m->output_norm_ = backend.upload(*on);
   }
   if (last_stage && (!cfg.tied_embeddings || has_output)) {
     auto out = matrix(src, "output.weight", cfg.vocab, H);
@@ -161,6 +163,10 @@ Result<std::unique_ptr<Model>> Model::build(const ModelConfig& cfg, const Weight
   m->act_ = backend.alloc(T * cfg.ffn);
   m->cos_sin_ = backend.alloc(T * hd);
   m->last_ = backend.alloc(T * H);
+  m->cos_sin_host_.resize(T * hd);
+  if (last_stage && !backend.is_host_memory())
+    m->logits_dev_ = backend.alloc(static_cast<size_t>(std::min(max_batch_tokens, kLogitChunk)) * cfg.vocab);
+  TROUPE_TRY(backend.sync());  // a failed device allocation surfaces here
   return m;
 }
 
@@ -221,19 +227,20 @@ Status Model::forward_stage(const StepInputs& s, KvCache& cache, const float* hi
     float theta = static_cast<float>(s.positions[t]);
     for (int64_t i = 0; i < hd / 2; ++i) {
       const float th = plain ? theta : static_cast<float>(s.positions[t]) * inv_freq_[i];
-      cos_sin_[t * hd + 2 * i] = std::cos(th);
-      cos_sin_[t * hd + 2 * i + 1] = std::sin(th);
+      cos_sin_host_[t * hd + 2 * i] = std::cos(th);
+      cos_sin_host_[t * hd + 2 * i + 1] = std::sin(th);
       theta *= ratio;
     }
   }
+  be.copy_in(cos_sin_, cos_sin_host_.data(), static_cast<size_t>(n * hd));
   if (is_first_stage())
     be.embed(*embed_, s.token_ids, n, x_);
   else
-    std::memcpy(x_, hidden_in, sizeof(float) * static_cast<size_t>(n * H));
+    be.copy_in(x_, hidden_in, static_cast<size_t>(n * H));
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
   for (int32_t l = 0; l < num_stage_layers(); ++l) {
     Layer& L = layers_[l];
-    be.rms_norm(x_, L.attn_norm.data(), cfg_.rms_eps, n, H, h_);
+    be.rms_norm(x_, L.attn_norm, cfg_.rms_eps, n, H, h_);
     if (L.qkv) {
       be.matmul(*L.qkv, h_, n, qkv_, qkv_ld);
     } else {
@@ -241,14 +248,14 @@ Status Model::forward_stage(const StepInputs& s, KvCache& cache, const float* hi
       be.matmul(*L.k, h_, n, qkv_ + q_rows, qkv_ld);
       be.matmul(*L.v, h_, n, qkv_ + q_rows + kv_rows, qkv_ld);
     }
-    if (!L.qkv_bias.empty()) be.add_bias(qkv_, qkv_ld, L.qkv_bias.data(), n, qkv_ld);
+    if (L.qkv_bias) be.add_bias(qkv_, qkv_ld, L.qkv_bias, n, qkv_ld);
     be.rope(qkv_, qkv_ld, n, cfg_.num_heads, hd, cos_sin_, cfg_.rope_kind);
     be.rope(qkv_ + q_rows, qkv_ld, n, cfg_.num_kv_heads, hd, cos_sin_, cfg_.rope_kind);
     be.kv_write(cache, l, qkv_ + q_rows, qkv_ + q_rows + kv_rows, qkv_ld);
     be.attention(cache, l, qkv_, qkv_ld, cfg_.num_heads, scale, attn_);
     be.matmul(*L.o, attn_, n, h_, H);
     be.add(x_, h_, n * H);
-    be.rms_norm(x_, L.ffn_norm.data(), cfg_.rms_eps, n, H, h_);
+    be.rms_norm(x_, L.ffn_norm, cfg_.rms_eps, n, H, h_);
     if (L.gate_up) {
       be.matmul(*L.gate_up, h_, n, gu_, 2 * cfg_.ffn);
     } else {
@@ -260,14 +267,24 @@ Status Model::forward_stage(const StepInputs& s, KvCache& cache, const float* hi
     be.add(x_, h_, n * H);
   }
   if (!is_last_stage()) {
-    std::memcpy(hidden_out, x_, sizeof(float) * static_cast<size_t>(n * H));
-    return {};
+    be.copy_out(hidden_out, x_, static_cast<size_t>(n * H));
+    return be.sync();
   }
-  if (num_logits == 0) return {};
+  if (num_logits == 0) return be.sync();
   be.gather_rows(x_, H, rows, num_logits, last_);
-  be.rms_norm(last_, output_norm_.data(), cfg_.rms_eps, num_logits, H, h_);
-  be.matmul(output_ ? *output_ : *embed_, h_, num_logits, logits, cfg_.vocab);
-  return {};
+  be.rms_norm(last_, output_norm_, cfg_.rms_eps, num_logits, H, h_);
+  const Weight& out_w = output_ ? *output_ : *embed_;
+  if (be.is_host_memory()) {
+    be.matmul(out_w, h_, num_logits, logits, cfg_.vocab);
+  } else {
+    // Logits come back in chunks so the device buffer stays small for large vocabularies.
+    for (int32_t r = 0; r < num_logits; r += kLogitChunk) {
+      const int32_t cnt = std::min(kLogitChunk, num_logits - r);
+      be.matmul(out_w, h_ + int64_t{r} * H, cnt, logits_dev_, cfg_.vocab);
+      be.copy_out(logits + int64_t{r} * cfg_.vocab, logits_dev_, static_cast<size_t>(cnt) * cfg_.vocab);
+    }
+  }
+  return be.sync();
 }
 
 }  // namespace troupe

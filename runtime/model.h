@@ -52,7 +52,8 @@ class Model {
     std::unique_ptr<Weight> q, k, v;      // otherwise
     std::unique_ptr<Weight> o, gate_up, down;
     std::unique_ptr<Weight> gate, up;     // when gate and up types differ
-    std::vector<float> attn_norm, ffn_norm, qkv_bias;
+    // Backend copies of the vectors (device memory on a GPU); qkv_bias null when absent.
+    float *attn_norm = nullptr, *ffn_norm = nullptr, *qkv_bias = nullptr;
   };
   Status validate_step(const StepInputs& step, const KvCache& cache, const int32_t* rows, int32_t n) const;
 
@@ -61,12 +62,15 @@ class Model {
   int32_t max_tokens_ = 0;
   int32_t first_layer_ = 0, last_layer_ = 0;
   std::unique_ptr<Weight> embed_, output_;
-  std::vector<float> output_norm_;
+  float* output_norm_ = nullptr;
   std::vector<Layer> layers_;
   std::vector<float> inv_freq_;
   // Scratch, sized for max_batch_tokens.
   float *x_ = nullptr, *h_ = nullptr, *qkv_ = nullptr, *attn_ = nullptr, *gu_ = nullptr, *act_ = nullptr;
   float *cos_sin_ = nullptr, *last_ = nullptr;
+  float* logits_dev_ = nullptr;           // [kLogitChunk, vocab], device backends only
+  std::vector<float> cos_sin_host_;       // [max_batch_tokens, head_dim]
+  static constexpr int32_t kLogitChunk = 64;
 };
 
 }  // namespace troupe

@@ -1,0 +1,29 @@
+// Backend helpers shared by every backend, and the --device switch.
+#include <cstring>
+
+#include "kernels/backend.h"
+
+namespace troupe {
+
+void Backend::copy_in(float* dst, const float* src, size_t n) { std::memcpy(dst, src, n * sizeof(float)); }
+void Backend::copy_out(float* dst, const float* src, size_t n) { std::memcpy(dst, src, n * sizeof(float)); }
+
+float* Backend::upload(const std::vector<float>& v) {
+  float* p = alloc(v.size());
+  if (!v.empty()) copy_in(p, v.data(), v.size());
+  return p;
+}
+
+Result<std::unique_ptr<Backend>> make_backend(const std::string& device, int cpu_threads, bool batch_invariant) {
+  if (device == "cpu") return make_cpu_backend(CpuBackendOptions{cpu_threads});
+  if (device == "cuda") return make_cuda_backend(CudaBackendOptions{0, batch_invariant});
+  if (device.rfind("cuda:", 0) == 0) {
+    const std::string num = device.substr(5);
+    if (num.empty() || num.size() > 3 || num.find_first_not_of("0123456789") != std::string::npos)
+      return make_error("--device '" + device + "': expected cuda:N with N a device number");
+    return make_cuda_backend(CudaBackendOptions{std::stoi(num), batch_invariant});
+  }
+  return make_error("--device '" + device + "' is not one of cpu, cuda, cuda:N");
+}
+
+}  // namespace troupe

@@ -1,0 +1,214 @@
+// Device helpers shared by the CUDA ops: GGUF block decoding (32 elements at a time) and
+// warp reductions. Only .cu files include this; CPU-only code never sees device code.
+#pragma once
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cstdint>
+
+#include "kernels/dtype.h"
+
+namespace troupe::cuda {
+
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+
+__device__ __forceinline__ float h2f(uint16_t h) { return __half2float(__ushort_as_half(h)); }
+__device__ __forceinline__ float bf2f(uint16_t h) { return __uint_as_float(static_cast<uint32_t>(h) << 16); }
+__device__ __forceinline__ uint16_t ld16(const uint8_t* p) { return *reinterpret_cast<const uint16_t*>(p); }
+
+// Decodes elements [32 c, 32 c + 32) of one row. `row` is the row's first byte; every
+// block type here has an even size, so 16-bit loads are aligned.
+template <DType T>
+__device__ __forceinline__ void dequant32(const uint8_t* row, int64_t c, float* out);
+
+template <>
+__device__ __forceinline__ void dequant32<DType::F32>(const uint8_t* row, int64_t c, float* out) {
+  const float4* p = reinterpret_cast<const float4*>(row) + c * 8;
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+    const float4 v = p[i];
+    out[4 * i] = v.x; out[4 * i + 1] = v.y; out[4 * i + 2] = v.z; out[4 * i + 3] = v.w;
+  }
+}
+template <>
+__device__ __forceinline__ void dequant32<DType::F16>(const uint8_t* row, int64_t c, float* out) {
+  const uint4* p = reinterpret_cast<const uint4*>(row) + c * 4;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const uint4 v = p[i];
+    const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      out[8 * i + 2 * j] = h2f(static_cast<uint16_t>(w[j] & 0xFFFF));
+      out[8 * i + 2 * j + 1] = h2f(static_cast<uint16_t>(w[j] >> 16));
+    }
+  }
+}
+template <>
+__device__ __forceinline__ void dequant32<DType::BF16>(const uint8_t* row, int64_t c, float* out) {
+  const uint4* p = reinterpret_cast<const uint4*>(row) + c * 4;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const uint4 v = p[i];
+    const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      out[8 * i + 2 * j] = __uint_as_float(w[j] << 16);
+      out[8 * i + 2 * j + 1] = __uint_as_float(w[j] & 0xFFFF0000u);
+    }
+  }
+}
+template <>
+__device__ __forceinline__ void dequant32<DType::Q4_0>(const uint8_t* row, int64_t c, float* out) {
+  const uint8_t* b = row + c * 18;
+  const float d = h2f(ld16(b));
+#pragma unroll
+  for (int j = 0; j < 16; j += 2) {
+    const uint16_t q = ld16(b + 2 + j);
+    out[j] = ((q & 0xF) - 8) * d;
+    out[j + 16] = (((q >> 4) & 0xF) - 8) * d;
+    out[j + 1] = (((q >> 8) & 0xF) - 8) * d;
+    out[j + 17] = ((q >> 12) - 8) * d;
+  }
+}
+template <>
+__device__ __forceinline__ void dequant32<DType::Q4_1>(const uint8_t* row, int64_t c, float* out) {
+  const uint32_t* b = reinterpret_cast<const uint32_t*>(row + c * 20);
+  const uint32_t dm = b[0];
+  const float d = h2f(static_cast<uint16_t>(dm & 0xFFFF)), m = h2f(static_cast<uint16_t>(dm >> 16));
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const uint32_t q = b[1 + i];
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const uint32_t byte = (q >> (8 * j)) & 0xFF;
+      out[4 * i + j] = (byte & 0xF) * d + m;
+      out[4 * i + j + 16] = (byte >> 4) * d + m;
+    }
+  }
+}
+template <>
+__device__ __forceinline__ void dequant32<DType::Q8_0>(const uint8_t* row, int64_t c, float* out) {
+  const uint8_t* b = row + c * 34;
+  const float d = h2f(ld16(b));
+#pragma unroll
+  for (int j = 0; j < 32; j += 2) {
+    const uint16_t q = ld16(b + 2 + j);
+    out[j] = static_cast<int8_t>(q & 0xFF) * d;
+    out[j + 1] = static_cast<int8_t>(q >> 8) * d;
+  }
+}
+__device__ __forceinline__ void q5_decode(const uint8_t* qs, const uint8_t* qh_bytes, int* q) {
+  const uint32_t qh = ld16(qh_bytes) | (static_cast<uint32_t>(ld16(qh_bytes + 2)) << 16);
+#pragma unroll
+  for (int j = 0; j < 16; ++j) {
+    q[j] = (qs[j] & 0xF) | (((qh >> j) << 4) & 0x10);
+    q[j + 16] = (qs[j] >> 4) | ((qh >> (j + 12)) & 0x10);
+  }
+}
+template <>
+__device__ __forceinline__ void dequant32<DType::Q5_0>(const uint8_t* row, int64_t c, float* out) {
+  const uint8_t* b = row + c * 22;
+  int q[32];
+  q5_decode(b + 6, b + 2, q);
+  const float d = h2f(ld16(b));
+#pragma unroll
+  for (int j = 0; j < 32; ++j) out[j] = (q[j] - 16) * d;
+}
+template <>
+__device__ __forceinline__ void dequant32<DType::Q5_1>(const uint8_t* row, int64_t c, float* out) {
+  const uint8_t* b = row + c * 24;
+  int q[32];
+  q5_decode(b + 8, b + 4, q);
+  const float d = h2f(ld16(b)), m = h2f(ld16(b + 2));
+#pragma unroll
+  for (int j = 0; j < 32; ++j) out[j] = q[j] * d + m;
+}
+// 6-bit scale and min of sub-block j (0..7) of a Q4_K/Q5_K super-block.
+__device__ __forceinline__ void k_scale_min_dev(int j, const uint8_t* q, float* sc, float* m) {
+  if (j < 4) {
+    *sc = q[j] & 63;
+    *m = q[j + 4] & 63;
+  } else {
+    *sc = (q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4);
+    *m = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
+  }
+}
+template <>
+__device__ __forceinline__ void dequant32<DType::Q4_K>(const uint8_t* row, int64_t c, float* out) {
+  const uint8_t* b = row + (c >> 3) * 144;
+  const int sub = static_cast<int>(c & 7);
+  const float d = h2f(ld16(b)), dmin = h2f(ld16(b + 2));
+  float sc, m;
+  k_scale_min_dev(sub, b + 4, &sc, &m);
+  const float d1 = d * sc, m1 = dmin * m;
+  const uint8_t* q = b + 16 + 32 * (sub >> 1);
+  const int shift = (sub & 1) * 4;
+#pragma unroll
+  for (int l = 0; l < 32; l += 2) {
+    const uint16_t v = ld16(q + l);
+    out[l] = d1 * ((v >> shift) & 0xF) - m1;
+    out[l + 1] = d1 * ((v >> (8 + shift)) & 0xF) - m1;
+  }
+}
+template <>
+__device__ __forceinline__ void dequant32<DType::Q5_K>(const uint8_t* row, int64_t c, float* out) {
+  const uint8_t* b = row + (c >> 3) * 176;
+  const int sub = static_cast<int>(c & 7);
+  const float d = h2f(ld16(b)), dmin = h2f(ld16(b + 2));
+  float sc, m;
+  k_scale_min_dev(sub, b + 4, &sc, &m);
+  const float d1 = d * sc, m1 = dmin * m;
+  const uint8_t* qh = b + 16;
+  const uint8_t* q = b + 48 + 32 * (sub >> 1);
+  const int shift = (sub & 1) * 4;
+#pragma unroll
+  for (int l = 0; l < 32; ++l) {
+    const int v = ((q[l] >> shift) & 0xF) + ((qh[l] >> sub) & 1) * 16;
+    out[l] = d1 * v - m1;
+  }
+}
+template <>
+__device__ __forceinline__ void dequant32<DType::Q6_K>(const uint8_t* row, int64_t c, float* out) {
+  const uint8_t* b = row + (c >> 3) * 210;
+  const int rem = static_cast<int>(c & 7), half = rem >> 2, k = rem & 3;
+  const uint8_t* ql = b + 64 * half + ((k & 1) ? 32 : 0);
+  const uint8_t* qh = b + 128 + 32 * half;
+  const int8_t* scales = reinterpret_cast<const int8_t*>(b + 192) + 8 * half;
+  const float d = h2f(ld16(b + 208));
+  const int lshift = (k >> 1) * 4, hshift = 2 * k;
+#pragma unroll
+  for (int l = 0; l < 32; ++l) {
+    const int q = (((ql[l] >> lshift) & 0xF) | (((qh[l] >> hshift) & 3) << 4)) - 32;
+    out[l] = d * scales[l / 16 + 2 * k] * q;
+  }
+}
+
+// Calls f.template operator()<T>() for the runtime type; false when unsupported.
+template <typename F>
+__host__ bool dispatch_dtype(DType t, F&& f) {
+  switch (t) {
+    case DType::F32: f.template operator()<DType::F32>(); return true;
+    case DType::F16: f.template operator()<DType::F16>(); return true;
+    case DType::BF16: f.template operator()<DType::BF16>(); return true;
+    case DType::Q4_0: f.template operator()<DType::Q4_0>(); return true;
+    case DType::Q4_1: f.template operator()<DType::Q4_1>(); return true;
+    case DType::Q5_0: f.template operator()<DType::Q5_0>(); return true;
+    case DType::Q5_1: f.template operator()<DType::Q5_1>(); return true;
+    case DType::Q8_0: f.template operator()<DType::Q8_0>(); return true;
+    case DType::Q4_K: f.template operator()<DType::Q4_K>(); return true;
+    case DType::Q5_K: f.template operator()<DType::Q5_K>(); return true;
+    case DType::Q6_K: f.template operator()<DType::Q6_K>(); return true;
+    default: return false;
+  }
+}
+
+}  // namespace troupe::cuda

@@ -1,0 +1,355 @@
+// The CUDA backend: device-resident weights (GGUF blocks kept quantized), f16 paged KV
+// cache, one stream, cuBLAS for prefill matmuls and fused dequant-GEMV for decode. Host
+// code only (compiled by the C++ compiler); the kernels live in the .cu files (ops.h).
+// Every CUDA and cuBLAS call is checked; the first failure is kept with its call, file
+// and line, later ops are skipped, and sync() returns it as the step's error.
+#include <cublas_v2.h>
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "kernels/backend.h"
+#include "kernels/cuda/ops.h"
+
+// Inside CudaBackend: records the first failure with the call's text, file and line.
+#define TROUPE_CUDA(call) check((call), #call, __FILE__, __LINE__)
+#define TROUPE_CUBLAS(call) check_blas((call), #call, __FILE__, __LINE__)
+
+namespace troupe {
+namespace {
+
+class CudaWeight final : public Weight {
+ public:
+  ~CudaWeight() override {
+    if (data) cudaFree(data);
+  }
+  void* data = nullptr;
+  size_t row_bytes = 0;  // stride between rows (float types are padded to 32 columns)
+};
+
+class CudaKvCache final : public KvCache {
+ public:
+  explicit CudaKvCache(const KvCacheShape& s) : shape_(s) {}
+  ~CudaKvCache() override {
+    if (k) cudaFree(k);
+    if (v) cudaFree(v);
+  }
+  const KvCacheShape& shape() const override { return shape_; }
+  KvCacheShape shape_;
+  size_t layer_elems = 0;  // num_blocks * block_size * num_kv_heads * head_dim
+  uint16_t *k = nullptr, *v = nullptr;  // [num_layers, layer_elems] f16
+};
+
+bool is_float_type(DType t) { return t == DType::F32 || t == DType::F16 || t == DType::BF16; }
+
+// Decode batches up to this many tokens use the fused GEMV; larger ones cuBLAS unless the
+// backend is batch-invariant.
+constexpr int64_t kGemvMaxTokens = 8;
+
+class CudaBackend final : public Backend {
+ public:
+  CudaBackend(const CudaBackendOptions& opts, cudaStream_t stream, cublasHandle_t blas, std::string name)
+      : device_(opts.device), batch_invariant_(opts.batch_invariant), stream_(stream), blas_(blas), name_(std::move(name)) {}
+  ~CudaBackend() override {
+    cudaSetDevice(device_);
+    cudaStreamSynchronize(stream_);
+    for (void* p : buffers_) cudaFree(p);
+    for (void* p : {static_cast<void*>(step_dev_), idx_dev_, wh_, xh_}) if (p) cudaFree(p);
+    if (step_host_) cudaFreeHost(step_host_);
+    cublasDestroy(blas_);
+    cudaStreamDestroy(stream_);
+  }
+  std::string name() const override { return name_; }
+  bool is_host_memory() const override { return false; }
+
+  Result<std::unique_ptr<Weight>> make_weight(
+      DType type, int64_t cols, const std::vector<std::pair<const void*, int64_t>>& parts) override {
+    if (!cuda::is_supported_type(type))
+      return make_error(std::string("weight type ") + std::string(dtype_traits(type).name) + " has no CUDA kernels");
+    const auto src_row = row_bytes(type, static_cast<uint64_t>(cols));
+    if (!src_row || cols <= 0) return make_error("weight columns " + std::to_string(cols) + " do not fit the block size");
+    const int64_t padded = is_float_type(type) ? (cols + 31) / 32 * 32 : cols;
+    const size_t stride = *row_bytes(type, static_cast<uint64_t>(padded));
+    int64_t rows = 0;
+    for (const auto& [p, r] : parts) {
+      if (!p || r <= 0) return make_error("empty weight part");
+      rows += r;
+    }
+    auto w = std::make_unique<CudaWeight>();
+    w->type = type;
+    w->rows = rows;
+    w->cols = cols;
+    w->row_bytes = stride;
+    cudaSetDevice(device_);
+    if (cudaError_t e = cudaMalloc(&w->data, stride * static_cast<size_t>(rows)); e != cudaSuccess) {
+      w->data = nullptr;
+      return make_error("cudaMalloc of " + std::to_string(stride * rows) + " bytes for a weight: " + cudaGetErrorString(e));
+    }
+    size_t off = 0;
+    std::vector<uint8_t> staging;
+    for (const auto& [p, r] : parts) {
+      cudaError_t e;
+      if (stride == *src_row) {
+        e = cudaMemcpy(static_cast<uint8_t*>(w->data) + off, p, *src_row * static_cast<size_t>(r), cudaMemcpyHostToDevice);
+      } else {  // pad each row with zeros to the 32-column stride
+        staging.assign(stride * static_cast<size_t>(r), 0);
+        for (int64_t i = 0; i < r; ++i)
+          std::memcpy(staging.data() + stride * i, static_cast<const uint8_t*>(p) + *src_row * i, *src_row);
+        e = cudaMemcpy(static_cast<uint8_t*>(w->data) + off, staging.data(), staging.size(), cudaMemcpyHostToDevice);
+      }
+      if (e != cudaSuccess) return make_error(std::string("cudaMemcpy of a weight: ") + cudaGetErrorString(e));
+      off += stride * static_cast<size_t>(r);
+    }
+    max_weight_elems_ = std::max(max_weight_elems_, static_cast<size_t>(rows) * static_cast<size_t>(cols));
+    return std::unique_ptr<Weight>(std::move(w));
+  }
+
+  Result<std::unique_ptr<KvCache>> make_kv_cache(const KvCacheShape& s) override {
+    if (s.num_layers <= 0 || s.num_blocks <= 0 || s.block_size <= 0 || s.num_kv_heads <= 0 || s.head_dim <= 0)
+      return make_error("invalid KV cache shape");
+    if (s.head_dim % 32 != 0 || s.head_dim > 256)
+      return make_error("the CUDA attention kernel needs a head_dim that is a multiple of 32, at most 256 (got " +
+                        std::to_string(s.head_dim) + ")");
+    auto c = std::make_unique<CudaKvCache>(s);
+    c->layer_elems = static_cast<size_t>(s.num_blocks) * s.block_size * s.num_kv_heads * s.head_dim;
+    const size_t bytes = c->layer_elems * s.num_layers * sizeof(uint16_t);
+    cudaSetDevice(device_);
+    for (uint16_t** p : {&c->k, &c->v}) {
+      if (cudaError_t e = cudaMalloc(reinterpret_cast<void**>(p), bytes); e != cudaSuccess) {
+        *p = nullptr;
+        return make_error("cudaMalloc of " + std::to_string(bytes) + " bytes for the KV cache: " + cudaGetErrorString(e));
+      }
+      if (cudaError_t e = cudaMemset(*p, 0, bytes); e != cudaSuccess)
+        return make_error(std::string("cudaMemset of the KV cache: ") + cudaGetErrorString(e));
+    }
+    return std::unique_ptr<KvCache>(std::move(c));
+  }
+
+  float* alloc(size_t n) override {
+    void* p = nullptr;
+    cudaSetDevice(device_);
+    if (!check(cudaMalloc(&p, std::max<size_t>(n, 1) * sizeof(float)), "cudaMalloc(activations)", __FILE__, __LINE__))
+      return nullptr;
+    buffers_.push_back(p);
+    return static_cast<float*>(p);
+  }
+
+  void copy_in(float* dst, const float* src, size_t n) override {
+    if (!failed() && n)
+      check(cudaMemcpyAsync(dst, src, n * sizeof(float), cudaMemcpyHostToDevice, stream_), "cudaMemcpyAsync(H2D)", __FILE__, __LINE__);
+  }
+  void copy_out(float* dst, const float* src, size_t n) override {
+    if (failed() || !n) return;
+    if (check(cudaMemcpyAsync(dst, src, n * sizeof(float), cudaMemcpyDeviceToHost, stream_), "cudaMemcpyAsync(D2H)", __FILE__, __LINE__))
+      check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize", __FILE__, __LINE__);
+  }
+  Status sync() override {
+    if (!failed()) check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize", __FILE__, __LINE__);
+    if (failed()) return make_error("CUDA: " + error_);
+    return {};
+  }
+
+  void begin_step(const StepInputs& s) override {
+    cudaSetDevice(device_);
+    if (failed()) return;
+    step_ = s;
+    // One packed upload: ids, positions, slots, token->sequence, block tables.
+    const size_t nt = static_cast<size_t>(std::max(s.num_tokens, 0));
+    const size_t nbt = static_cast<size_t>(std::max(s.num_seqs, 0)) * static_cast<size_t>(std::max(s.max_blocks_per_seq, 0));
+    const size_t total = 4 * nt + nbt;
+    if (total > step_cap_) {
+      check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize", __FILE__, __LINE__);
+      if (step_host_) cudaFreeHost(step_host_);
+      if (step_dev_) cudaFree(step_dev_);
+      step_host_ = nullptr;
+      step_dev_ = nullptr;
+      step_cap_ = 0;
+      if (!check(cudaMallocHost(reinterpret_cast<void**>(&step_host_), total * 4), "cudaMallocHost(step)", __FILE__, __LINE__) ||
+          !check(cudaMalloc(reinterpret_cast<void**>(&step_dev_), total * 4), "cudaMalloc(step)", __FILE__, __LINE__))
+        return;
+      step_cap_ = total;
+    } else {
+      // The previous step's upload must be done before its pinned buffer is rewritten.
+      check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize", __FILE__, __LINE__);
+    }
+    int32_t* h = step_host_;
+    std::memcpy(h, s.token_ids, nt * 4);
+    std::memcpy(h + nt, s.positions, nt * 4);
+    std::memcpy(h + 2 * nt, s.slot_mapping, nt * 4);
+    for (int32_t q = 0; q < s.num_seqs; ++q)
+      for (int32_t t = s.query_start[q]; t < s.query_start[q + 1]; ++t) h[3 * nt + t] = q;
+    if (nbt) std::memcpy(h + 4 * nt, s.block_tables, nbt * 4);
+    check(cudaMemcpyAsync(step_dev_, step_host_, total * 4, cudaMemcpyHostToDevice, stream_), "cudaMemcpyAsync(step)", __FILE__, __LINE__);
+    dstep_.num_tokens = s.num_tokens;
+    dstep_.num_seqs = s.num_seqs;
+    dstep_.max_blocks_per_seq = s.max_blocks_per_seq;
+    dstep_.token_ids = step_dev_;
+    dstep_.positions = step_dev_ + nt;
+    dstep_.slot_mapping = step_dev_ + 2 * nt;
+    dstep_.token_seq = step_dev_ + 3 * nt;
+    dstep_.block_tables = step_dev_ + 4 * nt;
+  }
+
+  void embed(const Weight& table, const int32_t* ids, int64_t n, float* out) override {
+    if (failed()) return;
+    const auto& w = static_cast<const CudaWeight&>(table);
+    const int32_t* dev_ids = ids == step_.token_ids && n <= step_.num_tokens ? dstep_.token_ids : upload_indices(ids, n);
+    if (!dev_ids) return;
+    TROUPE_CUDA(cuda::embed(w.type, w.data, w.row_bytes, w.cols, dev_ids, n, out, stream_));
+  }
+  void rms_norm(const float* x, const float* w, float eps, int64_t n, int64_t dim, float* out) override {
+    if (!failed()) TROUPE_CUDA(cuda::rms_norm(x, w, eps, n, dim, out, stream_));
+  }
+  void matmul(const Weight& weight, const float* x, int64_t n, float* y, int64_t ldy) override {
+    if (failed() || n <= 0) return;
+    const auto& w = static_cast<const CudaWeight&>(weight);
+    if (n <= kGemvMaxTokens || batch_invariant_) {
+      TROUPE_CUDA(cuda::gemv(w.type, w.data, w.row_bytes, w.rows, w.cols, x, w.cols, n, y, ldy, stream_));
+      return;
+    }
+    const float one = 1.0f, zero = 0.0f;
+    const int m = static_cast<int>(w.rows), k = static_cast<int>(w.cols), nn = static_cast<int>(n);
+    if (w.type == DType::F32) {
+      TROUPE_CUBLAS(cublasSgemm(blas_, CUBLAS_OP_T, CUBLAS_OP_N, m, nn, k, &one, static_cast<const float*>(w.data),
+                                static_cast<int>(w.row_bytes / 4), x, k, &zero, y, static_cast<int>(ldy)));
+      return;
+    }
+    const bool bf16 = w.type == DType::BF16;
+    const cudaDataType_t ht = bf16 ? CUDA_R_16BF : CUDA_R_16F;
+    if (!ensure(&xh_, &xh_cap_, static_cast<size_t>(n * k) * 2)) return;
+    TROUPE_CUDA(cuda::to_half(x, n * k, xh_, bf16, stream_));
+    const void* a = w.data;
+    int lda = static_cast<int>(w.row_bytes / 2);
+    if (w.type != DType::F16 && !bf16) {  // quantized: dequantize to f16 first
+      if (!ensure(&wh_, &wh_cap_, max_weight_elems_ * 2)) return;
+      TROUPE_CUDA(cuda::dequant_to_f16(w.type, w.data, w.row_bytes, w.rows, w.cols, wh_, stream_));
+      a = wh_;
+      lda = k;
+    }
+    TROUPE_CUBLAS(cublasGemmEx(blas_, CUBLAS_OP_T, CUBLAS_OP_N, m, nn, k, &one, a, ht, lda, xh_, ht, k, &zero, y,
+                               CUDA_R_32F, static_cast<int>(ldy), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+  }
+  void add_bias(float* y, int64_t ld, const float* bias, int64_t n, int64_t dim) override {
+    if (!failed()) TROUPE_CUDA(cuda::add_bias(y, ld, bias, n, dim, stream_));
+  }
+  void rope(float* x, int64_t ld, int64_t n, int64_t num_heads, int64_t head_dim, const float* cos_sin,
+            RopeKind kind) override {
+    if (!failed()) TROUPE_CUDA(cuda::rope(x, ld, n, num_heads, head_dim, cos_sin, kind == RopeKind::Neox, stream_));
+  }
+  void kv_write(KvCache& cache, int32_t layer, const float* k, const float* v, int64_t ld) override {
+    if (failed()) return;
+    auto& c = static_cast<CudaKvCache&>(cache);
+    const int64_t row = int64_t{c.shape_.num_kv_heads} * c.shape_.head_dim;
+    TROUPE_CUDA(cuda::kv_write(dstep_, k, v, ld, row, c.k + c.layer_elems * layer, c.v + c.layer_elems * layer, stream_));
+  }
+  void attention(KvCache& cache, int32_t layer, const float* q, int64_t ld_q, int32_t num_heads, float scale,
+                 float* out) override {
+    if (failed()) return;
+    auto& c = static_cast<CudaKvCache&>(cache);
+    TROUPE_CUDA(cuda::attention(dstep_, q, ld_q, num_heads, c.shape_.num_kv_heads, c.shape_.head_dim, c.shape_.block_size,
+                                scale, c.k + c.layer_elems * layer, c.v + c.layer_elems * layer, out, stream_));
+  }
+  void silu_mul(const float* gate_up, int64_t n, int64_t ffn, float* out) override {
+    if (!failed()) TROUPE_CUDA(cuda::silu_mul(gate_up, n, ffn, out, stream_));
+  }
+  void add(float* x, const float* y, int64_t count) override {
+    if (!failed()) TROUPE_CUDA(cuda::add(x, y, count, stream_));
+  }
+  void gather_rows(const float* x, int64_t dim, const int32_t* rows, int64_t n, float* out) override {
+    if (failed()) return;
+    const int32_t* dev_rows = upload_indices(rows, n);
+    if (dev_rows) TROUPE_CUDA(cuda::gather_rows(x, dim, dev_rows, n, out, stream_));
+  }
+
+ private:
+  bool failed() const { return !error_.empty(); }
+  bool check(cudaError_t e, const char* what, const char* file, int line) {
+    if (e == cudaSuccess) return true;
+    if (error_.empty())
+      error_ = std::string(what) + " failed: " + cudaGetErrorString(e) + " (" + file + ":" + std::to_string(line) + ")";
+    return false;
+  }
+  bool check_blas(cublasStatus_t s, const char* what, const char* file, int line) {
+    if (s == CUBLAS_STATUS_SUCCESS) return true;
+    if (error_.empty())
+      error_ = std::string(what) + " failed: " + cublasGetStatusString(s) + " (" + file + ":" + std::to_string(line) + ")";
+    return false;
+  }
+  // Grows a device scratch buffer (waiting for queued users of the old one).
+  bool ensure(void** buf, size_t* cap, size_t bytes) {
+    if (bytes <= *cap) return true;
+    check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize", __FILE__, __LINE__);
+    if (*buf) cudaFree(*buf);
+    *buf = nullptr;
+    *cap = 0;
+    if (!check(cudaMalloc(buf, bytes), "cudaMalloc(scratch)", __FILE__, __LINE__)) return false;
+    *cap = bytes;
+    return true;
+  }
+  const int32_t* upload_indices(const int32_t* host, int64_t n) {
+    if (n <= 0) return nullptr;
+    if (!ensure(&idx_dev_, &idx_cap_, static_cast<size_t>(n) * 4)) return nullptr;
+    // From pageable memory: the call returns once the source has been staged, in stream order.
+    if (!TROUPE_CUDA(cudaMemcpyAsync(idx_dev_, host, static_cast<size_t>(n) * 4, cudaMemcpyHostToDevice, stream_)))
+      return nullptr;
+    return static_cast<const int32_t*>(idx_dev_);
+  }
+
+  int device_;
+  bool batch_invariant_;
+  cudaStream_t stream_;
+  cublasHandle_t blas_;
+  std::string name_, error_;
+  std::vector<void*> buffers_;
+  StepInputs step_{};
+  cuda::DeviceStep dstep_{};
+  int32_t* step_host_ = nullptr;  // pinned
+  int32_t* step_dev_ = nullptr;
+  size_t step_cap_ = 0;  // int32 elements
+  void *idx_dev_ = nullptr, *wh_ = nullptr, *xh_ = nullptr;
+  size_t idx_cap_ = 0, wh_cap_ = 0, xh_cap_ = 0;  // bytes
+  size_t max_weight_elems_ = 0;
+};
+
+}  // namespace
+
+std::string cuda_unavailable_reason() {
+  int count = 0;
+  const cudaError_t e = cudaGetDeviceCount(&count);
+  if (e != cudaSuccess) return std::string("no usable CUDA device (cudaGetDeviceCount: ") + cudaGetErrorString(e) + ")";
+  if (count == 0) return "no CUDA device is present";
+  return {};
+}
+
+Result<std::unique_ptr<Backend>> make_cuda_backend(const CudaBackendOptions& opts) {
+  if (std::string why = cuda_unavailable_reason(); !why.empty()) return make_error("--device cuda: " + why);
+  int count = 0;
+  cudaGetDeviceCount(&count);
+  if (opts.device < 0 || opts.device >= count)
+    return make_error("--device cuda:" + std::to_string(opts.device) + ": only " + std::to_string(count) +
+                      " CUDA device(s) present");
+  if (cudaError_t e = cudaSetDevice(opts.device); e != cudaSuccess)
+    return make_error(std::string("cudaSetDevice: ") + cudaGetErrorString(e));
+  cudaDeviceProp prop{};
+  if (cudaError_t e = cudaGetDeviceProperties(&prop, opts.device); e != cudaSuccess)
+    return make_error(std::string("cudaGetDeviceProperties: ") + cudaGetErrorString(e));
+  cudaStream_t stream = nullptr;
+  if (cudaError_t e = cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking); e != cudaSuccess)
+    return make_error(std::string("cudaStreamCreate: ") + cudaGetErrorString(e));
+  cublasHandle_t blas = nullptr;
+  if (cublasStatus_t s = cublasCreate(&blas); s != CUBLAS_STATUS_SUCCESS) {
+    cudaStreamDestroy(stream);
+    return make_error(std::string("cublasCreate: ") + cublasGetStatusString(s));
+  }
+  cublasSetStream(blas, stream);
+  const std::string name = "cuda:" + std::to_string(opts.device) + "(" + prop.name + ", sm_" +
+                           std::to_string(prop.major) + std::to_string(prop.minor) + ", " +
+                           std::to_string(prop.totalGlobalMem >> 30) + " GiB, " +
+                           (opts.batch_invariant ? "batch-invariant GEMV" : "cuBLAS above 8 tokens") + ")";
+  return std::unique_ptr<Backend>(std::make_unique<CudaBackend>(opts, stream, blas, name));
+}
+
+}  // namespace troupe

@@ -1,0 +1,73 @@
+// Small element-wise ops: SiLU-gated multiply, residual add, bias add, row gather, f32->f16/bf16.
+#include "kernels/cuda/common.cuh"
+#include "kernels/cuda/ops.h"
+
+namespace troupe::cuda {
+namespace {
+
+constexpr int kThreads = 256;
+unsigned blocks_for(int64_t count) {
+  const int64_t b = (count + kThreads - 1) / kThreads;
+  return static_cast<unsigned>(b < 65535 * 16 ? b : 65535 * 16);
+}
+
+__global__ void silu_mul_kernel(const float* gu, int64_t n, int64_t ffn, float* out) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n * ffn; i += int64_t{gridDim.x} * blockDim.x) {
+    const int64_t t = i / ffn, j = i % ffn;
+    const float g = gu[t * 2 * ffn + j], u = gu[t * 2 * ffn + ffn + j];
+    out[i] = g / (1.0f + expf(-g)) * u;
+  }
+}
+__global__ void add_kernel(float* x, const float* y, int64_t count) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < count; i += int64_t{gridDim.x} * blockDim.x)
+    x[i] += y[i];
+}
+__global__ void add_bias_kernel(float* y, int64_t ld, const float* bias, int64_t n, int64_t dim) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n * dim; i += int64_t{gridDim.x} * blockDim.x)
+    y[(i / dim) * ld + i % dim] += bias[i % dim];
+}
+__global__ void gather_kernel(const float* x, int64_t dim, const int32_t* rows, float* out) {
+  const float* src = x + static_cast<int64_t>(rows[blockIdx.x]) * dim;
+  for (int64_t j = threadIdx.x; j < dim; j += blockDim.x) out[blockIdx.x * dim + j] = src[j];
+}
+__global__ void to_half_kernel(const float* x, int64_t count, __half* out) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < count; i += int64_t{gridDim.x} * blockDim.x)
+    out[i] = __float2half_rn(x[i]);
+}
+__global__ void to_bf16_kernel(const float* x, int64_t count, __nv_bfloat16* out) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < count; i += int64_t{gridDim.x} * blockDim.x)
+    out[i] = __float2bfloat16_rn(x[i]);
+}
+
+}  // namespace
+
+cudaError_t silu_mul(const float* gate_up, int64_t n, int64_t ffn, float* out, cudaStream_t stream) {
+  if (n * ffn <= 0) return cudaSuccess;
+  silu_mul_kernel<<<blocks_for(n * ffn), kThreads, 0, stream>>>(gate_up, n, ffn, out);
+  return cudaGetLastError();
+}
+cudaError_t add(float* x, const float* y, int64_t count, cudaStream_t stream) {
+  if (count <= 0) return cudaSuccess;
+  add_kernel<<<blocks_for(count), kThreads, 0, stream>>>(x, y, count);
+  return cudaGetLastError();
+}
+cudaError_t add_bias(float* y, int64_t ld, const float* bias, int64_t n, int64_t dim, cudaStream_t stream) {
+  if (n * dim <= 0) return cudaSuccess;
+  add_bias_kernel<<<blocks_for(n * dim), kThreads, 0, stream>>>(y, ld, bias, n, dim);
+  return cudaGetLastError();
+}
+cudaError_t gather_rows(const float* x, int64_t dim, const int32_t* rows, int64_t n, float* out, cudaStream_t stream) {
+  if (n <= 0) return cudaSuccess;
+  gather_kernel<<<static_cast<unsigned>(n), kThreads, 0, stream>>>(x, dim, rows, out);
+  return cudaGetLastError();
+}
+cudaError_t to_half(const float* x, int64_t count, void* out, bool to_bf16, cudaStream_t stream) {
+  if (count <= 0) return cudaSuccess;
+  if (to_bf16)
+    to_bf16_kernel<<<blocks_for(count), kThreads, 0, stream>>>(x, count, static_cast<__nv_bfloat16*>(out));
+  else
+    to_half_kernel<<<blocks_for(count), kThreads, 0, stream>>>(x, count, static_cast<__half*>(out));
+  return cudaGetLastError();
+}
+
+}  // namespace troupe::cuda

@@ -1,0 +1,57 @@
+// Host-side launchers of the CUDA ops (one .cu file each). Plain C++: cuda_backend.cpp and
+// the tests include this without nvcc. Every launcher enqueues on `stream` and returns the
+// launch's cudaError_t (cudaGetLastError), which the backend checks with the call's name.
+// Pointers are device memory unless named *_host.
+#pragma once
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include "kernels/dtype.h"
+
+namespace troupe::cuda {
+
+// The step's metadata on the device (uploaded once per step by begin_step).
+struct DeviceStep {
+  int32_t num_tokens = 0, num_seqs = 0, max_blocks_per_seq = 0, max_context = 0;
+  const int32_t* token_ids = nullptr;     // [num_tokens]
+  const int32_t* positions = nullptr;     // [num_tokens]
+  const int32_t* slot_mapping = nullptr;  // [num_tokens]
+  const int32_t* token_seq = nullptr;     // [num_tokens] sequence of each token
+  const int32_t* block_tables = nullptr;  // [num_seqs, max_blocks_per_seq]
+};
+
+// True when `type` has device kernels (embedding, GEMV, dequantization).
+bool is_supported_type(DType type);
+
+// out[i, :] = dequant(table row ids[i])                         out: [n, cols]
+cudaError_t embed(DType type, const void* table, size_t row_bytes, int64_t cols, const int32_t* ids, int64_t n,
+                  float* out, cudaStream_t stream);
+cudaError_t rms_norm(const float* x, const float* w, float eps, int64_t n, int64_t dim, float* out, cudaStream_t stream);
+// y[t, r] = sum_k W[r, k] x[t, k]; W rows of row_bytes in GGUF layout. Fused dequant-GEMV in
+// groups of up to 8 tokens; each token's result is independent of n (batch-invariant).
+//                                                               x: [n, ldx], y: [n, ldy]
+cudaError_t gemv(DType type, const void* w, size_t row_bytes, int64_t rows, int64_t cols, const float* x,
+                 int64_t ldx, int64_t n, float* y, int64_t ldy, cudaStream_t stream);
+// W -> f16 [rows, cols] for the cuBLAS path (prefill).
+cudaError_t dequant_to_f16(DType type, const void* w, size_t row_bytes, int64_t rows, int64_t cols, void* out,
+                           cudaStream_t stream);
+// x [n, cols] f32 -> [n, cols] f16 (to_bf16 = false) or bf16.
+cudaError_t to_half(const float* x, int64_t count, void* out, bool to_bf16, cudaStream_t stream);
+cudaError_t add_bias(float* y, int64_t ld, const float* bias, int64_t n, int64_t dim, cudaStream_t stream);
+// In-place rotation; cos_sin: [n, head_dim] (cos, sin) pairs; neox: pairs (i, i + hd/2).
+cudaError_t rope(float* x, int64_t ld, int64_t n, int64_t num_heads, int64_t head_dim, const float* cos_sin,
+                 bool neox, cudaStream_t stream);
+// k/v rows at stride ld -> f16 cache rows [slot, row_elems] of one layer.
+cudaError_t kv_write(const DeviceStep& step, const float* k, const float* v, int64_t ld, int64_t row_elems,
+                     uint16_t* k_cache, uint16_t* v_cache, cudaStream_t stream);
+// Causal paged attention over one layer's f16 cache. q: [n, num_heads * hd] at stride ld_q;
+// out: [n, num_heads * hd]. head_dim must be a multiple of 32, at most 256.
+cudaError_t attention(const DeviceStep& step, const float* q, int64_t ld_q, int32_t num_heads, int32_t num_kv_heads,
+                      int32_t head_dim, int32_t block_size, float scale, const uint16_t* k_cache,
+                      const uint16_t* v_cache, float* out, cudaStream_t stream);
+cudaError_t silu_mul(const float* gate_up, int64_t n, int64_t ffn, float* out, cudaStream_t stream);
+cudaError_t add(float* x, const float* y, int64_t count, cudaStream_t stream);
+cudaError_t gather_rows(const float* x, int64_t dim, const int32_t* rows, int64_t n, float* out, cudaStream_t stream);
+
+}  // namespace troupe::cuda

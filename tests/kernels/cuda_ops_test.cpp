@@ -1,0 +1,317 @@
+// The CUDA backend op by op against the CPU: every op of the backend interface runs on both
+// backends with the same random inputs (odd shapes, strided rows, every weight type) and
+// every element must agree within the tolerance stated per op and dtype. Matmuls are also
+// checked against a double-precision reference over the dequantized weights, since the
+// CPU backend quantizes activations for the quantized types. Tagged [cuda]; on a machine
+// without a GPU (or a build without nvcc) each case prints why it is skipped.
+#include <catch2/catch.hpp>
+#include <cmath>
+#include <numeric>
+#include <random>
+
+#include "kernels/backend.h"
+#include "kernels/cpu/quant_ref.h"
+#include "tests/kernels/kernel_test_util.h"
+
+using namespace troupe;
+
+namespace {
+
+std::unique_ptr<Backend> gpu_or_skip(bool batch_invariant = true) {
+  const std::string why = cuda_unavailable_reason();
+  if (!why.empty()) {
+    WARN("skipped: " << why);
+    return nullptr;
+  }
+  auto b = make_cuda_backend(CudaBackendOptions{0, batch_invariant});
+  if (!b) FAIL(b.error().message);
+  return std::move(*b);
+}
+
+float* put(Backend& b, const std::vector<float>& v) { return b.upload(v); }
+std::vector<float> get(Backend& b, const float* p, size_t n) {
+  std::vector<float> v(n);
+  b.copy_out(v.data(), p, n);
+  auto st = b.sync();
+  if (!st.ok()) FAIL(b.name() << ": " << st.error().message);
+  return v;
+}
+
+// Every element: |a - b| <= abs_tol + rel_tol * |b|.
+void expect_close(const std::vector<float>& got, const std::vector<float>& want, double abs_tol, double rel_tol,
+                  const std::string& what) {
+  REQUIRE(got.size() == want.size());
+  size_t bad = 0, first = 0;
+  double worst = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    const double d = std::fabs(double(got[i]) - want[i]);
+    if (!(d <= abs_tol + rel_tol * std::fabs(want[i]))) {
+      if (!bad) first = i;
+      ++bad;
+    }
+    worst = std::max(worst, d);
+  }
+  INFO(what << ": " << bad << " of " << got.size() << " elements out of tolerance; first at " << first << " (got "
+            << (bad ? got[first] : 0) << ", want " << (bad ? want[first] : 0) << "); max abs diff " << worst);
+  CHECK(bad == 0);
+}
+
+}  // namespace
+
+TEST_CASE("cuda: rms_norm, rope, silu_mul, add, add_bias, gather_rows match the CPU", "[cuda][kernels]") {
+  auto gpu = gpu_or_skip();
+  if (!gpu) return;
+  auto cpu = make_cpu_backend({2});
+  std::mt19937 rng(11);
+  for (int64_t dim : {7, 64, 577, 4096}) {
+    const int64_t n = 5;
+    auto x = test::random_floats(static_cast<size_t>(n * dim), rng, 3.0f);
+    auto w = test::random_floats(static_cast<size_t>(dim), rng);
+    auto run = [&](Backend& b) {
+      float* y = b.alloc(x.size());
+      b.rms_norm(put(b, x), put(b, w), 1e-5f, n, dim, y);
+      return get(b, y, x.size());
+    };
+    expect_close(run(*gpu), run(*cpu), 1e-6, 2e-5, "rms_norm dim " + std::to_string(dim));
+  }
+  for (auto kind : {RopeKind::Interleaved, RopeKind::Neox}) {
+    const int64_t heads = 3, hd = 10, n = 6, ld = heads * hd + 7;  // odd stride; padding untouched
+    auto x = test::random_floats(static_cast<size_t>(n * ld), rng);
+    std::vector<float> cs(static_cast<size_t>(n * hd));
+    for (int64_t t = 0; t < n; ++t)
+      for (int64_t i = 0; i < hd / 2; ++i) {
+        cs[t * hd + 2 * i] = std::cos(0.3f * (t + 1) * (i + 1));
+        cs[t * hd + 2 * i + 1] = std::sin(0.3f * (t + 1) * (i + 1));
+      }
+    auto run = [&](Backend& b) {
+      float* p = put(b, x);
+      b.rope(p, ld, n, heads, hd, put(b, cs), kind);
+      return get(b, p, x.size());
+    };
+    expect_close(run(*gpu), run(*cpu), 1e-6, 1e-5, "rope");
+  }
+  {
+    const int64_t n = 9, ffn = 1003;
+    auto gu = test::random_floats(static_cast<size_t>(n * 2 * ffn), rng, 4.0f);
+    auto run = [&](Backend& b) {
+      float* o = b.alloc(static_cast<size_t>(n * ffn));
+      b.silu_mul(put(b, gu), n, ffn, o);
+      return get(b, o, static_cast<size_t>(n * ffn));
+    };
+    expect_close(run(*gpu), run(*cpu), 1e-6, 1e-5, "silu_mul");
+  }
+  {
+    const int64_t n = 4, dim = 33, ld = 41;
+    auto x = test::random_floats(static_cast<size_t>(n * ld), rng);
+    auto y = test::random_floats(static_cast<size_t>(n * ld), rng);
+    auto bias = test::random_floats(static_cast<size_t>(dim), rng);
+    const std::vector<int32_t> rows = {3, 0, 3, 1};
+    auto run = [&](Backend& b) {
+      float* px = put(b, x);
+      b.add(px, put(b, y), n * ld);
+      b.add_bias(px, ld, put(b, bias), n, dim);
+      float* g = b.alloc(static_cast<size_t>(rows.size() * ld));
+      b.gather_rows(px, ld, rows.data(), static_cast<int64_t>(rows.size()), g);
+      auto out = get(b, px, x.size());
+      auto gathered = get(b, g, rows.size() * ld);
+      out.insert(out.end(), gathered.begin(), gathered.end());
+      return out;
+    };
+    expect_close(run(*gpu), run(*cpu), 0, 0, "add, add_bias, gather_rows (exact)");
+  }
+}
+
+namespace {
+
+const DType kWeightTypes[] = {DType::F32, DType::F16, DType::BF16, DType::Q4_0, DType::Q4_1, DType::Q5_0,
+                              DType::Q5_1, DType::Q8_0, DType::Q4_K, DType::Q5_K, DType::Q6_K};
+
+int64_t cols_for(DType t, int variant) {
+  const bool k_quant = t == DType::Q4_K || t == DType::Q5_K || t == DType::Q6_K;
+  const bool is_float = t == DType::F32 || t == DType::F16 || t == DType::BF16;
+  if (k_quant) return variant == 0 ? 256 : 768;
+  if (is_float) return variant == 0 ? 45 : 576;  // 45: not a multiple of 32 (padded rows)
+  return variant == 0 ? 96 : 1536;
+}
+
+}  // namespace
+
+TEST_CASE("cuda: embedding rows of every weight type dequantize exactly as on the CPU", "[cuda][kernels]") {
+  auto gpu = gpu_or_skip();
+  if (!gpu) return;
+  auto cpu = make_cpu_backend({2});
+  std::mt19937 rng(12);
+  for (DType t : kWeightTypes) {
+    const int64_t rows = 37, cols = cols_for(t, 1);
+    auto data = test::random_weight(t, rows, cols, rng);
+    const std::vector<int32_t> ids = {36, 0, 5, 5, 17};
+    auto run = [&](Backend& b) {
+      auto w = b.make_weight(t, cols, {{data.data(), rows}});
+      if (!w) FAIL(w.error().message);
+      float* out = b.alloc(ids.size() * cols);
+      b.embed(**w, ids.data(), static_cast<int64_t>(ids.size()), out);
+      return get(b, out, ids.size() * cols);
+    };
+    expect_close(run(*gpu), run(*cpu), 0, 0, std::string("embed ") + std::string(dtype_traits(t).name));
+  }
+}
+
+TEST_CASE("cuda: matmul of every weight type matches the double reference and the CPU", "[cuda][kernels]") {
+  for (bool invariant : {true, false}) {
+    auto gpu = gpu_or_skip(invariant);
+    if (!gpu) return;
+    auto cpu = make_cpu_backend({2});
+    std::mt19937 rng(13);
+    for (DType t : kWeightTypes) {
+      for (int variant : {0, 1}) {
+        const int64_t cols = cols_for(t, variant);
+        const int64_t rows = variant == 0 ? 37 : 301;
+        auto data = test::random_weight(t, rows, cols, rng);
+        std::vector<float> wf(static_cast<size_t>(rows * cols));
+        const size_t rb = *row_bytes(t, static_cast<uint64_t>(cols));
+        for (int64_t r = 0; r < rows; ++r) cpu::dequantize_row_ref(t, data.data() + rb * r, wf.data() + r * cols, cols);
+        for (int64_t n : {1, 2, 3, 5, 8, 9, 33}) {
+          const int64_t ldy = rows + 3;  // strided output rows
+          auto x = test::random_floats(static_cast<size_t>(n * cols), rng);
+          std::vector<float> ref(static_cast<size_t>(n * ldy), 0.f), mag(ref.size(), 0.f);
+          for (int64_t i = 0; i < n; ++i)
+            for (int64_t r = 0; r < rows; ++r) {
+              double s = 0, a = 0;
+              for (int64_t k = 0; k < cols; ++k) {
+                s += double(wf[r * cols + k]) * x[i * cols + k];
+                a += std::fabs(double(wf[r * cols + k]) * x[i * cols + k]);
+              }
+              ref[i * ldy + r] = static_cast<float>(s);
+              mag[i * ldy + r] = static_cast<float>(a);
+            }
+          auto run = [&](Backend& b) {
+            auto w = b.make_weight(t, cols, {{data.data(), rows}});
+            if (!w) FAIL(w.error().message);
+            float* y = put(b, std::vector<float>(ref.size(), 0.f));
+            b.matmul(**w, put(b, x), n, y, ldy);
+            return get(b, y, ref.size());
+          };
+          auto got = run(*gpu);
+          // fp32 GEMV: rounding of an fp32 dot product; cuBLAS path: x and W rounded to f16.
+          const bool half_path = !invariant && n > 8;
+          const double rel = half_path ? 2e-3 : 2e-5;
+          size_t bad = 0;
+          for (size_t i = 0; i < got.size(); ++i)
+            if (!(std::fabs(double(got[i]) - ref[i]) <= 1e-5 + rel * mag[i])) ++bad;
+          INFO(dtype_traits(t).name << " rows " << rows << " cols " << cols << " n " << n
+                                    << (invariant ? " (GEMV)" : " (cuBLAS above 8)"));
+          CHECK(bad == 0);
+          // The CPU quantizes activations (Q8) for quantized weights: a looser bound.
+          auto cpu_y = run(*cpu);
+          size_t far = 0;
+          for (size_t i = 0; i < got.size(); ++i)
+            if (!(std::fabs(double(got[i]) - cpu_y[i]) <= 1e-4 + 2e-2 * mag[i])) ++far;
+          CHECK(far == 0);
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("cuda: a token's matmul result does not depend on its batch (bit for bit)", "[cuda][kernels][batch]") {
+  auto gpu = gpu_or_skip(true);
+  if (!gpu) return;
+  std::mt19937 rng(14);
+  const int64_t rows = 200, cols = 576;
+  auto data = test::random_weight(DType::Q4_1, rows, cols, rng);
+  auto w = gpu->make_weight(DType::Q4_1, cols, {{data.data(), rows}});
+  REQUIRE(w.ok());
+  const int64_t n = 41;
+  auto x = test::random_floats(static_cast<size_t>(n * cols), rng);
+  float* px = put(*gpu, x);
+  float* y = gpu->alloc(static_cast<size_t>(n * rows));
+  gpu->matmul(**w, px, n, y, rows);
+  auto all = get(*gpu, y, static_cast<size_t>(n * rows));
+  for (int64_t i : {0L, 7L, 8L, 40L}) {
+    gpu->matmul(**w, px + i * cols, 1, y, rows);
+    auto one = get(*gpu, y, static_cast<size_t>(rows));
+    for (int64_t r = 0; r < rows; ++r) REQUIRE(one[r] == all[i * rows + r]);
+  }
+}
+
+TEST_CASE("cuda: paged attention and KV writes match the CPU (GQA, chunked prefill + decode)", "[cuda][kernels]") {
+  auto gpu = gpu_or_skip();
+  if (!gpu) return;
+  auto cpu = make_cpu_backend({2});
+  std::mt19937 rng(15);
+  for (int32_t hd : {64, 128}) {
+    const int32_t nh = 6, nkv = 2, bs = 16, num_blocks = 64;
+    // Three sequences: a 70-token prefill from position 0, a 5-token chunk at 40..44 (its
+    // first 40 positions written by an earlier step) and one decode token at position 100.
+    const std::vector<int32_t> first = {0, 40, 100}, count = {70, 5, 1};
+    std::vector<int32_t> perm(num_blocks);
+    std::iota(perm.begin(), perm.end(), 0);
+    std::shuffle(perm.begin(), perm.end(), rng);
+    const int32_t max_blocks = 8;
+    std::vector<int32_t> tables(3 * max_blocks);
+    for (int i = 0; i < 3 * max_blocks; ++i) tables[i] = perm[i];
+    KvCacheShape ks{1, num_blocks, bs, nkv, hd};
+    auto run = [&](Backend& b) {
+      auto cache = b.make_kv_cache(ks);
+      if (!cache) FAIL(cache.error().message);
+      std::mt19937 r2(99);
+      const int64_t qld = int64_t{nh + 2 * nkv} * hd;
+      // Earlier steps: positions [0, first) of every sequence, then this step.
+      std::vector<float> last_out;
+      for (int phase = 0; phase < 2; ++phase) {
+        std::vector<int32_t> ids, pos, slots, qs = {0}, ctx;
+        for (int s = 0; s < 3; ++s) {
+          const int32_t lo = phase == 0 ? 0 : first[s], hi = phase == 0 ? first[s] : first[s] + count[s];
+          if (hi <= lo) continue;
+          for (int32_t p = lo; p < hi; ++p) {
+            ids.push_back(1);
+            pos.push_back(p);
+            slots.push_back(tables[s * max_blocks + p / bs] * bs + p % bs);
+          }
+          qs.push_back(static_cast<int32_t>(pos.size()));
+          ctx.push_back(hi);
+        }
+        std::vector<int32_t> bt;
+        for (int s = 0; s < 3; ++s)
+          if ((phase == 0 && first[s] > 0) || phase == 1) bt.insert(bt.end(), tables.begin() + s * max_blocks, tables.begin() + (s + 1) * max_blocks);
+        StepInputs st;
+        st.num_tokens = static_cast<int32_t>(pos.size());
+        st.num_seqs = static_cast<int32_t>(ctx.size());
+        st.token_ids = ids.data();
+        st.positions = pos.data();
+        st.query_start = qs.data();
+        st.context_lens = ctx.data();
+        st.slot_mapping = slots.data();
+        st.block_tables = bt.data();
+        st.max_blocks_per_seq = max_blocks;
+        auto qkv = test::random_floats(static_cast<size_t>(st.num_tokens * qld), r2);
+        b.begin_step(st);
+        float* p = put(b, qkv);
+        b.kv_write(**cache, 0, p + int64_t{nh} * hd, p + int64_t{nh + nkv} * hd, qld);
+        float* out = b.alloc(static_cast<size_t>(st.num_tokens) * nh * hd);
+        b.attention(**cache, 0, p, qld, nh, 1.0f / std::sqrt(float(hd)), out);
+        last_out = get(b, out, static_cast<size_t>(st.num_tokens) * nh * hd);
+      }
+      return last_out;
+    };
+    expect_close(run(*gpu), run(*cpu), 2e-3, 2e-3, "attention hd " + std::to_string(hd));
+  }
+}
+
+TEST_CASE("cuda: bad device numbers and unsupported shapes are errors, not crashes", "[cuda][kernels]") {
+  auto bad = make_backend("cuda:99", 1);
+  CHECK_FALSE(bad.ok());
+  CHECK_FALSE(make_backend("gpu", 1).ok());
+  CHECK_FALSE(make_backend("cuda:x", 1).ok());
+  auto gpu = gpu_or_skip();
+  if (!gpu) {
+    // Without a GPU the CUDA backend must refuse cleanly, naming why.
+    auto r = make_backend("cuda", 1);
+    REQUIRE_FALSE(r.ok());
+    CHECK(r.error().message.find("cuda") != std::string::npos);
+    return;
+  }
+  CHECK_FALSE(gpu->make_kv_cache(KvCacheShape{1, 4, 16, 2, 40}).ok());  // head_dim 40
+  std::vector<uint8_t> junk(100);
+  CHECK_FALSE(gpu->make_weight(DType::Q4_0, 33, {{junk.data(), 1}}).ok());  // not a block multiple
+}
