@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# The GPU check (docs/gpu.md): builds the CUDA targets (unless TROUPE_BIN_DIR names a folder
+# with troupe, troupe_tests and troupe_gpu_bench already built), runs every [cuda] test
+# (ops against the CPU, the default model and bf16 weights end to end, batch invariance),
+# the GPU microbenchmarks and Llama-3-8B dummy figures, and `troupe bench` on the default
+# model; prints one table and writes OUT_DIR/gpu-check.{md,json} plus the logs.
+#   bench/gpu/check.sh OUT_DIR
+# Environment: TROUPE_BIN_DIR (prebuilt binaries), TROUPE_MODEL_PATH or TROUPE_HOME (the
+# default model, as for the tests), TROUPE_CUDA_ARCHS (default 90 here: the GPU at hand).
+set -uo pipefail
+OUT="${1:?usage: bench/gpu/check.sh OUT_DIR}"
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+mkdir -p "$OUT"
+T0=$(date +%s)
+say() { printf '\033[1m[gpu-check]\033[0m %s\n' "$*" >&2; }
+
+if ! nvidia-smi -L >/dev/null 2>&1; then
+  say "no NVIDIA GPU here (nvidia-smi -L failed): nothing to check"
+  exit 2
+fi
+nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv | tee "$OUT/device.txt"
+
+BIN="${TROUPE_BIN_DIR:-}"
+if [ -z "$BIN" ]; then
+  B="$ROOT/build-gpu"
+  say "configuring and building the CUDA targets in $B"
+  cmake -S "$ROOT" -B "$B" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+    -DTROUPE_CUDA_ARCHS="${TROUPE_CUDA_ARCHS:-90}" >"$OUT/build.log" 2>&1 &&
+    cmake --build "$B" --target troupe troupe_tests troupe_gpu_bench >>"$OUT/build.log" 2>&1 ||
+    { say "build failed: see $OUT/build.log"; tail -20 "$OUT/build.log"; exit 1; }
+  BIN="$B/bin"
+fi
+
+status=0
+say "[cuda] tests (ops vs the CPU, models end to end, batch invariance)"
+(cd "$ROOT" && timeout 300 "$BIN/troupe_tests" "[cuda]" --durations yes) >"$OUT/cuda-tests.log" 2>&1
+tests_rc=$?
+grep -E "^(All tests passed|test cases:|assertions:)" "$OUT/cuda-tests.log" || tail -5 "$OUT/cuda-tests.log"
+grep -A2 "warning:" "$OUT/cuda-tests.log" | grep -v "^--$" | sed -n '1,40p'
+[ $tests_rc -ne 0 ] && { say "[cuda] tests FAILED (rc $tests_rc): $OUT/cuda-tests.log"; status=1; }
+
+say "microbenchmarks and Llama-3-8B dummy figures"
+(cd "$ROOT" && timeout 360 "$BIN/troupe_gpu_bench" "$OUT" --config "$ROOT/configs/llama-3-8b.json") 2>&1 | tee "$OUT/gpu-bench.log"
+[ "${PIPESTATUS[0]}" -ne 0 ] && { say "troupe_gpu_bench FAILED"; status=1; }
+
+say "default model (SmolLM2-135M Q4_1): troupe bench on the GPU"
+for dev in cuda cpu; do
+  (cd "$ROOT" && timeout 120 "$BIN/troupe" bench -m "${TROUPE_MODEL_PATH:-default}" --device "$dev" -p 512 -n 128 -r 3 --json) >"$OUT/bench-default-$dev.json" 2>"$OUT/bench-default-$dev.log" ||
+    { say "troupe bench --device $dev failed"; tail -3 "$OUT/bench-default-$dev.log"; status=1; }
+  cat "$OUT/bench-default-$dev.json"
+done
+
+echo
+[ -f "$OUT/gpu-check.md" ] && cat "$OUT/gpu-check.md"
+say "done in $(( $(date +%s) - T0 )) s, status $status"
+exit $status

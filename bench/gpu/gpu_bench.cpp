@@ -1,0 +1,491 @@
+// GPU microbenchmarks and end-to-end figures for bench/gpu/check.sh (docs/gpu.md).
+//   troupe_gpu_bench OUT_DIR [--config configs/llama-3-8b.json]
+// Measures, in one run: the ceilings (device-to-device copy bandwidth, cuBLAS bf16 GEMM at
+// 8192^3), each CUDA op through the backend interface (time, GB/s or TFLOP/s, % of the
+// ceiling), and Llama-3-8B-shaped dummy bf16 decode at batch 1/8/64/256 with 1024-token
+// contexts and a 2048-token prefill, in the batch-invariant (default) and cuBLAS modes.
+// Writes OUT_DIR/gpu-check.md and OUT_DIR/gpu-check.json.
+#include <cublas_v2.h>
+#include <cuda_runtime_api.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <functional>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "kernels/backend.h"
+#include "runtime/architectures.h"
+#include "runtime/model.h"
+#include "runtime/weights.h"
+#include "tests/kernels/kernel_test_util.h"
+
+using namespace troupe;
+using json = nlohmann::json;
+
+namespace {
+
+#define CK(call)                                                                                        \
+  do {                                                                                                  \
+    cudaError_t e_ = (call);                                                                            \
+    if (e_ != cudaSuccess) {                                                                            \
+      std::fprintf(stderr, "%s failed: %s (%s:%d)\n", #call, cudaGetErrorString(e_), __FILE__, __LINE__); \
+      std::exit(1);                                                                                     \
+    }                                                                                                   \
+  } while (0)
+
+double now() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
+
+struct Row {
+  std::string what, shape;
+  double ms = 0, rate = 0;  // rate in GB/s or TFLOP/s
+  std::string unit;         // "GB/s" | "TFLOP/s" | "tok/s"
+  double pct = -1;          // of the ceiling named in `of`
+  std::string of;
+};
+std::vector<Row> rows;
+json out;
+
+void add(Row r) {
+  std::printf("%-44s %-34s %9.3f ms %10.1f %-7s", r.what.c_str(), r.shape.c_str(), r.ms, r.rate, r.unit.c_str());
+  if (r.pct >= 0) std::printf(" %6.1f%% of %s", r.pct, r.of.c_str());
+  std::printf("\n");
+  std::fflush(stdout);
+  rows.push_back(std::move(r));
+}
+
+// Times fn (which queues work) over enough repetitions for >= 100 ms; returns ms per call.
+double time_ms(Backend& be, const std::function<void()>& fn) {
+  fn();
+  if (auto st = be.sync(); !st.ok()) {
+    std::fprintf(stderr, "%s\n", st.error().message.c_str());
+    std::exit(1);
+  }
+  int reps = 1;
+  for (;;) {
+    const double t0 = now();
+    for (int i = 0; i < reps; ++i) fn();
+    if (auto st = be.sync(); !st.ok()) {
+      std::fprintf(stderr, "%s\n", st.error().message.c_str());
+      std::exit(1);
+    }
+    const double dt = now() - t0;
+    if (dt >= 0.1 || reps >= 1 << 14) return dt * 1e3 / reps;
+    reps *= dt < 0.01 ? 10 : 2;
+  }
+}
+
+// ---- ceilings ----------------------------------------------------------------------------
+double copy_bandwidth() {
+  const size_t bytes = size_t{4} << 30;
+  void *a, *b;
+  CK(cudaMalloc(&a, bytes));
+  CK(cudaMalloc(&b, bytes));
+  CK(cudaMemset(a, 1, bytes));
+  cudaEvent_t e0, e1;
+  cudaEventCreate(&e0);
+  cudaEventCreate(&e1);
+  CK(cudaMemcpy(b, a, bytes, cudaMemcpyDeviceToDevice));
+  cudaEventRecord(e0);
+  const int reps = 10;
+  for (int i = 0; i < reps; ++i) CK(cudaMemcpyAsync(i % 2 ? a : b, i % 2 ? b : a, bytes, cudaMemcpyDeviceToDevice));
+  cudaEventRecord(e1);
+  CK(cudaEventSynchronize(e1));
+  float ms = 0;
+  cudaEventElapsedTime(&ms, e0, e1);
+  cudaFree(a);
+  cudaFree(b);
+  const double per = ms / reps;
+  const double gbs = 2.0 * bytes / (per * 1e-3) / 1e9;  // bytes read + written
+  add({"ceiling: device-to-device copy", "4 GiB", per, gbs, "GB/s", -1, ""});
+  return gbs;
+}
+
+std::vector<uint16_t> random_bf16(size_t n, float scale) {
+  std::vector<uint16_t> v(n);
+  const unsigned nt = std::max(1u, std::thread::hardware_concurrency());
+  std::vector<std::thread> th;
+  for (unsigned t = 0; t < nt; ++t)
+    th.emplace_back([&, t] {
+      uint64_t s = 0x9E3779B97F4A7C15ull * (t + 1);
+      for (size_t i = n * t / nt; i < n * (t + 1) / nt; ++i) {
+        s ^= s << 13; s ^= s >> 7; s ^= s << 17;
+        const float f = scale * (static_cast<float>(s >> 40) / static_cast<float>(1 << 24) * 2.0f - 1.0f);
+        uint32_t bits;
+        std::memcpy(&bits, &f, 4);
+        v[i] = static_cast<uint16_t>(bits >> 16);
+      }
+    });
+  for (auto& x : th) x.join();
+  return v;
+}
+
+// cuBLAS bf16 GEMM rate (TFLOP/s): C[m, n] = A[m, k] B[k, n], f32 accumulate.
+double cublas_rate(cublasHandle_t h, int m, int n, int k, cudaDataType_t ctype, double* ms_out) {
+  auto ha = random_bf16(size_t(m) * k, 1.0f), hb = random_bf16(size_t(k) * n, 1.0f);
+  void *a, *b, *c;
+  CK(cudaMalloc(&a, ha.size() * 2));
+  CK(cudaMalloc(&b, hb.size() * 2));
+  CK(cudaMalloc(&c, size_t(m) * n * (ctype == CUDA_R_32F ? 4 : 2)));
+  CK(cudaMemcpy(a, ha.data(), ha.size() * 2, cudaMemcpyHostToDevice));
+  CK(cudaMemcpy(b, hb.data(), hb.size() * 2, cudaMemcpyHostToDevice));
+  const float one = 1, zero = 0;
+  auto run = [&] {
+    cublasStatus_t s = cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, m, n, k, &one, a, CUDA_R_16BF, k, b, CUDA_R_16BF, k,
+                                    &zero, c, ctype, m, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+    if (s != CUBLAS_STATUS_SUCCESS) {
+      std::fprintf(stderr, "cublasGemmEx: %s\n", cublasGetStatusString(s));
+      std::exit(1);
+    }
+  };
+  for (int i = 0; i < 3; ++i) run();
+  cudaEvent_t e0, e1;
+  cudaEventCreate(&e0);
+  cudaEventCreate(&e1);
+  cudaEventRecord(e0);
+  const int reps = 10;
+  for (int i = 0; i < reps; ++i) run();
+  cudaEventRecord(e1);
+  CK(cudaEventSynchronize(e1));
+  float ms = 0;
+  cudaEventElapsedTime(&ms, e0, e1);
+  cudaFree(a);
+  cudaFree(b);
+  cudaFree(c);
+  *ms_out = ms / reps;
+  return 2.0 * m * n * k / (*ms_out * 1e-3) / 1e12;
+}
+
+// ---- ops ----------------------------------------------------------------------------------
+void bench_gemv(double copy_gbs) {
+  auto be = make_cuda_backend({});
+  if (!be) { std::fprintf(stderr, "%s\n", be.error().message.c_str()); std::exit(1); }
+  std::mt19937 rng(1);
+  const int64_t rows = 14336, cols = 4096;
+  for (DType t : {DType::BF16, DType::Q8_0, DType::Q4_0, DType::Q4_1, DType::Q4_K, DType::Q6_K}) {
+    std::vector<uint8_t> data = t == DType::BF16 ? [&] {
+      auto v = random_bf16(size_t(rows) * cols, 0.02f);
+      std::vector<uint8_t> b(v.size() * 2);
+      std::memcpy(b.data(), v.data(), b.size());
+      return b;
+    }() : test::random_weight(t, rows, cols, rng);
+    // Enough copies to stream at least 512 MB, so the 60 MB L2 cannot hold them.
+    const size_t copies = std::max<size_t>(1, (size_t{512} << 20) / data.size() + 1);
+    std::vector<std::unique_ptr<Weight>> ws;
+    for (size_t i = 0; i < copies; ++i) {
+      auto w = (*be)->make_weight(t, cols, {{data.data(), rows}});
+      if (!w) { std::fprintf(stderr, "%s\n", w.error().message.c_str()); std::exit(1); }
+      ws.push_back(std::move(*w));
+    }
+    float* x = (*be)->upload(test::random_floats(size_t(cols) * 8, rng));
+    float* y = (*be)->alloc(size_t(rows) * 8);
+    for (int64_t n : {1, 8}) {
+      size_t k = 0;
+      const double ms = time_ms(**be, [&] { (*be)->matmul(*ws[k++ % copies], x, n, y, rows); });
+      const double gbs = data.size() / (ms * 1e-3) / 1e9;
+      add({std::string("GEMV ") + std::string(dtype_traits(t).name) + " (fused dequant)",
+           std::to_string(rows) + "x" + std::to_string(cols) + ", n=" + std::to_string(n), ms, gbs, "GB/s",
+           100.0 * gbs / copy_gbs, "copy"});
+    }
+  }
+}
+
+void bench_prefill_matmul(double gemm_tflops_unused) {
+  auto be = make_cuda_backend(CudaBackendOptions{0, false});
+  if (!be) std::exit(1);
+  const int64_t rows = 14336, cols = 4096, n = 2048;
+  auto v = random_bf16(size_t(rows) * cols, 0.02f);
+  auto w = (*be)->make_weight(DType::BF16, cols, {{v.data(), rows}});
+  if (!w) std::exit(1);
+  std::mt19937 rng(2);
+  float* x = (*be)->upload(test::random_floats(size_t(cols) * n, rng));
+  float* y = (*be)->alloc(size_t(rows) * n);
+  const double ms = time_ms(**be, [&] { (*be)->matmul(**w, x, n, y, rows); });
+  cublasHandle_t h;
+  cublasCreate(&h);
+  double ref_ms = 0;
+  const double ref = cublas_rate(h, int(rows), int(n), int(cols), CUDA_R_32F, &ref_ms);
+  cublasDestroy(h);
+  const double tf = 2.0 * rows * cols * n / (ms * 1e-3) / 1e12;
+  add({"cuBLAS bf16 GEMM alone (f32 out)", "14336x4096 x 2048 tokens", ref_ms, ref, "TFLOP/s", -1, ""});
+  add({"prefill matmul bf16 (x->bf16 + cuBLAS)", "14336x4096 x 2048 tokens", ms, tf, "TFLOP/s", 100.0 * tf / ref,
+       "cuBLAS same shape"});
+  auto inv = make_cuda_backend(CudaBackendOptions{0, true});
+  auto wi = (*inv)->make_weight(DType::BF16, cols, {{v.data(), rows}});
+  float* xi = (*inv)->upload(test::random_floats(size_t(cols) * n, rng));
+  float* yi = (*inv)->alloc(size_t(rows) * n);
+  const double msi = time_ms(**inv, [&] { (*inv)->matmul(**wi, xi, n, yi, rows); });
+  const double tfi = 2.0 * rows * cols * n / (msi * 1e-3) / 1e12;
+  add({"prefill matmul bf16 (batch-invariant GEMV)", "14336x4096 x 2048 tokens", msi, tfi, "TFLOP/s", 100.0 * tfi / ref,
+       "cuBLAS same shape"});
+}
+
+// Attention over a paged cache: B sequences of `ctx` tokens; decode (1 query each) or one
+// prefill of ctx tokens. Llama-3-8B heads: 32 query, 8 KV, head_dim 128.
+void bench_attention(double copy_gbs, double peak_tflops) {
+  auto be = make_cuda_backend({});
+  if (!be) std::exit(1);
+  const int32_t nh = 32, nkv = 8, hd = 128, bs = 16;
+  for (int mode = 0; mode < 2; ++mode) {
+    const bool decode = mode == 0;
+    const int32_t B = decode ? 16 : 1, ctx = 4096, per_seq = decode ? 1 : ctx;
+    const int32_t blocks_per_seq = ctx / bs;
+    KvCacheShape ks{1, B * blocks_per_seq, bs, nkv, hd};
+    auto cache = (*be)->make_kv_cache(ks);
+    if (!cache) std::exit(1);
+    std::vector<int32_t> ids, pos, slots, qs = {0}, cl, bt;
+    for (int32_t s = 0; s < B; ++s) {
+      for (int32_t b = 0; b < blocks_per_seq; ++b) bt.push_back(s * blocks_per_seq + b);
+      for (int32_t p = ctx - per_seq; p < ctx; ++p) {
+        ids.push_back(1);
+        pos.push_back(p);
+        slots.push_back(bt[size_t(s) * blocks_per_seq + p / bs] * bs + p % bs);
+      }
+      qs.push_back(int32_t(pos.size()));
+      cl.push_back(ctx);
+    }
+    StepInputs st;
+    st.num_tokens = int32_t(pos.size());
+    st.num_seqs = B;
+    st.token_ids = ids.data();
+    st.positions = pos.data();
+    st.query_start = qs.data();
+    st.context_lens = cl.data();
+    st.slot_mapping = slots.data();
+    st.block_tables = bt.data();
+    st.max_blocks_per_seq = blocks_per_seq;
+    (*be)->begin_step(st);
+    std::mt19937 rng(3);
+    float* q = (*be)->upload(test::random_floats(size_t(st.num_tokens) * nh * hd, rng));
+    float* o = (*be)->alloc(size_t(st.num_tokens) * nh * hd);
+    const double ms = time_ms(**be, [&] { (*be)->attention(**cache, 0, q, nh * hd, nh, 0.088f, o); });
+    if (decode) {
+      const double bytes = 2.0 * B * ctx * nkv * hd * 2;  // K and V, f16
+      const double gbs = bytes / (ms * 1e-3) / 1e9;
+      add({"decode attention (paged, f16 KV)", "16 seqs x 4096 ctx, 32/8 heads, hd 128", ms, gbs, "GB/s",
+           100.0 * gbs / copy_gbs, "copy"});
+    } else {
+      const double flops = 4.0 * nh * hd * (double(ctx) * (ctx + 1) / 2);  // causal QK^T and PV
+      const double tf = flops / (ms * 1e-3) / 1e12;
+      add({"prefill attention (paged, causal)", "4096 tokens, 32/8 heads, hd 128", ms, tf, "TFLOP/s",
+           100.0 * tf / peak_tflops, "bf16 GEMM"});
+    }
+  }
+}
+
+void bench_small_ops(double copy_gbs) {
+  auto be = make_cuda_backend({});
+  if (!be) std::exit(1);
+  std::mt19937 rng(4);
+  const int64_t n = 2048, dim = 4096;
+  float* x = (*be)->upload(test::random_floats(size_t(n * dim), rng));
+  float* w = (*be)->upload(test::random_floats(size_t(dim), rng));
+  float* y = (*be)->alloc(size_t(n * dim));
+  double ms = time_ms(**be, [&] { (*be)->rms_norm(x, w, 1e-5f, n, dim, y); });
+  double gbs = 2.0 * n * dim * 4 / (ms * 1e-3) / 1e9;
+  add({"rms_norm", "2048 x 4096 f32", ms, gbs, "GB/s", 100.0 * gbs / copy_gbs, "copy"});
+  float* gu = (*be)->upload(test::random_floats(size_t(n) * 2 * 14336, rng));
+  float* act = (*be)->alloc(size_t(n) * 14336);
+  ms = time_ms(**be, [&] { (*be)->silu_mul(gu, n, 14336, act); });
+  gbs = 3.0 * n * 14336 * 4 / (ms * 1e-3) / 1e9;
+  add({"silu_mul", "2048 x 14336 f32", ms, gbs, "GB/s", 100.0 * gbs / copy_gbs, "copy"});
+}
+
+// ---- end to end -----------------------------------------------------------------------------
+// Llama-3-8B-shaped weights where every layer shares one set of random bf16 tensors, so
+// the host holds one layer (the device still gets 32 separate copies).
+class SharedDummySource : public WeightSource {
+ public:
+  explicit SharedDummySource(const ModelConfig& c) {
+    const int64_t H = c.hidden, q = int64_t{c.num_heads} * c.head_dim, kv = int64_t{c.num_kv_heads} * c.head_dim;
+    auto mat = [&](const std::string& key, int64_t rows_, int64_t cols_, float scale) {
+      bufs_[key] = random_bf16(size_t(rows_) * cols_, scale);
+      return std::make_pair(bufs_[key].data(), std::vector<int64_t>{cols_, rows_});
+    };
+    norm_.assign(size_t(H), 1.0f);
+    const float ws = 1.0f / std::sqrt(float(H));
+    auto put = [&](const std::string& name, std::pair<uint16_t*, std::vector<int64_t>> m) {
+      TensorRef t;
+      t.name = name;
+      t.type = DType::BF16;
+      t.shape = m.second;
+      t.data = m.first;
+      t.nbytes = size_t(t.shape[0]) * t.shape[1] * 2;
+      add(std::move(t));
+    };
+    auto put_norm = [&](const std::string& name) {
+      TensorRef t;
+      t.name = name;
+      t.type = DType::F32;
+      t.shape = {H};
+      t.data = norm_.data();
+      t.nbytes = size_t(H) * 4;
+      add(std::move(t));
+    };
+    put("token_embd.weight", mat("embd", c.vocab, H, 1.0f));
+    put("output.weight", mat("out", c.vocab, H, ws));
+    put_norm("output_norm.weight");
+    auto wq = mat("q", q, H, ws), wk = mat("k", kv, H, ws), wv = mat("v", kv, H, ws), wo = mat("o", H, q, ws);
+    auto wg = mat("g", c.ffn, H, ws), wu = mat("u", c.ffn, H, ws), wd = mat("d", H, c.ffn, 1.0f / std::sqrt(float(c.ffn)));
+    for (int32_t i = 0; i < c.num_layers; ++i) {
+      const std::string p = "blk." + std::to_string(i) + ".";
+      put(p + "attn_q.weight", wq);
+      put(p + "attn_k.weight", wk);
+      put(p + "attn_v.weight", wv);
+      put(p + "attn_output.weight", wo);
+      put(p + "ffn_gate.weight", wg);
+      put(p + "ffn_up.weight", wu);
+      put(p + "ffn_down.weight", wd);
+      put_norm(p + "attn_norm.weight");
+      put_norm(p + "ffn_norm.weight");
+    }
+  }
+
+ private:
+  std::map<std::string, std::vector<uint16_t>> bufs_;
+  std::vector<float> norm_;
+};
+
+void bench_end_to_end(const ModelConfig& cfg, double copy_gbs) {
+  std::printf("building Llama-3-8B-shaped dummy bf16 weights...\n");
+  std::fflush(stdout);
+  SharedDummySource src(cfg);
+  const double layer_bytes = 2.0 * cfg.hidden * (int64_t{cfg.num_heads} * cfg.head_dim + 2 * int64_t{cfg.num_kv_heads} * cfg.head_dim) +
+                             2.0 * cfg.hidden * int64_t{cfg.num_heads} * cfg.head_dim + 3 * 2.0 * cfg.hidden * cfg.ffn;
+  const double step_bytes = cfg.num_layers * layer_bytes + 2.0 * cfg.vocab * cfg.hidden;  // + output matrix
+  json e2e = json::array();
+  for (bool invariant : {true, false}) {
+    auto be = make_cuda_backend(CudaBackendOptions{0, invariant});
+    if (!be) std::exit(1);
+    const double t0 = now();
+    auto model = Model::build(cfg, src, **be, 2048);
+    if (!model) { std::fprintf(stderr, "%s\n", model.error().message.c_str()); std::exit(1); }
+    std::printf("  model on %s in %.1f s\n", (*be)->name().c_str(), now() - t0);
+    const int32_t ctx = 1024, bs = 16, bps = ctx / bs, max_b = 256;
+    KvCacheShape ks{cfg.num_layers, max_b * bps + 128, bs, cfg.num_kv_heads, cfg.head_dim};
+    auto cache = (*be)->make_kv_cache(ks);
+    if (!cache) { std::fprintf(stderr, "%s\n", cache.error().message.c_str()); std::exit(1); }
+    const std::string mode = invariant ? "batch-invariant GEMV" : "cuBLAS above 8 tokens";
+    std::vector<float> logits;
+    for (int32_t B : {1, 8, 64, 256}) {
+      std::vector<int32_t> ids(B, 7), pos(B, ctx - 1), slots, qs, cl(B, ctx), bt, rows_;
+      for (int32_t s = 0; s < B; ++s) {
+        for (int32_t b = 0; b < bps; ++b) bt.push_back(s * bps + b);
+        slots.push_back(bt[size_t(s) * bps + (ctx - 1) / bs] * bs + (ctx - 1) % bs);
+        qs.push_back(s);
+        rows_.push_back(s);
+      }
+      qs.push_back(B);
+      StepInputs st{B, B, ids.data(), pos.data(), qs.data(), cl.data(), slots.data(), bt.data(), bps};
+      logits.resize(size_t(B) * cfg.vocab);
+      auto step = [&] {
+        auto r = (*model)->forward(st, **cache, rows_.data(), B, logits.data());
+        if (!r.ok()) { std::fprintf(stderr, "%s\n", r.error().message.c_str()); std::exit(1); }
+      };
+      step();
+      const double ms = time_ms(**be, step);
+      const double tps = B / (ms * 1e-3);
+      Row r{"decode Llama-3-8B dummy bf16, " + mode, "batch " + std::to_string(B) + ", ctx 1024", ms, tps, "tok/s", -1, ""};
+      if (B == 1) {
+        const double ideal_ms = step_bytes / (copy_gbs * 1e9) * 1e3;
+        r.pct = 100.0 * ideal_ms / ms;
+        r.of = "bandwidth roofline";
+      }
+      add(r);
+    }
+    {
+      const int32_t n = 2048, pb = n / bs;
+      std::vector<int32_t> ids(n, 7), pos(n), slots(n), qs = {0, n}, cl = {n}, bt, row = {n - 1};
+      for (int32_t b = 0; b < pb; ++b) bt.push_back(b);
+      for (int32_t p = 0; p < n; ++p) {
+        pos[p] = p;
+        slots[p] = p;
+      }
+      StepInputs st{n, 1, ids.data(), pos.data(), qs.data(), cl.data(), slots.data(), bt.data(), pb};
+      logits.resize(cfg.vocab);
+      auto step = [&] {
+        auto r = (*model)->forward(st, **cache, row.data(), 1, logits.data());
+        if (!r.ok()) { std::fprintf(stderr, "%s\n", r.error().message.c_str()); std::exit(1); }
+      };
+      const double ms = time_ms(**be, step);
+      add({"prefill Llama-3-8B dummy bf16, " + mode, "2048 tokens", ms, n / (ms * 1e-3), "tok/s", -1, ""});
+    }
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 2) {
+    std::fprintf(stderr, "usage: troupe_gpu_bench OUT_DIR [--config configs/llama-3-8b.json] [--skip-e2e]\n");
+    return 2;
+  }
+  const std::string dir = argv[1];
+  std::string config = "configs/llama-3-8b.json";
+  bool e2e = true;
+  for (int i = 2; i < argc; ++i) {
+    if (!std::strcmp(argv[i], "--config") && i + 1 < argc) config = argv[++i];
+    else if (!std::strcmp(argv[i], "--skip-e2e")) e2e = false;
+  }
+  if (std::string why = cuda_unavailable_reason(); !why.empty()) {
+    std::fprintf(stderr, "troupe_gpu_bench: %s\n", why.c_str());
+    return 2;
+  }
+  cudaDeviceProp prop{};
+  CK(cudaGetDeviceProperties(&prop, 0));
+  int drv = 0, rt = 0;
+  cudaDriverGetVersion(&drv);
+  cudaRuntimeGetVersion(&rt);
+  std::printf("device: %s, %d SMs, %.1f GiB, driver %d, runtime %d\n", prop.name, prop.multiProcessorCount,
+              prop.totalGlobalMem / double(1 << 30), drv, rt);
+  out["device"] = prop.name;
+  out["sms"] = prop.multiProcessorCount;
+  out["memory_gib"] = prop.totalGlobalMem / double(1 << 30);
+  const double copy = copy_bandwidth();
+  cublasHandle_t h;
+  cublasCreate(&h);
+  double gemm_ms = 0;
+  const double peak = cublas_rate(h, 8192, 8192, 8192, CUDA_R_16BF, &gemm_ms);
+  cublasDestroy(h);
+  add({"ceiling: cuBLAS bf16 GEMM", "8192^3", gemm_ms, peak, "TFLOP/s", -1, ""});
+  bench_gemv(copy);
+  bench_attention(copy, peak);
+  bench_small_ops(copy);
+  bench_prefill_matmul(peak);
+  if (e2e) {
+    std::ifstream f(config);
+    if (!f) {
+      std::fprintf(stderr, "cannot open %s\n", config.c_str());
+      return 1;
+    }
+    const json cj = json::parse(f);
+    const Architecture* arch = find_architecture(cj.at("model_type").get<std::string>());
+    auto cfg = arch ? arch->from_hf(cj) : Result<ModelConfig>(make_error("unknown model_type"));
+    if (!cfg) {
+      std::fprintf(stderr, "%s\n", cfg.error().message.c_str());
+      return 1;
+    }
+    bench_end_to_end(*cfg, copy);
+  }
+  std::ofstream md(dir + "/gpu-check.md");
+  md << "Device: " << prop.name << " (" << prop.multiProcessorCount << " SMs, " << (prop.totalGlobalMem >> 30)
+     << " GiB)\n\n| what | shape | time (ms) | rate | unit | % of ceiling |\n|---|---|---:|---:|---|---|\n";
+  json jr = json::array();
+  for (const auto& r : rows) {
+    char buf[64];
+    std::snprintf(buf, sizeof buf, "%.1f%% of %s", r.pct, r.of.c_str());
+    md << "| " << r.what << " | " << r.shape << " | " << r.ms << " | " << r.rate << " | " << r.unit << " | "
+       << (r.pct >= 0 ? buf : "") << " |\n";
+    jr.push_back({{"what", r.what}, {"shape", r.shape}, {"ms", r.ms}, {"rate", r.rate}, {"unit", r.unit},
+                  {"pct", r.pct}, {"of", r.of}});
+  }
+  out["rows"] = jr;
+  std::ofstream(dir + "/gpu-check.json") << out.dump(2) << "\n";
+  std::printf("wrote %s/gpu-check.md and gpu-check.json\n", dir.c_str());
+  return 0;
+}
