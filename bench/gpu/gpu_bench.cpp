@@ -162,8 +162,10 @@ double cublas_rate(cublasHandle_t h, int m, int n, int k, cudaDataType_t ctype, 
 }
 
 // ---- ops ----------------------------------------------------------------------------------
-void bench_gemv(double copy_gbs) {
+void bench_gemv(double copy_gbs, bool simple) {
+  if (simple) setenv("TROUPE_CUDA_GEMV", "simple", 1);
   auto be = make_cuda_backend({});
+  unsetenv("TROUPE_CUDA_GEMV");
   if (!be) { std::fprintf(stderr, "%s\n", be.error().message.c_str()); std::exit(1); }
   std::mt19937 rng(1);
   const int64_t rows = 14336, cols = 4096;
@@ -188,7 +190,7 @@ void bench_gemv(double copy_gbs) {
       size_t k = 0;
       const double ms = time_ms(**be, [&] { (*be)->matmul(*ws[k++ % copies], x, n, y, rows); });
       const double gbs = data.size() / (ms * 1e-3) / 1e9;
-      add({std::string("GEMV ") + std::string(dtype_traits(t).name) + " (fused dequant)",
+      add({std::string("GEMV ") + std::string(dtype_traits(t).name) + (simple ? " (plain kernel)" : " (fused dequant)"),
            std::to_string(rows) + "x" + std::to_string(cols) + ", n=" + std::to_string(n), ms, gbs, "GB/s",
            100.0 * gbs / copy_gbs, "copy"});
     }
@@ -453,7 +455,8 @@ int main(int argc, char** argv) {
   const double peak = cublas_rate(h, 8192, 8192, 8192, CUDA_R_16BF, &gemm_ms);
   cublasDestroy(h);
   add({"ceiling: cuBLAS bf16 GEMM", "8192^3", gemm_ms, peak, "TFLOP/s", -1, ""});
-  bench_gemv(copy);
+  bench_gemv(copy, false);
+  bench_gemv(copy, true);
   bench_attention(copy, peak);
   bench_small_ops(copy);
   bench_prefill_matmul(peak);

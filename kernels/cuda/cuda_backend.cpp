@@ -7,6 +7,7 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -52,12 +53,14 @@ constexpr int64_t kGemvMaxTokens = 8;
 class CudaBackend final : public Backend {
  public:
   CudaBackend(const CudaBackendOptions& opts, cudaStream_t stream, cublasHandle_t blas, std::string name)
-      : device_(opts.device), batch_invariant_(opts.batch_invariant), stream_(stream), blas_(blas), name_(std::move(name)) {}
+      : device_(opts.device), batch_invariant_(opts.batch_invariant), stream_(stream), blas_(blas), name_(std::move(name)) {
+    cudaDeviceGetAttribute(&num_sms_, cudaDevAttrMultiProcessorCount, device_);
+  }
   ~CudaBackend() override {
     cudaSetDevice(device_);
     cudaStreamSynchronize(stream_);
     for (void* p : buffers_) cudaFree(p);
-    for (void* p : {static_cast<void*>(step_dev_), idx_dev_, wh_, xh_}) if (p) cudaFree(p);
+    for (void* p : {static_cast<void*>(step_dev_), idx_dev_, wh_, xh_, partials_}) if (p) cudaFree(p);
     if (step_host_) cudaFreeHost(step_host_);
     cublasDestroy(blas_);
     cudaStreamDestroy(stream_);
@@ -183,6 +186,9 @@ class CudaBackend final : public Backend {
       for (int32_t t = s.query_start[q]; t < s.query_start[q + 1]; ++t) h[3 * nt + t] = q;
     if (nbt) std::memcpy(h + 4 * nt, s.block_tables, nbt * 4);
     check(cudaMemcpyAsync(step_dev_, step_host_, total * 4, cudaMemcpyHostToDevice, stream_), "cudaMemcpyAsync(step)", __FILE__, __LINE__);
+    int32_t max_ctx = 0;
+    for (size_t t = 0; t < nt; ++t) max_ctx = std::max(max_ctx, s.positions[t] + 1);
+    dstep_.max_context = max_ctx;
     dstep_.num_tokens = s.num_tokens;
     dstep_.num_seqs = s.num_seqs;
     dstep_.max_blocks_per_seq = s.max_blocks_per_seq;
@@ -207,7 +213,7 @@ class CudaBackend final : public Backend {
     if (failed() || n <= 0) return;
     const auto& w = static_cast<const CudaWeight&>(weight);
     if (n <= kGemvMaxTokens || batch_invariant_) {
-      TROUPE_CUDA(cuda::gemv(w.type, w.data, w.row_bytes, w.rows, w.cols, x, w.cols, n, y, ldy, stream_));
+      TROUPE_CUDA(cuda::gemv(w.type, w.data, w.row_bytes, w.rows, w.cols, x, w.cols, n, y, ldy, stream_, simple_gemv_));
       return;
     }
     const float one = 1.0f, zero = 0.0f;
@@ -249,8 +255,17 @@ class CudaBackend final : public Backend {
                  float* out) override {
     if (failed()) return;
     auto& c = static_cast<CudaKvCache&>(cache);
+    // Split-KV when (token, head) blocks alone would leave most multiprocessors idle and
+    // the context spans several segments; the result is the same bits either way.
+    float* partials = nullptr;
+    const int segs = cuda::attention_segments(dstep_.max_context);
+    if (segs > 1 && int64_t{dstep_.num_tokens} * num_heads < 2 * int64_t{num_sms_}) {
+      const size_t floats = size_t(dstep_.num_tokens) * num_heads * segs * (c.shape_.head_dim + 2);
+      if (!ensure(&partials_, &partials_cap_, floats * sizeof(float))) return;
+      partials = static_cast<float*>(partials_);
+    }
     TROUPE_CUDA(cuda::attention(dstep_, q, ld_q, num_heads, c.shape_.num_kv_heads, c.shape_.head_dim, c.shape_.block_size,
-                                scale, c.k + c.layer_elems * layer, c.v + c.layer_elems * layer, out, stream_));
+                                scale, c.k + c.layer_elems * layer, c.v + c.layer_elems * layer, out, partials, stream_));
   }
   void silu_mul(const float* gate_up, int64_t n, int64_t ffn, float* out) override {
     if (!failed()) TROUPE_CUDA(cuda::silu_mul(gate_up, n, ffn, out, stream_));
@@ -300,6 +315,11 @@ class CudaBackend final : public Backend {
 
   int device_;
   bool batch_invariant_;
+  // TROUPE_CUDA_GEMV=simple: the plain GEMV kernel for every type (benchmark comparison).
+  bool simple_gemv_ = [] {
+    const char* e = std::getenv("TROUPE_CUDA_GEMV");
+    return e && std::string(e) == "simple";
+  }();
   cudaStream_t stream_;
   cublasHandle_t blas_;
   std::string name_, error_;
@@ -309,8 +329,9 @@ class CudaBackend final : public Backend {
   int32_t* step_host_ = nullptr;  // pinned
   int32_t* step_dev_ = nullptr;
   size_t step_cap_ = 0;  // int32 elements
-  void *idx_dev_ = nullptr, *wh_ = nullptr, *xh_ = nullptr;
-  size_t idx_cap_ = 0, wh_cap_ = 0, xh_cap_ = 0;  // bytes
+  void *idx_dev_ = nullptr, *wh_ = nullptr, *xh_ = nullptr, *partials_ = nullptr;
+  size_t idx_cap_ = 0, wh_cap_ = 0, xh_cap_ = 0, partials_cap_ = 0;  // bytes
+  int num_sms_ = 132;
   size_t max_weight_elems_ = 0;
 };
 

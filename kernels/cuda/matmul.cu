@@ -63,6 +63,198 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
   }
 }
 
+// Bytes of one 32-element chunk of the 32-block types (0: not a fixed-size chunk type).
+template <DType T>
+__host__ __device__ constexpr int chunk_bytes() {
+  switch (T) {
+    case DType::F32: return 128;
+    case DType::F16: case DType::BF16: return 64;
+    case DType::Q4_0: return 18;
+    case DType::Q4_1: return 20;
+    case DType::Q5_0: return 22;
+    case DType::Q5_1: return 24;
+    case DType::Q8_0: return 34;
+    default: return 0;
+  }
+}
+
+// A chunk's raw bytes in registers, loaded with the widest aligned loads its size allows.
+template <int BYTES>
+struct RawChunk {
+  static constexpr int kAlign = BYTES % 16 == 0 ? 16 : BYTES % 4 == 0 ? 4 : 2;
+  struct alignas(16) Words {
+    uint8_t b[BYTES % 16 == 0 ? BYTES : (BYTES + 15) / 16 * 16];
+  } data;
+  __device__ __forceinline__ void load(const uint8_t* p) {
+    if constexpr (kAlign == 16) {
+#pragma unroll
+      for (int i = 0; i < BYTES / 16; ++i)
+        reinterpret_cast<uint4*>(data.b)[i] = __ldg(reinterpret_cast<const uint4*>(p) + i);
+    } else if constexpr (kAlign == 4) {
+#pragma unroll
+      for (int i = 0; i < BYTES / 4; ++i)
+        reinterpret_cast<uint32_t*>(data.b)[i] = __ldg(reinterpret_cast<const unsigned int*>(p) + i);
+    } else {
+#pragma unroll
+      for (int i = 0; i < BYTES / 2; ++i)
+        reinterpret_cast<uint16_t*>(data.b)[i] = __ldg(reinterpret_cast<const unsigned short*>(p) + i);
+    }
+  }
+};
+
+// The same arithmetic as gemv_kernel (so the same bits), with the raw bytes of U chunks
+// loaded before any is decoded: more loads in flight per lane for the bandwidth-bound case.
+template <DType T, int NT, int U>
+__global__ void __launch_bounds__(kWarpsPerBlock * 32)
+    gemv_prefetch_kernel(const uint8_t* __restrict__ w, size_t row_bytes, int64_t rows, int64_t cols,
+                         const float* __restrict__ x, int64_t ldx, int64_t n, bool vec, float* __restrict__ y,
+                         int64_t ldy) {
+  constexpr int B = chunk_bytes<T>();
+  const int lane = threadIdx.x & 31;
+  const int64_t r = int64_t{blockIdx.x} * kWarpsPerBlock + (threadIdx.x >> 5);
+  if (r >= rows) return;
+  const int64_t t0 = int64_t{blockIdx.y} * NT;
+  const int nt = n - t0 < NT ? static_cast<int>(n - t0) : NT;
+  x += t0 * ldx;
+  y += t0 * ldy;
+  const uint8_t* row = w + static_cast<size_t>(r) * row_bytes;
+  float acc[NT];
+#pragma unroll
+  for (int t = 0; t < NT; ++t) acc[t] = 0.f;
+  const int64_t num_chunks = (cols + 31) / 32;
+  float wv[32], xv[32];
+  for (int64_t c0 = lane; c0 < num_chunks; c0 += 32 * U) {
+    RawChunk<B> raw[U];
+#pragma unroll
+    for (int u = 0; u < U; ++u)
+      if (c0 + 32 * u < num_chunks) raw[u].load(row + (c0 + 32 * u) * B);
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int64_t c = c0 + 32 * u;
+      if (c >= num_chunks) break;
+      dequant32<T>(raw[u].data.b, 0, wv);
+      const int64_t base = c * 32;
+      const bool full = base + 32 <= cols;
+#pragma unroll
+      for (int t = 0; t < NT; ++t) {
+        if (t >= nt) break;
+        const float* xt = x + t * ldx + base;
+        if (vec && full) {
+#pragma unroll
+          for (int i = 0; i < 8; ++i) {
+            const float4 v = reinterpret_cast<const float4*>(xt)[i];
+            xv[4 * i] = v.x; xv[4 * i + 1] = v.y; xv[4 * i + 2] = v.z; xv[4 * i + 3] = v.w;
+          }
+        } else {
+#pragma unroll
+          for (int j = 0; j < 32; ++j) xv[j] = base + j < cols ? xt[j] : 0.f;
+        }
+        float s = 0.f;
+#pragma unroll
+        for (int j = 0; j < 32; ++j) s = fmaf(wv[j], xv[j], s);
+        acc[t] += s;
+      }
+    }
+  }
+#pragma unroll
+  for (int t = 0; t < NT; ++t) {
+    if (t >= nt) break;
+    const float s = warp_sum(acc[t]);
+    if (lane == 0) y[t * ldy + r] = s;
+  }
+}
+
+// f16/bf16 rows read fully coalesced: lane l takes 8-element vectors l, l + 32, ... (a warp
+// reads 512 contiguous bytes per load), U vectors in flight. A token's arithmetic is fixed
+// by the row alone (vector order, then the warp sum): batch-invariant like the others.
+template <bool BF16, int NT, int U>
+__global__ void __launch_bounds__(kWarpsPerBlock * 32)
+    gemv_half_kernel(const uint8_t* __restrict__ w, size_t row_bytes, int64_t rows, int64_t cols,
+                     const float* __restrict__ x, int64_t ldx, int64_t n, bool vec, float* __restrict__ y, int64_t ldy) {
+  const int lane = threadIdx.x & 31;
+  const int64_t r = int64_t{blockIdx.x} * kWarpsPerBlock + (threadIdx.x >> 5);
+  if (r >= rows) return;
+  const int64_t t0 = int64_t{blockIdx.y} * NT;
+  const int nt = n - t0 < NT ? static_cast<int>(n - t0) : NT;
+  x += t0 * ldx;
+  y += t0 * ldy;
+  const uint4* row = reinterpret_cast<const uint4*>(w + static_cast<size_t>(r) * row_bytes);
+  float acc[NT];
+#pragma unroll
+  for (int t = 0; t < NT; ++t) acc[t] = 0.f;
+  const int64_t num_vecs = (cols + 7) / 8;  // rows are padded to 32 columns with zeros
+  for (int64_t v0 = lane; v0 < num_vecs; v0 += 32 * U) {
+    uint4 raw[U];
+#pragma unroll
+    for (int u = 0; u < U; ++u)
+      if (v0 + 32 * u < num_vecs) raw[u] = __ldcs(row + v0 + 32 * u);
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int64_t v = v0 + 32 * u;
+      if (v >= num_vecs) break;
+      float wv[8];
+      const uint32_t ws[4] = {raw[u].x, raw[u].y, raw[u].z, raw[u].w};
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        if constexpr (BF16) {
+          wv[2 * j] = __uint_as_float(ws[j] << 16);
+          wv[2 * j + 1] = __uint_as_float(ws[j] & 0xFFFF0000u);
+        } else {
+          wv[2 * j] = h2f(static_cast<uint16_t>(ws[j] & 0xFFFF));
+          wv[2 * j + 1] = h2f(static_cast<uint16_t>(ws[j] >> 16));
+        }
+      }
+      const int64_t base = v * 8;
+#pragma unroll
+      for (int t = 0; t < NT; ++t) {
+        if (t >= nt) break;
+        const float* xt = x + t * ldx + base;
+        float xv[8];
+        if (vec && base + 8 <= cols) {
+          const float4 a = reinterpret_cast<const float4*>(xt)[0], b = reinterpret_cast<const float4*>(xt)[1];
+          xv[0] = a.x; xv[1] = a.y; xv[2] = a.z; xv[3] = a.w; xv[4] = b.x; xv[5] = b.y; xv[6] = b.z; xv[7] = b.w;
+        } else {
+#pragma unroll
+          for (int j = 0; j < 8; ++j) xv[j] = base + j < cols ? xt[j] : 0.f;
+        }
+        float s = 0.f;
+#pragma unroll
+        for (int j = 0; j < 8; ++j) s = fmaf(wv[j], xv[j], s);
+        acc[t] += s;
+      }
+    }
+  }
+#pragma unroll
+  for (int t = 0; t < NT; ++t) {
+    if (t >= nt) break;
+    const float s = warp_sum(acc[t]);
+    if (lane == 0) y[t * ldy + r] = s;
+  }
+}
+
+// Chooses the kernel for one token-group size, by weight type only (never by batch, so
+// results stay batch-invariant): coalesced vectors for f16/bf16, prefetching chunks for
+// the other fixed-chunk types (4 in flight for small chunks, 2 for large), the plain
+// kernel for the K-quants. `simple` forces the plain kernel (benchmark comparison).
+template <DType T, int NT>
+void launch_gemv(dim3 grid, dim3 block, cudaStream_t stream, bool simple, const uint8_t* w, size_t row_bytes,
+                 int64_t rows, int64_t cols, const float* x, int64_t ldx, int64_t n, bool vec, float* y, int64_t ldy) {
+  constexpr int B = chunk_bytes<T>();
+  if constexpr (T == DType::F16 || T == DType::BF16) {
+    if (!simple) {
+      gemv_half_kernel<T == DType::BF16, NT, 4><<<grid, block, 0, stream>>>(w, row_bytes, rows, cols, x, ldx, n, vec, y, ldy);
+      return;
+    }
+  } else if constexpr (B > 0) {
+    if (!simple) {
+      gemv_prefetch_kernel<T, NT, (B <= 24 ? 4 : 2)><<<grid, block, 0, stream>>>(w, row_bytes, rows, cols, x, ldx, n,
+                                                                                 vec, y, ldy);
+      return;
+    }
+  }
+  gemv_kernel<T, NT><<<grid, block, 0, stream>>>(w, row_bytes, rows, cols, x, ldx, n, vec, y, ldy);
+}
+
 template <DType T>
 __global__ void dequant_f16_kernel(const uint8_t* __restrict__ w, size_t row_bytes, int64_t rows, int64_t cols,
                                    __half* __restrict__ out) {
@@ -81,7 +273,7 @@ __global__ void dequant_f16_kernel(const uint8_t* __restrict__ w, size_t row_byt
 }  // namespace
 
 cudaError_t gemv(DType type, const void* w, size_t row_bytes, int64_t rows, int64_t cols, const float* x, int64_t ldx,
-                 int64_t n, float* y, int64_t ldy, cudaStream_t stream) {
+                 int64_t n, float* y, int64_t ldy, cudaStream_t stream, bool simple) {
   if (n <= 0 || rows <= 0) return cudaSuccess;
   const unsigned blocks = static_cast<unsigned>((rows + kWarpsPerBlock - 1) / kWarpsPerBlock);
   const auto* wb = static_cast<const uint8_t*>(w);
@@ -90,14 +282,14 @@ cudaError_t gemv(DType type, const void* w, size_t row_bytes, int64_t rows, int6
   const dim3 block(kWarpsPerBlock * 32);
   const bool ok = dispatch_dtype(type, [&]<DType T>() {
     if (n == 1) {
-      gemv_kernel<T, 1><<<dim3(blocks, 1), block, 0, stream>>>(wb, row_bytes, rows, cols, x, ldx, n, vec, y, ldy);
+      launch_gemv<T, 1>(dim3(blocks, 1), block, stream, simple, wb, row_bytes, rows, cols, x, ldx, n, vec, y, ldy);
     } else if (n == 2) {
-      gemv_kernel<T, 2><<<dim3(blocks, 1), block, 0, stream>>>(wb, row_bytes, rows, cols, x, ldx, n, vec, y, ldy);
+      launch_gemv<T, 2>(dim3(blocks, 1), block, stream, simple, wb, row_bytes, rows, cols, x, ldx, n, vec, y, ldy);
     } else if (n <= 4) {
-      gemv_kernel<T, 4><<<dim3(blocks, 1), block, 0, stream>>>(wb, row_bytes, rows, cols, x, ldx, n, vec, y, ldy);
+      launch_gemv<T, 4>(dim3(blocks, 1), block, stream, simple, wb, row_bytes, rows, cols, x, ldx, n, vec, y, ldy);
     } else {
       const unsigned groups = static_cast<unsigned>((n + 7) / 8);
-      gemv_kernel<T, 8><<<dim3(blocks, groups), block, 0, stream>>>(wb, row_bytes, rows, cols, x, ldx, n, vec, y, ldy);
+      launch_gemv<T, 8>(dim3(blocks, groups), block, stream, simple, wb, row_bytes, rows, cols, x, ldx, n, vec, y, ldy);
     }
   });
   if (!ok) return cudaErrorInvalidValue;

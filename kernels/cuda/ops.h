@@ -31,8 +31,9 @@ cudaError_t rms_norm(const float* x, const float* w, float eps, int64_t n, int64
 // y[t, r] = sum_k W[r, k] x[t, k]; W rows of row_bytes in GGUF layout. Fused dequant-GEMV in
 // groups of up to 8 tokens; each token's result is independent of n (batch-invariant).
 //                                                               x: [n, ldx], y: [n, ldy]
+// simple: the plain kernel even where a prefetching one exists (same bits; for benchmarks).
 cudaError_t gemv(DType type, const void* w, size_t row_bytes, int64_t rows, int64_t cols, const float* x,
-                 int64_t ldx, int64_t n, float* y, int64_t ldy, cudaStream_t stream);
+                 int64_t ldx, int64_t n, float* y, int64_t ldy, cudaStream_t stream, bool simple = false);
 // W -> f16 [rows, cols] for the cuBLAS path (prefill).
 cudaError_t dequant_to_f16(DType type, const void* w, size_t row_bytes, int64_t rows, int64_t cols, void* out,
                            cudaStream_t stream);
@@ -46,10 +47,14 @@ cudaError_t rope(float* x, int64_t ld, int64_t n, int64_t num_heads, int64_t hea
 cudaError_t kv_write(const DeviceStep& step, const float* k, const float* v, int64_t ld, int64_t row_elems,
                      uint16_t* k_cache, uint16_t* v_cache, cudaStream_t stream);
 // Causal paged attention over one layer's f16 cache. q: [n, num_heads * hd] at stride ld_q;
-// out: [n, num_heads * hd]. head_dim must be a multiple of 32, at most 256.
+// out: [n, num_heads * hd]. head_dim must be a multiple of 32, at most 256. With `partials`
+// (floats: n * num_heads * attention_segments(max_context) * (head_dim + 2)) each KV segment
+// gets its own block (split-KV, for small batches); without, one block per token and head.
+// Both give the same bits.
 cudaError_t attention(const DeviceStep& step, const float* q, int64_t ld_q, int32_t num_heads, int32_t num_kv_heads,
                       int32_t head_dim, int32_t block_size, float scale, const uint16_t* k_cache,
-                      const uint16_t* v_cache, float* out, cudaStream_t stream);
+                      const uint16_t* v_cache, float* out, float* partials, cudaStream_t stream);
+int attention_segments(int32_t max_context);
 cudaError_t silu_mul(const float* gate_up, int64_t n, int64_t ffn, float* out, cudaStream_t stream);
 cudaError_t add(float* x, const float* y, int64_t count, cudaStream_t stream);
 cudaError_t gather_rows(const float* x, int64_t dim, const int32_t* rows, int64_t n, float* out, cudaStream_t stream);

@@ -136,7 +136,7 @@ int64_t cols_for(DType t, int variant) {
 
 }  // namespace
 
-TEST_CASE("cuda: embedding rows of every weight type dequantize exactly as on the CPU", "[cuda][kernels]") {
+TEST_CASE("cuda: embedding rows of every weight type dequantize exactly as the reference", "[cuda][kernels]") {
   auto gpu = gpu_or_skip();
   if (!gpu) return;
   auto cpu = make_cpu_backend({2});
@@ -145,6 +145,9 @@ TEST_CASE("cuda: embedding rows of every weight type dequantize exactly as on th
     const int64_t rows = 37, cols = cols_for(t, 1);
     auto data = test::random_weight(t, rows, cols, rng);
     const std::vector<int32_t> ids = {36, 0, 5, 5, 17};
+    std::vector<float> ref(ids.size() * cols);
+    const size_t rb = *row_bytes(t, static_cast<uint64_t>(cols));
+    for (size_t i = 0; i < ids.size(); ++i) cpu::dequantize_row_ref(t, data.data() + rb * ids[i], ref.data() + i * cols, cols);
     auto run = [&](Backend& b) {
       auto w = b.make_weight(t, cols, {{data.data(), rows}});
       if (!w) FAIL(w.error().message);
@@ -152,7 +155,12 @@ TEST_CASE("cuda: embedding rows of every weight type dequantize exactly as on th
       b.embed(**w, ids.data(), static_cast<int64_t>(ids.size()), out);
       return get(b, out, ids.size() * cols);
     };
-    expect_close(run(*gpu), run(*cpu), 0, 0, std::string("embed ") + std::string(dtype_traits(t).name));
+    const std::string name(dtype_traits(t).name);
+    auto got = run(*gpu);
+    expect_close(got, ref, 0, 0, "embed " + name + " vs the reference dequantizer (exact)");
+    // The CPU backend repacks K-quant scales in f16 (about 5e-4 relative); others are exact.
+    const bool k_quant = t == DType::Q4_K || t == DType::Q5_K || t == DType::Q6_K;
+    expect_close(got, run(*cpu), k_quant ? 1e-6 : 0, k_quant ? 1e-3 : 0, "embed " + name + " vs the CPU backend");
   }
 }
 
@@ -296,6 +304,68 @@ TEST_CASE("cuda: paged attention and KV writes match the CPU (GQA, chunked prefi
     };
     expect_close(run(*gpu), run(*cpu), 2e-3, 2e-3, "attention hd " + std::to_string(hd));
   }
+}
+
+TEST_CASE("cuda: split-KV decode attention gives the same bits as the looped path", "[cuda][kernels][batch]") {
+  auto gpu = gpu_or_skip();
+  if (!gpu) return;
+  auto cpu = make_cpu_backend({2});
+  const int32_t nh = 6, nkv = 2, hd = 64, bs = 16, max_blocks = 64;
+  KvCacheShape ks{1, 2 * max_blocks, bs, nkv, hd};
+  const int64_t qld = int64_t{nh + 2 * nkv} * hd;
+  // Sequence 0 owns blocks [0, 64), sequence 1 blocks [64, 128).
+  std::vector<int32_t> tables(2 * max_blocks);
+  std::iota(tables.begin(), tables.end(), 0);
+  struct Tok { int32_t seq, pos; };
+  // Runs one step (tokens grouped by sequence, in order); returns the attention output.
+  auto step = [&](Backend& b, KvCache& cache, const std::vector<Tok>& toks, uint32_t seed) {
+    std::vector<int32_t> ids, pos, slots, qs = {0}, ctx, bt;
+    for (size_t i = 0; i < toks.size(); ++i) {
+      ids.push_back(1);
+      pos.push_back(toks[i].pos);
+      slots.push_back(tables[toks[i].seq * max_blocks + toks[i].pos / bs] * bs + toks[i].pos % bs);
+      if (i + 1 == toks.size() || toks[i + 1].seq != toks[i].seq) {
+        qs.push_back(static_cast<int32_t>(i + 1));
+        ctx.push_back(toks[i].pos + 1);
+        bt.insert(bt.end(), tables.begin() + toks[i].seq * max_blocks, tables.begin() + (toks[i].seq + 1) * max_blocks);
+      }
+    }
+    StepInputs st{static_cast<int32_t>(pos.size()), static_cast<int32_t>(ctx.size()), ids.data(), pos.data(), qs.data(),
+                  ctx.data(), slots.data(), bt.data(), max_blocks};
+    // Each token's q, k, v depend on (sequence, position) only, whatever its batch.
+    std::vector<float> qkv;
+    for (const Tok& tk : toks) {
+      std::mt19937 r(seed + static_cast<uint32_t>(tk.seq * 100003 + tk.pos));
+      auto row = test::random_floats(static_cast<size_t>(qld), r);
+      qkv.insert(qkv.end(), row.begin(), row.end());
+    }
+    b.begin_step(st);
+    float* p = put(b, qkv);
+    b.kv_write(cache, 0, p + int64_t{nh} * hd, p + int64_t{nh + nkv} * hd, qld);
+    float* out = b.alloc(static_cast<size_t>(st.num_tokens) * nh * hd);
+    b.attention(cache, 0, p, qld, nh, 0.125f, out);
+    return get(b, out, static_cast<size_t>(st.num_tokens) * nh * hd);
+  };
+  auto run = [&](Backend& b) {
+    auto cache = b.make_kv_cache(ks);
+    if (!cache) FAIL(cache.error().message);
+    std::vector<Tok> fill;
+    for (int32_t p = 0; p < 700; ++p) fill.push_back({1, p});
+    step(b, **cache, fill, 1);  // sequence 1: positions 0..699 (looped path)
+    // Position 700 of sequence 1 alone (6 blocks: split-KV over 3 segments) ...
+    auto alone = step(b, **cache, {{1, 700}}, 2);
+    // ... and again beside a 60-token prefill of sequence 0 (360 blocks: looped path).
+    std::vector<Tok> mixed;
+    for (int32_t p = 0; p < 60; ++p) mixed.push_back({0, p});
+    mixed.push_back({1, 700});
+    auto with = step(b, **cache, mixed, 2);
+    std::vector<float> last(with.end() - nh * hd, with.end());
+    return std::make_pair(alone, last);
+  };
+  auto [g_alone, g_with] = run(*gpu);
+  REQUIRE(g_alone == g_with);  // bit for bit
+  auto [c_alone, c_with] = run(*cpu);
+  expect_close(g_alone, c_alone, 2e-3, 2e-3, "split-KV decode attention vs the CPU");
 }
 
 TEST_CASE("cuda: bad device numbers and unsupported shapes are errors, not crashes", "[cuda][kernels]") {

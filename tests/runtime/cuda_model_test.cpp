@@ -1,11 +1,15 @@
-// The CUDA backend end to end, against the CPU backend on the same files: greedy tokens on
-// the default model (SmolLM2-135M Q4_1) and on bf16 weights match for at least 16 tokens,
-// and batch invariance holds on the GPU (the continuous-batching engine, many requests at
-// once, with and without KV pressure, gives each request its solo greedy output). Tagged
-// [cuda]; without a GPU each case prints why it is skipped.
+// The CUDA backend end to end, against llama.cpp's golden logits and the CPU backend on
+// the same files: on the default model (SmolLM2-135M Q4_1) the GPU's logits stay within
+// the tolerance the CPU is held to against llama.cpp, and its greedy tokens match the
+// CPU's for at least 16 (of 32) on every prompt where llama.cpp agrees with itself; on
+// bf16 weights likewise; and batch invariance holds on the GPU (the continuous-batching
+// engine, many requests at once, with and without KV pressure, gives each request its solo
+// greedy output). Tagged [cuda]; without a GPU each case prints why it is skipped.
 #include <catch2/catch.hpp>
 #include <cmath>
+#include <fstream>
 #include <map>
+#include <nlohmann/json.hpp>
 
 #include "runtime/engine.h"
 #include "runtime/model_files.h"
@@ -29,7 +33,7 @@ struct Greedy {
 };
 
 Greedy greedy(Model& m, Backend& be, const std::vector<int32_t>& prompt, int n) {
-  auto r = SequenceRunner::create(m, be, 1024);
+  auto r = SequenceRunner::create(m, be, std::min(1024, m.config().max_context));
   if (!r) FAIL(r.error().message);
   auto l = (*r)->feed(prompt);
   if (!l) FAIL(be.name() << ": " << l.error().message);
@@ -77,15 +81,60 @@ void compare_backends(const ModelFiles& files, const std::vector<int32_t>& promp
 
 }  // namespace
 
-TEST_CASE("cuda: greedy tokens on the default model (Q4_1) match the CPU backend", "[cuda][model]") {
+TEST_CASE("cuda: the default model (Q4_1) matches llama.cpp's logits and the CPU's greedy tokens", "[cuda][model]") {
   if (gpu_missing()) return;
   const std::string path = test::default_model_path();
   if (!test::file_exists(path)) FAIL(test::model_missing_message(path));
   auto files = open_model(path, {});
   REQUIRE(files.ok());
-  REQUIRE(files->tokenizer.has_value());
-  const auto prompt = files->tokenizer->encode("The three largest cities of France are", true, false);
-  compare_backends(*files, prompt, "SmolLM2-135M Q4_1");
+  // Golden data of tests/runtime/forward_golden_test.cpp (llama-cpp-python 0.3.36).
+  const std::string dir = test::source_dir() + "/tests/golden/forward/";
+  std::ifstream jf(dir + "smollm2_q4_1.json");
+  REQUIRE(jf);
+  const auto meta = nlohmann::json::parse(jf);
+  std::ifstream bf(dir + "smollm2_q4_1_logits.f32", std::ios::binary);
+  REQUIRE(bf);
+  const int32_t vocab = files->config.vocab;
+  std::vector<float> golden(meta["logits_file"]["bytes"].get<size_t>() / 4);
+  bf.read(reinterpret_cast<char*>(golden.data()), static_cast<std::streamsize>(golden.size() * 4));
+  auto cpu = make_cpu_backend({0});
+  auto gpu = make_cuda_backend({});
+  REQUIRE(gpu.ok());
+  auto mc = Model::build(files->config, *files->weights, *cpu, 512);
+  auto mg = Model::build(files->config, *files->weights, **gpu, 512);
+  REQUIRE(mc.ok());
+  REQUIRE(mg.ok());
+  const auto& unstable = meta["noise_floor"]["batch512_vs_token_by_token"]["greedy_changed"];
+  size_t index = 0;
+  int stable = 0;
+  for (const auto& c : meta["cases"]) {
+    const std::string name = c["name"].get<std::string>();
+    const auto ids = c["prompt_ids"].get<std::vector<int32_t>>();
+    const Greedy g = greedy(**mg, **gpu, ids, 32), cg = greedy(**mc, *cpu, ids, 32);
+    const float* want = golden.data() + index++ * vocab;
+    double max_err = 0, mean = 0;
+    for (int32_t i = 0; i < vocab; ++i) {
+      max_err = std::max(max_err, std::fabs(double(g.first_logits[i]) - want[i]));
+      mean += g.first_logits[i] - want[i];
+    }
+    mean /= vocab;
+    double spread = 0;
+    for (int32_t i = 0; i < vocab; ++i) spread += std::fabs(g.first_logits[i] - want[i] - mean);
+    spread /= vocab;
+    const bool peer_stable = std::find(unstable.begin(), unstable.end(), name) == unstable.end();
+    const size_t same = common_prefix(g.tokens, cg.tokens);
+    WARN(name << " on " << (*gpu)->name() << ": logits vs llama.cpp max |diff| " << max_err << ", spread " << spread
+              << "; greedy equal to the CPU's for " << same << " of 32"
+              << (peer_stable ? "" : " (llama.cpp itself is unstable on this prompt)"));
+    // The same tolerance as the CPU backend against llama.cpp (forward_golden_test.cpp).
+    CHECK(max_err < 1.5);
+    CHECK(spread < 0.2);
+    if (peer_stable) {
+      CHECK(same >= 16);
+      ++stable;
+    }
+  }
+  CHECK(stable >= 5);
 }
 
 TEST_CASE("cuda: greedy tokens on bf16 weights match the CPU backend", "[cuda][model]") {
