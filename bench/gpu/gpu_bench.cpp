@@ -190,7 +190,11 @@ void bench_gemv(double copy_gbs, bool simple) {
       size_t k = 0;
       const double ms = time_ms(**be, [&] { (*be)->matmul(*ws[k++ % copies], x, n, y, rows); });
       const double gbs = data.size() / (ms * 1e-3) / 1e9;
-      add({std::string("GEMV ") + std::string(dtype_traits(t).name) + (simple ? " (plain kernel)" : " (fused dequant)"),
+      const bool q8 = t == DType::Q4_0 || t == DType::Q4_1 || t == DType::Q8_0;
+      const std::string kernel = simple ? " (f32 x in shared memory)"
+                                 : t == DType::BF16 ? " (coalesced, f32 x)"
+                                 : q8 ? " (int8 x, dp4a)" : " (f32 x in shared memory)";
+      add({std::string("GEMV ") + std::string(dtype_traits(t).name) + kernel,
            std::to_string(rows) + "x" + std::to_string(cols) + ", n=" + std::to_string(n), ms, gbs, "GB/s",
            100.0 * gbs / copy_gbs, "copy"});
     }
@@ -456,7 +460,7 @@ int main(int argc, char** argv) {
   cublasDestroy(h);
   add({"ceiling: cuBLAS bf16 GEMM", "8192^3", gemm_ms, peak, "TFLOP/s", -1, ""});
   bench_gemv(copy, false);
-  bench_gemv(copy, true);
+  bench_gemv(copy, true);  // the f32-activation kernel for every type, for comparison
   bench_attention(copy, peak);
   bench_small_ops(copy);
   bench_prefill_matmul(peak);

@@ -60,7 +60,7 @@ class CudaBackend final : public Backend {
     cudaSetDevice(device_);
     cudaStreamSynchronize(stream_);
     for (void* p : buffers_) cudaFree(p);
-    for (void* p : {static_cast<void*>(step_dev_), idx_dev_, wh_, xh_, partials_}) if (p) cudaFree(p);
+    for (void* p : {static_cast<void*>(step_dev_), idx_dev_, wh_, xh_, partials_, xq_}) if (p) cudaFree(p);
     if (step_host_) cudaFreeHost(step_host_);
     cublasDestroy(blas_);
     cudaStreamDestroy(stream_);
@@ -212,6 +212,15 @@ class CudaBackend final : public Backend {
   void matmul(const Weight& weight, const float* x, int64_t n, float* y, int64_t ldy) override {
     if (failed() || n <= 0) return;
     const auto& w = static_cast<const CudaWeight&>(weight);
+    if ((n <= kGemvMaxTokens || batch_invariant_) && cuda::uses_q8_activations(w.type) && !simple_gemv_) {
+      // As the CPU and llama.cpp: int8 activations per 32 values, integer dot products.
+      const size_t bytes = size_t(n) * size_t(w.cols / 32) * sizeof(cuda::Q8Block);
+      if (!ensure(&xq_, &xq_cap_, bytes)) return;
+      auto* xq = static_cast<cuda::Q8Block*>(xq_);
+      TROUPE_CUDA(cuda::quantize_q8(w.type, x, w.cols, w.cols, n, xq, stream_));
+      TROUPE_CUDA(cuda::gemv_q8(w.type, w.data, w.row_bytes, w.rows, w.cols, xq, n, y, ldy, stream_));
+      return;
+    }
     if (n <= kGemvMaxTokens || batch_invariant_) {
       TROUPE_CUDA(cuda::gemv(w.type, w.data, w.row_bytes, w.rows, w.cols, x, w.cols, n, y, ldy, stream_, simple_gemv_));
       return;
@@ -315,7 +324,7 @@ class CudaBackend final : public Backend {
 
   int device_;
   bool batch_invariant_;
-  // TROUPE_CUDA_GEMV=simple: the plain GEMV kernel for every type (benchmark comparison).
+  // TROUPE_CUDA_GEMV=simple: the plain f32-activation GEMV for every type (benchmarks).
   bool simple_gemv_ = [] {
     const char* e = std::getenv("TROUPE_CUDA_GEMV");
     return e && std::string(e) == "simple";
@@ -329,8 +338,8 @@ class CudaBackend final : public Backend {
   int32_t* step_host_ = nullptr;  // pinned
   int32_t* step_dev_ = nullptr;
   size_t step_cap_ = 0;  // int32 elements
-  void *idx_dev_ = nullptr, *wh_ = nullptr, *xh_ = nullptr, *partials_ = nullptr;
-  size_t idx_cap_ = 0, wh_cap_ = 0, xh_cap_ = 0, partials_cap_ = 0;  // bytes
+  void *idx_dev_ = nullptr, *wh_ = nullptr, *xh_ = nullptr, *partials_ = nullptr, *xq_ = nullptr;
+  size_t idx_cap_ = 0, wh_cap_ = 0, xh_cap_ = 0, partials_cap_ = 0, xq_cap_ = 0;  // bytes
   int num_sms_ = 132;
   size_t max_weight_elems_ = 0;
 };

@@ -10,152 +10,52 @@ namespace {
 
 constexpr int kWarpsPerBlock = 4;
 
-// One warp per output row; lane l decodes chunks l, l + 32, ... of the row and dots them
-// with up to NT token rows of x at once (blockIdx.y picks the group of NT tokens), so each
-// weight byte is read once per group. A token's arithmetic (chunk order, then the warp
-// sum) does not depend on NT, nt or its group: results are batch-invariant, bit for bit.
+// One warp per output row; the block's four warps share tiles of x (1024 columns of up to
+// NT tokens) staged in shared memory, padded so that lane l reading its chunk l has no
+// bank conflicts. Lane l decodes chunks l, l + 32, ... of the row and dots them with the
+// NT token rows (blockIdx.y picks the group of NT tokens), so each weight byte is read once
+// per group. A token's arithmetic (chunk order, then the warp sum) does not depend on NT,
+// nt or its group: results are batch-invariant, bit for bit.
 template <DType T, int NT>
 __global__ void __launch_bounds__(kWarpsPerBlock * 32)
     gemv_kernel(const uint8_t* __restrict__ w, size_t row_bytes, int64_t rows, int64_t cols,
-                const float* __restrict__ x, int64_t ldx, int64_t n, bool vec, float* __restrict__ y, int64_t ldy) {
+                const float* __restrict__ x, int64_t ldx, int64_t n, float* __restrict__ y, int64_t ldy) {
+  __shared__ float xs[NT][32 * 33];
   const int lane = threadIdx.x & 31;
   const int64_t r = int64_t{blockIdx.x} * kWarpsPerBlock + (threadIdx.x >> 5);
-  if (r >= rows) return;
+  const bool active = r < rows;
   const int64_t t0 = int64_t{blockIdx.y} * NT;
   const int nt = n - t0 < NT ? static_cast<int>(n - t0) : NT;
   x += t0 * ldx;
   y += t0 * ldy;
-  const uint8_t* row = w + static_cast<size_t>(r) * row_bytes;
+  const uint8_t* row = w + static_cast<size_t>(active ? r : 0) * row_bytes;
   float acc[NT];
 #pragma unroll
   for (int t = 0; t < NT; ++t) acc[t] = 0.f;
   const int64_t num_chunks = (cols + 31) / 32;
-  float wv[32], xv[32];
-  for (int64_t c = lane; c < num_chunks; c += 32) {
+  float wv[32];
+  for (int64_t tile = 0; tile < num_chunks; tile += 32) {
+    __syncthreads();
+    for (int i = threadIdx.x; i < nt * 1024; i += kWarpsPerBlock * 32) {
+      const int t = i >> 10, e = i & 1023;
+      const int64_t col = tile * 32 + e;
+      xs[t][(e >> 5) * 33 + (e & 31)] = col < cols ? x[t * ldx + col] : 0.f;
+    }
+    __syncthreads();
+    const int64_t c = tile + lane;
+    if (!active || c >= num_chunks) continue;
     dequant32<T>(row, c, wv);
-    const int64_t base = c * 32;
-    const bool full = base + 32 <= cols;
 #pragma unroll
     for (int t = 0; t < NT; ++t) {
       if (t >= nt) break;
-      const float* xt = x + t * ldx + base;
-      if (vec && full) {
-#pragma unroll
-        for (int i = 0; i < 8; ++i) {
-          const float4 v = reinterpret_cast<const float4*>(xt)[i];
-          xv[4 * i] = v.x; xv[4 * i + 1] = v.y; xv[4 * i + 2] = v.z; xv[4 * i + 3] = v.w;
-        }
-      } else {
-#pragma unroll
-        for (int j = 0; j < 32; ++j) xv[j] = base + j < cols ? xt[j] : 0.f;
-      }
+      const float* xt = xs[t] + lane * 33;
       float s = 0.f;
 #pragma unroll
-      for (int j = 0; j < 32; ++j) s = fmaf(wv[j], xv[j], s);
+      for (int j = 0; j < 32; ++j) s = fmaf(wv[j], xt[j], s);
       acc[t] += s;
     }
   }
-#pragma unroll
-  for (int t = 0; t < NT; ++t) {
-    if (t >= nt) break;
-    const float s = warp_sum(acc[t]);
-    if (lane == 0) y[t * ldy + r] = s;
-  }
-}
-
-// Bytes of one 32-element chunk of the 32-block types (0: not a fixed-size chunk type).
-template <DType T>
-__host__ __device__ constexpr int chunk_bytes() {
-  switch (T) {
-    case DType::F32: return 128;
-    case DType::F16: case DType::BF16: return 64;
-    case DType::Q4_0: return 18;
-    case DType::Q4_1: return 20;
-    case DType::Q5_0: return 22;
-    case DType::Q5_1: return 24;
-    case DType::Q8_0: return 34;
-    default: return 0;
-  }
-}
-
-// A chunk's raw bytes in registers, loaded with the widest aligned loads its size allows.
-template <int BYTES>
-struct RawChunk {
-  static constexpr int kAlign = BYTES % 16 == 0 ? 16 : BYTES % 4 == 0 ? 4 : 2;
-  struct alignas(16) Words {
-    uint8_t b[BYTES % 16 == 0 ? BYTES : (BYTES + 15) / 16 * 16];
-  } data;
-  __device__ __forceinline__ void load(const uint8_t* p) {
-    if constexpr (kAlign == 16) {
-#pragma unroll
-      for (int i = 0; i < BYTES / 16; ++i)
-        reinterpret_cast<uint4*>(data.b)[i] = __ldg(reinterpret_cast<const uint4*>(p) + i);
-    } else if constexpr (kAlign == 4) {
-#pragma unroll
-      for (int i = 0; i < BYTES / 4; ++i)
-        reinterpret_cast<uint32_t*>(data.b)[i] = __ldg(reinterpret_cast<const unsigned int*>(p) + i);
-    } else {
-#pragma unroll
-      for (int i = 0; i < BYTES / 2; ++i)
-        reinterpret_cast<uint16_t*>(data.b)[i] = __ldg(reinterpret_cast<const unsigned short*>(p) + i);
-    }
-  }
-};
-
-// The same arithmetic as gemv_kernel (so the same bits), with the raw bytes of U chunks
-// loaded before any is decoded: more loads in flight per lane for the bandwidth-bound case.
-template <DType T, int NT, int U>
-__global__ void __launch_bounds__(kWarpsPerBlock * 32)
-    gemv_prefetch_kernel(const uint8_t* __restrict__ w, size_t row_bytes, int64_t rows, int64_t cols,
-                         const float* __restrict__ x, int64_t ldx, int64_t n, bool vec, float* __restrict__ y,
-                         int64_t ldy) {
-  constexpr int B = chunk_bytes<T>();
-  const int lane = threadIdx.x & 31;
-  const int64_t r = int64_t{blockIdx.x} * kWarpsPerBlock + (threadIdx.x >> 5);
-  if (r >= rows) return;
-  const int64_t t0 = int64_t{blockIdx.y} * NT;
-  const int nt = n - t0 < NT ? static_cast<int>(n - t0) : NT;
-  x += t0 * ldx;
-  y += t0 * ldy;
-  const uint8_t* row = w + static_cast<size_t>(r) * row_bytes;
-  float acc[NT];
-#pragma unroll
-  for (int t = 0; t < NT; ++t) acc[t] = 0.f;
-  const int64_t num_chunks = (cols + 31) / 32;
-  float wv[32], xv[32];
-  for (int64_t c0 = lane; c0 < num_chunks; c0 += 32 * U) {
-    RawChunk<B> raw[U];
-#pragma unroll
-    for (int u = 0; u < U; ++u)
-      if (c0 + 32 * u < num_chunks) raw[u].load(row + (c0 + 32 * u) * B);
-#pragma unroll
-    for (int u = 0; u < U; ++u) {
-      const int64_t c = c0 + 32 * u;
-      if (c >= num_chunks) break;
-      dequant32<T>(raw[u].data.b, 0, wv);
-      const int64_t base = c * 32;
-      const bool full = base + 32 <= cols;
-#pragma unroll
-      for (int t = 0; t < NT; ++t) {
-        if (t >= nt) break;
-        const float* xt = x + t * ldx + base;
-        if (vec && full) {
-#pragma unroll
-          for (int i = 0; i < 8; ++i) {
-            const float4 v = reinterpret_cast<const float4*>(xt)[i];
-            xv[4 * i] = v.x; xv[4 * i + 1] = v.y; xv[4 * i + 2] = v.z; xv[4 * i + 3] = v.w;
-          }
-        } else {
-#pragma unroll
-          for (int j = 0; j < 32; ++j) xv[j] = base + j < cols ? xt[j] : 0.f;
-        }
-        float s = 0.f;
-#pragma unroll
-        for (int j = 0; j < 32; ++j) s = fmaf(wv[j], xv[j], s);
-        acc[t] += s;
-      }
-    }
-  }
+  if (!active) return;
 #pragma unroll
   for (int t = 0; t < NT; ++t) {
     if (t >= nt) break;
@@ -233,26 +133,18 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
 }
 
 // Chooses the kernel for one token-group size, by weight type only (never by batch, so
-// results stay batch-invariant): coalesced vectors for f16/bf16, prefetching chunks for
-// the other fixed-chunk types (4 in flight for small chunks, 2 for large), the plain
-// kernel for the K-quants. `simple` forces the plain kernel (benchmark comparison).
+// results stay batch-invariant): coalesced vectors for f16/bf16, the shared-x kernel for
+// the rest. `simple` forces the shared-x kernel for f16/bf16 too (benchmark comparison).
 template <DType T, int NT>
 void launch_gemv(dim3 grid, dim3 block, cudaStream_t stream, bool simple, const uint8_t* w, size_t row_bytes,
                  int64_t rows, int64_t cols, const float* x, int64_t ldx, int64_t n, bool vec, float* y, int64_t ldy) {
-  constexpr int B = chunk_bytes<T>();
   if constexpr (T == DType::F16 || T == DType::BF16) {
     if (!simple) {
       gemv_half_kernel<T == DType::BF16, NT, 4><<<grid, block, 0, stream>>>(w, row_bytes, rows, cols, x, ldx, n, vec, y, ldy);
       return;
     }
-  } else if constexpr (B > 0) {
-    if (!simple) {
-      gemv_prefetch_kernel<T, NT, (B <= 24 ? 4 : 2)><<<grid, block, 0, stream>>>(w, row_bytes, rows, cols, x, ldx, n,
-                                                                                 vec, y, ldy);
-      return;
-    }
   }
-  gemv_kernel<T, NT><<<grid, block, 0, stream>>>(w, row_bytes, rows, cols, x, ldx, n, vec, y, ldy);
+  gemv_kernel<T, NT><<<grid, block, 0, stream>>>(w, row_bytes, rows, cols, x, ldx, n, y, ldy);
 }
 
 template <DType T>

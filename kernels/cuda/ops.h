@@ -34,6 +34,19 @@ cudaError_t rms_norm(const float* x, const float* w, float eps, int64_t n, int64
 // simple: the plain kernel even where a prefetching one exists (same bits; for benchmarks).
 cudaError_t gemv(DType type, const void* w, size_t row_bytes, int64_t rows, int64_t cols, const float* x,
                  int64_t ldx, int64_t n, float* y, int64_t ldy, cudaStream_t stream, bool simple = false);
+// Activations quantized per 32 values for the 32-block weight types (matmul_q8.cu).
+struct alignas(16) Q8Block {
+  int8_t q[32];
+  float d, s;  // scale (f16-rounded) and d * sum(q)
+  float pad[2];
+};
+bool uses_q8_activations(DType type);  // Q4_0, Q4_1, Q5_0, Q5_1, Q8_0
+// x [n, ldx] (cols a multiple of 32) -> out [n, cols / 32]; numerics depend on the weight type.
+cudaError_t quantize_q8(DType weight_type, const float* x, int64_t ldx, int64_t cols, int64_t n, Q8Block* out,
+                        cudaStream_t stream);
+// y[t, r] = sum over blocks of (d_w d_x) isum + m_w s_x                 y: [n, ldy]
+cudaError_t gemv_q8(DType type, const void* w, size_t row_bytes, int64_t rows, int64_t cols, const Q8Block* xq,
+                    int64_t n, float* y, int64_t ldy, cudaStream_t stream);
 // W -> f16 [rows, cols] for the cuBLAS path (prefill).
 cudaError_t dequant_to_f16(DType type, const void* w, size_t row_bytes, int64_t rows, int64_t cols, void* out,
                            cudaStream_t stream);

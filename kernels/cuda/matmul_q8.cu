@@ -1,0 +1,198 @@
+// GEMV of the 32-block quantized types (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0) against activations
+// quantized to int8 per 32 values, as GGML's q8_0/q8_1 (and the CPU backend) do: id =
+// 127 / amax, round half to even, d kept as f16, and s = d * sum(q) (as f16 for the types
+// with a min, Q4_1 and Q5_1). Integer dot products with __dp4a; per block the float
+// combine is (d_w * d_x) * isum + m_w * s_x, so logits agree with the CPU and llama.cpp on
+// the same file. A token's arithmetic does not depend on its batch (batch-invariant).
+#include "kernels/cuda/common.cuh"
+#include "kernels/cuda/ops.h"
+
+namespace troupe::cuda {
+namespace {
+
+constexpr int kWarpsPerBlock = 4;
+
+// One warp per (token, 32-block group): lane j quantizes element j of the block.
+__global__ void quantize_q8_kernel(const float* __restrict__ x, int64_t ldx, int64_t cols, int64_t n,
+                                   bool s_as_f16, Q8Block* __restrict__ out) {
+  const int64_t nb = cols / 32;
+  const int64_t warp = (int64_t{blockIdx.x} * blockDim.x + threadIdx.x) >> 5;
+  const int lane = threadIdx.x & 31;
+  if (warp >= n * nb) return;
+  const int64_t t = warp / nb, b = warp % nb;
+  const float v = x[t * ldx + b * 32 + lane];
+  const float amax = warp_max(fabsf(v));
+  const float dd = amax / 127.0f;
+  const float id = amax != 0.0f ? 127.0f / amax : 0.0f;
+  const int q = __float2int_rn(v * id);
+  int sum = q;
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+  Q8Block& blk = out[t * nb + b];
+  blk.q[lane] = static_cast<int8_t>(q);
+  if (lane == 0) {
+    const float d = __half2float(__float2half_rn(dd));
+    blk.d = d;
+    blk.s = s_as_f16 ? __half2float(__float2half_rn(dd * static_cast<float>(sum))) : d * static_cast<float>(sum);
+  }
+}
+
+// Weight block j as 8 words of 4 signed/unsigned bytes in element order, plus d and m.
+template <DType T>
+__device__ __forceinline__ void unpack_block(const uint8_t* b, int32_t* v, float* d, float* m);
+
+template <>
+__device__ __forceinline__ void unpack_block<DType::Q4_0>(const uint8_t* b, int32_t* v, float* d, float* m) {
+  *d = h2f(ld16(b));
+  *m = -8.0f * *d;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const uint32_t w = static_cast<uint32_t>(ld16(b + 2 + 4 * i)) | (static_cast<uint32_t>(ld16(b + 4 + 4 * i)) << 16);
+    v[i] = static_cast<int32_t>(w & 0x0F0F0F0Fu);
+    v[i + 4] = static_cast<int32_t>((w >> 4) & 0x0F0F0F0Fu);
+  }
+}
+template <>
+__device__ __forceinline__ void unpack_block<DType::Q4_1>(const uint8_t* b, int32_t* v, float* d, float* m) {
+  const uint32_t* p = reinterpret_cast<const uint32_t*>(b);
+  const uint32_t dm = p[0];
+  *d = h2f(static_cast<uint16_t>(dm & 0xFFFF));
+  *m = h2f(static_cast<uint16_t>(dm >> 16));
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const uint32_t w = p[1 + i];
+    v[i] = static_cast<int32_t>(w & 0x0F0F0F0Fu);
+    v[i + 4] = static_cast<int32_t>((w >> 4) & 0x0F0F0F0Fu);
+  }
+}
+__device__ __forceinline__ void q5_words(const uint8_t* qs, uint32_t qh, int32_t* v) {
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    uint32_t lo = 0, hi = 0;
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      const int j = 4 * i + k;
+      lo |= ((qs[j] & 0xFu) | (((qh >> j) & 1u) << 4)) << (8 * k);
+      hi |= ((qs[j] >> 4) | (((qh >> (j + 16)) & 1u) << 4)) << (8 * k);
+    }
+    v[i] = static_cast<int32_t>(lo);
+    v[i + 4] = static_cast<int32_t>(hi);
+  }
+}
+template <>
+__device__ __forceinline__ void unpack_block<DType::Q5_0>(const uint8_t* b, int32_t* v, float* d, float* m) {
+  *d = h2f(ld16(b));
+  *m = -16.0f * *d;
+  q5_words(b + 6, static_cast<uint32_t>(ld16(b + 2)) | (static_cast<uint32_t>(ld16(b + 4)) << 16), v);
+}
+template <>
+__device__ __forceinline__ void unpack_block<DType::Q5_1>(const uint8_t* b, int32_t* v, float* d, float* m) {
+  *d = h2f(ld16(b));
+  *m = h2f(ld16(b + 2));
+  q5_words(b + 8, *reinterpret_cast<const uint32_t*>(b + 4), v);
+}
+template <>
+__device__ __forceinline__ void unpack_block<DType::Q8_0>(const uint8_t* b, int32_t* v, float* d, float* m) {
+  *d = h2f(ld16(b));
+  *m = 0.0f;
+#pragma unroll
+  for (int i = 0; i < 8; ++i)
+    v[i] = static_cast<int32_t>(static_cast<uint32_t>(ld16(b + 2 + 4 * i)) | (static_cast<uint32_t>(ld16(b + 4 + 4 * i)) << 16));
+}
+
+template <DType T>
+__host__ __device__ constexpr int block_bytes() {
+  return T == DType::Q4_0 ? 18 : T == DType::Q4_1 ? 20 : T == DType::Q5_0 ? 22 : T == DType::Q5_1 ? 24 : 34;
+}
+
+template <DType T, int NT>
+__global__ void __launch_bounds__(kWarpsPerBlock * 32)
+    gemv_q8_kernel(const uint8_t* __restrict__ w, size_t row_bytes, int64_t rows, int64_t nb,
+                   const Q8Block* __restrict__ xq, int64_t n, float* __restrict__ y, int64_t ldy) {
+  const int lane = threadIdx.x & 31;
+  const int64_t r = int64_t{blockIdx.x} * kWarpsPerBlock + (threadIdx.x >> 5);
+  if (r >= rows) return;
+  const int64_t t0 = int64_t{blockIdx.y} * NT;
+  const int nt = n - t0 < NT ? static_cast<int>(n - t0) : NT;
+  xq += t0 * nb;
+  y += t0 * ldy;
+  const uint8_t* row = w + static_cast<size_t>(r) * row_bytes;
+  float acc[NT];
+#pragma unroll
+  for (int t = 0; t < NT; ++t) acc[t] = 0.f;
+  for (int64_t b = lane; b < nb; b += 32) {
+    int32_t v[8];
+    float d, m;
+    unpack_block<T>(row + b * block_bytes<T>(), v, &d, &m);
+#pragma unroll
+    for (int t = 0; t < NT; ++t) {
+      if (t >= nt) break;
+      const Q8Block& xb = xq[t * nb + b];
+      const int4 q0 = reinterpret_cast<const int4*>(xb.q)[0], q1 = reinterpret_cast<const int4*>(xb.q)[1];
+      int isum = 0;
+      isum = __dp4a(v[0], q0.x, isum);
+      isum = __dp4a(v[1], q0.y, isum);
+      isum = __dp4a(v[2], q0.z, isum);
+      isum = __dp4a(v[3], q0.w, isum);
+      isum = __dp4a(v[4], q1.x, isum);
+      isum = __dp4a(v[5], q1.y, isum);
+      isum = __dp4a(v[6], q1.z, isum);
+      isum = __dp4a(v[7], q1.w, isum);
+      acc[t] += d * xb.d * static_cast<float>(isum) + m * xb.s;
+    }
+  }
+#pragma unroll
+  for (int t = 0; t < NT; ++t) {
+    if (t >= nt) break;
+    const float s = warp_sum(acc[t]);
+    if (lane == 0) y[t * ldy + r] = s;
+  }
+}
+
+template <DType T>
+void launch(const uint8_t* w, size_t row_bytes, int64_t rows, int64_t nb, const Q8Block* xq, int64_t n, float* y,
+            int64_t ldy, cudaStream_t stream) {
+  const unsigned blocks = static_cast<unsigned>((rows + kWarpsPerBlock - 1) / kWarpsPerBlock);
+  const dim3 block(kWarpsPerBlock * 32);
+  if (n == 1) gemv_q8_kernel<T, 1><<<dim3(blocks, 1), block, 0, stream>>>(w, row_bytes, rows, nb, xq, n, y, ldy);
+  else if (n == 2) gemv_q8_kernel<T, 2><<<dim3(blocks, 1), block, 0, stream>>>(w, row_bytes, rows, nb, xq, n, y, ldy);
+  else if (n <= 4) gemv_q8_kernel<T, 4><<<dim3(blocks, 1), block, 0, stream>>>(w, row_bytes, rows, nb, xq, n, y, ldy);
+  else
+    gemv_q8_kernel<T, 8><<<dim3(blocks, static_cast<unsigned>((n + 7) / 8)), block, 0, stream>>>(w, row_bytes, rows, nb,
+                                                                                              xq, n, y, ldy);
+}
+
+}  // namespace
+
+bool uses_q8_activations(DType type) {
+  return type == DType::Q4_0 || type == DType::Q4_1 || type == DType::Q5_0 || type == DType::Q5_1 ||
+         type == DType::Q8_0;
+}
+
+cudaError_t quantize_q8(DType weight_type, const float* x, int64_t ldx, int64_t cols, int64_t n, Q8Block* out,
+                        cudaStream_t stream) {
+  if (n <= 0) return cudaSuccess;
+  if (cols % 32 != 0) return cudaErrorInvalidValue;
+  const int64_t warps = n * (cols / 32);
+  const bool s_as_f16 = weight_type == DType::Q4_1 || weight_type == DType::Q5_1;
+  quantize_q8_kernel<<<static_cast<unsigned>((warps + 7) / 8), 256, 0, stream>>>(x, ldx, cols, n, s_as_f16, out);
+  return cudaGetLastError();
+}
+
+cudaError_t gemv_q8(DType type, const void* w, size_t row_bytes, int64_t rows, int64_t cols, const Q8Block* xq,
+                    int64_t n, float* y, int64_t ldy, cudaStream_t stream) {
+  if (n <= 0 || rows <= 0) return cudaSuccess;
+  const auto* wb = static_cast<const uint8_t*>(w);
+  const int64_t nb = cols / 32;
+  switch (type) {
+    case DType::Q4_0: launch<DType::Q4_0>(wb, row_bytes, rows, nb, xq, n, y, ldy, stream); break;
+    case DType::Q4_1: launch<DType::Q4_1>(wb, row_bytes, rows, nb, xq, n, y, ldy, stream); break;
+    case DType::Q5_0: launch<DType::Q5_0>(wb, row_bytes, rows, nb, xq, n, y, ldy, stream); break;
+    case DType::Q5_1: launch<DType::Q5_1>(wb, row_bytes, rows, nb, xq, n, y, ldy, stream); break;
+    case DType::Q8_0: launch<DType::Q8_0>(wb, row_bytes, rows, nb, xq, n, y, ldy, stream); break;
+    default: return cudaErrorInvalidValue;
+  }
+  return cudaGetLastError();
+}
+
+}  // namespace troupe::cuda
