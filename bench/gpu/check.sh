@@ -50,6 +50,38 @@ for dev in cuda cpu; do
   cat "$OUT/bench-default-$dev.json"
 done
 
+say "troupe serve --device cuda: one chat completion over HTTP, then SIGTERM"
+PORT="${TROUPE_CHECK_PORT:-18431}"
+"$BIN/troupe" serve "${TROUPE_MODEL_PATH:-default}" --device cuda --port "$PORT" >"$OUT/serve.log" 2>&1 &
+SERVER=$!
+timeout 120 python3 - "$PORT" >"$OUT/serve-reply.json" 2>&1 <<'PY'
+import json, sys, time, urllib.request
+port = sys.argv[1]
+for _ in range(240):
+    try:
+        urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1)
+        break
+    except Exception:
+        time.sleep(0.5)
+body = {"model": "default", "messages": [{"role": "user", "content": "What is the capital of France?"}],
+        "max_tokens": 24, "temperature": 0}
+req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/chat/completions", data=json.dumps(body).encode(),
+                             headers={"Content-Type": "application/json"})
+reply = json.load(urllib.request.urlopen(req, timeout=60))
+print(json.dumps(reply))
+assert reply["choices"][0]["message"]["content"].strip(), "empty completion"
+PY
+serve_rc=$?
+kill -TERM "$SERVER" 2>/dev/null
+wait "$SERVER"
+server_rc=$?
+cat "$OUT/serve-reply.json"
+if [ $serve_rc -ne 0 ] || [ $server_rc -ne 0 ]; then
+  say "serve check FAILED (client rc $serve_rc, server exit $server_rc): $OUT/serve.log"
+  tail -5 "$OUT/serve.log"
+  status=1
+fi
+
 echo
 [ -f "$OUT/gpu-check.md" ] && cat "$OUT/gpu-check.md"
 say "done in $(( $(date +%s) - T0 )) s, status $status"

@@ -1,12 +1,16 @@
 // Causal paged attention over the f16 cache, for prefill, chunked prefill and decode alike.
-// A token's keys are cut into fixed segments of kSegment positions; a block of four warps
-// turns one segment into a partial (max, sum, unnormalised output), each warp running an
-// online softmax over every fourth key, merged in warp order. Partials are merged in
-// segment order by one formula. Small batches (decode) give each segment its own block
-// and merge in a second pass (split-KV / flash-decoding); large batches loop over the
-// segments inside one block. Both paths do the same arithmetic in the same order, so a
-// token's output never depends on its batch (batch invariance). Queries are rounded to
-// f16 like the keys they meet, as the CPU reference (and GGML) does.
+// A block serves one query token and up to four query heads of one KV head (GQA: the KV
+// rows are read once for the group). A token's keys are cut into fixed segments of
+// kSegment positions; in a segment each warp takes 32 keys at a time, one key per lane
+// (the lane forms the dot products with the group's queries), updates an online softmax
+// with two warp reductions per 32 keys, then accumulates V with the weights broadcast
+// lane to lane. The warps' partials are merged in warp order into the segment's partial
+// (max, sum, unnormalised output), and segments are merged in order by one formula.
+// Small batches (decode) give each segment its own block and merge in a second kernel
+// (split-KV, flash-decoding); large batches loop over the segments inside one block. Both
+// paths do the same arithmetic in the same order, so a token's output never depends on its
+// batch (batch invariance). Queries are rounded to f16 like the keys they meet, as the CPU
+// reference (and GGML) does.
 #include <cmath>
 
 #include "kernels/cuda/common.cuh"
@@ -16,7 +20,9 @@ namespace troupe::cuda {
 namespace {
 
 constexpr int kWarps = 4;
+constexpr int kThreads = kWarps * 32;
 constexpr int kSegment = 256;
+constexpr int kGroup = 4;  // query heads per block
 
 struct Args {
   DeviceStep step;
@@ -28,158 +34,234 @@ struct Args {
   const __half* vc;
 };
 
-// Shared state of one block: per-warp partials, then the block's segment partial.
 template <int HD>
 struct Shared {
-  float wm[kWarps], wl[kWarps];
-  float wacc[kWarps][HD];
-  float m, l;
-  float acc[HD];
+  float q[kGroup][HD];
+  float wm[kWarps][kGroup], wl[kWarps][kGroup];
+  float wacc[kWarps][kGroup][HD];
+  float m[kGroup], l[kGroup];
+  float acc[kGroup][HD];
 };
 
-// The partial of keys [k0, k1) for query token t, head h, left in s.m, s.l, s.acc.
+// The block's heads: kv head `kvh`, query heads h0 .. h0 + gn - 1.
+struct Heads {
+  int kvh, h0, gn;
+};
+__device__ __forceinline__ Heads block_heads(const Args& a, int y) {
+  const int group = a.num_heads / a.num_kv_heads;
+  const int chunks = (group + kGroup - 1) / kGroup;
+  Heads hs;
+  hs.kvh = y / chunks;
+  const int g0 = (y % chunks) * kGroup;
+  hs.h0 = hs.kvh * group + g0;
+  hs.gn = min(kGroup, group - g0);
+  return hs;
+}
+
 template <int DPL>
-__device__ void segment_partial(const Args& a, int t, int h, int k0, int k1, Shared<DPL * 32>& s) {
+__device__ void load_queries(const Args& a, int t, const Heads& hs, Shared<DPL * 32>& s) {
+  constexpr int hd = DPL * 32;
+  for (int i = threadIdx.x; i < kGroup * hd; i += kThreads) {
+    const int g = i / hd, d = i % hd;
+    s.q[g][d] = g < hs.gn ? __half2float(__float2half_rn(a.q[t * a.ld_q + (hs.h0 + g) * hd + d])) : 0.f;
+  }
+  __syncthreads();
+}
+
+// The partial of keys [k0, k1) for token t and the block's heads, left in s.m, s.l, s.acc.
+template <int DPL>
+__device__ void segment_partial(const Args& a, int t, const Heads& hs, int k0, int k1, Shared<DPL * 32>& s) {
   constexpr int hd = DPL * 32;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int kvh = h / (a.num_heads / a.num_kv_heads);
   const int32_t* bt = a.step.block_tables + static_cast<int64_t>(a.step.token_seq[t]) * a.step.max_blocks_per_seq;
   const int64_t row = static_cast<int64_t>(a.num_kv_heads) * hd;
-  float qv[DPL], acc[DPL];
+  float m[kGroup], l[kGroup], acc[kGroup][DPL];
 #pragma unroll
-  for (int i = 0; i < DPL; ++i) {
-    qv[i] = __half2float(__float2half_rn(a.q[t * a.ld_q + h * hd + lane * DPL + i]));
-    acc[i] = 0.f;
+  for (int g = 0; g < kGroup; ++g) {
+    m[g] = -INFINITY;
+    l[g] = 0.f;
+#pragma unroll
+    for (int i = 0; i < DPL; ++i) acc[g][i] = 0.f;
   }
-  float m = -INFINITY, l = 0.f;
-  for (int p = k0 + warp; p < k1; p += kWarps) {
-    const int64_t slot = static_cast<int64_t>(bt[p / a.block_size]) * a.block_size + p % a.block_size;
-    const __half* kp = a.kc + slot * row + kvh * hd + lane * DPL;
-    float d = 0.f;
+  for (int base = k0 + warp * 32; base < k1; base += kWarps * 32) {
+    const int p = base + lane;
+    const bool valid = p < k1;
+    const int64_t slot = valid ? static_cast<int64_t>(bt[p / a.block_size]) * a.block_size + p % a.block_size : 0;
+    float dot[kGroup];
 #pragma unroll
-    for (int i = 0; i < DPL; ++i) d += qv[i] * __half2float(kp[i]);
-    d = warp_sum(d) * a.scale;
-    const float mn = fmaxf(m, d);
-    const float corr = expf(m - mn), e = expf(d - mn);
-    l = l * corr + e;
-    const __half* vp = a.vc + slot * row + kvh * hd + lane * DPL;
+    for (int g = 0; g < kGroup; ++g) dot[g] = 0.f;
+    if (valid) {
+      const uint4* kp = reinterpret_cast<const uint4*>(a.kc + slot * row + hs.kvh * hd);
 #pragma unroll
-    for (int i = 0; i < DPL; ++i) acc[i] = acc[i] * corr + e * __half2float(vp[i]);
-    m = mn;
+      for (int c = 0; c < hd / 8; ++c) {
+        const uint4 raw = kp[c];
+        const uint32_t w[4] = {raw.x, raw.y, raw.z, raw.w};
+        float kv[8];
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&w[j]));
+          kv[2 * j] = f.x;
+          kv[2 * j + 1] = f.y;
+        }
+#pragma unroll
+        for (int g = 0; g < kGroup; ++g)
+#pragma unroll
+          for (int j = 0; j < 8; ++j) dot[g] += s.q[g][c * 8 + j] * kv[j];
+      }
+    }
+    float pw[kGroup];
+#pragma unroll
+    for (int g = 0; g < kGroup; ++g) {
+      const float sc = valid ? dot[g] * a.scale : -INFINITY;
+      const float mx = warp_max(sc);  // finite: lane 0's key is valid
+      const float mn = fmaxf(m[g], mx);
+      const float corr = expf(m[g] - mn);
+      pw[g] = valid ? expf(sc - mn) : 0.f;
+      l[g] = l[g] * corr + warp_sum(pw[g]);
+#pragma unroll
+      for (int i = 0; i < DPL; ++i) acc[g][i] *= corr;
+      m[g] = mn;
+    }
+    const int count = min(32, k1 - base);
+    for (int j = 0; j < count; ++j) {
+      const int64_t sj = __shfl_sync(0xffffffffu, slot, j);
+      const __half* vp = a.vc + sj * row + hs.kvh * hd + lane * DPL;
+      float vv[DPL];
+#pragma unroll
+      for (int i = 0; i < DPL; ++i) vv[i] = __half2float(vp[i]);
+#pragma unroll
+      for (int g = 0; g < kGroup; ++g) {
+        const float wj = __shfl_sync(0xffffffffu, pw[g], j);
+#pragma unroll
+        for (int i = 0; i < DPL; ++i) acc[g][i] += wj * vv[i];
+      }
+    }
   }
-  if (lane == 0) {
-    s.wm[warp] = m;
-    s.wl[warp] = l;
-  }
+  if (lane == 0)
 #pragma unroll
-  for (int i = 0; i < DPL; ++i) s.wacc[warp][lane * DPL + i] = acc[i];
+    for (int g = 0; g < kGroup; ++g) {
+      s.wm[warp][g] = m[g];
+      s.wl[warp][g] = l[g];
+    }
+#pragma unroll
+  for (int g = 0; g < kGroup; ++g)
+#pragma unroll
+    for (int i = 0; i < DPL; ++i) s.wacc[warp][g][lane * DPL + i] = acc[g][i];
   __syncthreads();
-  float M = -INFINITY;
-  for (int w = 0; w < kWarps; ++w) M = fmaxf(M, s.wm[w]);
-  float f[kWarps], L = 0.f;
-  for (int w = 0; w < kWarps; ++w) {
-    f[w] = s.wl[w] > 0.f ? expf(s.wm[w] - M) : 0.f;
-    L += s.wl[w] * f[w];
-  }
-  for (int d = threadIdx.x; d < hd; d += kWarps * 32) {
-    float v = 0.f;
-    for (int w = 0; w < kWarps; ++w) v += s.wacc[w][d] * f[w];
-    s.acc[d] = v;
-  }
-  if (threadIdx.x == 0) {
-    s.m = M;
-    s.l = L;
+  for (int i = threadIdx.x; i < kGroup * hd; i += kThreads) {
+    const int g = i / hd, d = i % hd;
+    float M = -INFINITY;
+    for (int w = 0; w < kWarps; ++w) M = fmaxf(M, s.wm[w][g]);
+    float L = 0.f, v = 0.f;
+    for (int w = 0; w < kWarps; ++w) {
+      const float f = s.wl[w][g] > 0.f ? expf(s.wm[w][g] - M) : 0.f;
+      L += s.wl[w][g] * f;
+      v += s.wacc[w][g][d] * f;
+    }
+    s.acc[g][d] = v;
+    if (d == 0) {
+      s.m[g] = M;
+      s.l[g] = L;
+    }
   }
   __syncthreads();
 }
 
-// Running merge of partials in segment order; each thread keeps dims threadIdx.x + 128 k.
-template <int HD>
-struct Merge {
-  static constexpr int K = (HD + kWarps * 32 - 1) / (kWarps * 32);
-  float m = -INFINITY, l = 0.f;
-  float acc[K] = {};
-  __device__ __forceinline__ void add(float pm, float pl, const float* pacc) {
-    const float mn = fmaxf(m, pm);
-    const float fr = expf(m - mn), fp = expf(pm - mn);
-    l = l * fr + pl * fp;
-#pragma unroll
-    for (int k = 0; k < K; ++k) {
-      const int d = threadIdx.x + k * kWarps * 32;
-      if (d < HD) acc[k] = acc[k] * fr + pacc[d] * fp;
-    }
-    m = mn;
-  }
-  __device__ __forceinline__ void store(float* o) const {
-#pragma unroll
-    for (int k = 0; k < K; ++k) {
-      const int d = threadIdx.x + k * kWarps * 32;
-      if (d < HD) o[d] = acc[k] / l;
-    }
-  }
-};
+// Running merge of partials in segment order; thread i keeps the (head, dim) pairs
+// i, i + 128, ... of the block's kGroup x HD outputs. The same formula merges split-KV
+// partials in attention_combine_kernel.
+__device__ __forceinline__ void merge_step(float& m, float& l, float& acc, float pm, float pl, float pacc) {
+  const float mn = fmaxf(m, pm);
+  const float fr = expf(m - mn), fp = expf(pm - mn);
+  l = l * fr + pl * fp;
+  acc = acc * fr + pacc * fp;
+  m = mn;
+}
 
-// One block per (token, head): every segment in turn, merged as it goes.
 template <int DPL>
-__global__ void __launch_bounds__(kWarps * 32) attention_loop_kernel(Args a, float* __restrict__ out) {
+__global__ void __launch_bounds__(kThreads) attention_loop_kernel(Args a, float* __restrict__ out) {
   constexpr int hd = DPL * 32;
+  constexpr int K = kGroup * hd / kThreads;
   __shared__ Shared<hd> s;
-  const int t = blockIdx.x, h = blockIdx.y;
+  const int t = blockIdx.x;
+  const Heads hs = block_heads(a, blockIdx.y);
   const int len = a.step.positions[t] + 1;
-  Merge<hd> mg;
+  load_queries<DPL>(a, t, hs, s);
+  float m[K], l[K], acc[K];
+#pragma unroll
+  for (int k = 0; k < K; ++k) {
+    m[k] = -INFINITY;
+    l[k] = 0.f;
+    acc[k] = 0.f;
+  }
   for (int k0 = 0; k0 < len; k0 += kSegment) {
-    segment_partial<DPL>(a, t, h, k0, min(k0 + kSegment, len), s);
-    mg.add(s.m, s.l, s.acc);
+    segment_partial<DPL>(a, t, hs, k0, min(k0 + kSegment, len), s);
+#pragma unroll
+    for (int k = 0; k < K; ++k) {
+      const int i = threadIdx.x + k * kThreads, g = i / hd, d = i % hd;
+      merge_step(m[k], l[k], acc[k], s.m[g], s.l[g], s.acc[g][d]);
+    }
     __syncthreads();
   }
-  mg.store(out + (static_cast<int64_t>(t) * a.num_heads + h) * hd);
+#pragma unroll
+  for (int k = 0; k < K; ++k) {
+    const int i = threadIdx.x + k * kThreads, g = i / hd, d = i % hd;
+    if (g < hs.gn) out[(static_cast<int64_t>(t) * a.num_heads + hs.h0 + g) * hd + d] = acc[k] / l[k];
+  }
 }
 
-// Split-KV, pass 1: one block per (token, head, segment) writes its partial.
+// Split-KV, pass 1: one block per (token, head group, segment) writes its partials.
 // partials: [num_tokens, num_heads, max_segments, hd + 2]
 template <int DPL>
-__global__ void __launch_bounds__(kWarps * 32) attention_split_kernel(Args a, int max_segments, float* __restrict__ partials) {
+__global__ void __launch_bounds__(kThreads) attention_split_kernel(Args a, int max_segments, float* __restrict__ partials) {
   constexpr int hd = DPL * 32;
   __shared__ Shared<hd> s;
-  const int t = blockIdx.x, h = blockIdx.y, seg = blockIdx.z;
+  const int t = blockIdx.x, seg = blockIdx.z;
+  const Heads hs = block_heads(a, blockIdx.y);
   const int len = a.step.positions[t] + 1;
   const int k0 = seg * kSegment;
   if (k0 >= len) return;
-  segment_partial<DPL>(a, t, h, k0, min(k0 + kSegment, len), s);
-  float* p = partials + ((static_cast<int64_t>(t) * a.num_heads + h) * max_segments + seg) * (hd + 2);
-  for (int d = threadIdx.x; d < hd; d += kWarps * 32) p[d] = s.acc[d];
-  if (threadIdx.x == 0) {
-    p[hd] = s.m;
-    p[hd + 1] = s.l;
+  load_queries<DPL>(a, t, hs, s);
+  segment_partial<DPL>(a, t, hs, k0, min(k0 + kSegment, len), s);
+  for (int i = threadIdx.x; i < hs.gn * hd; i += kThreads) {
+    const int g = i / hd, d = i % hd;
+    float* p = partials + ((static_cast<int64_t>(t) * a.num_heads + hs.h0 + g) * max_segments + seg) * (hd + 2);
+    p[d] = s.acc[g][d];
+    if (d == 0) {
+      p[hd] = s.m[g];
+      p[hd + 1] = s.l[g];
+    }
   }
 }
 
-// Split-KV, pass 2: merges a token's segments in order, exactly as the loop kernel does.
+// Split-KV, pass 2: one block per (token, head) merges the segments in order.
 template <int DPL>
-__global__ void __launch_bounds__(kWarps * 32)
+__global__ void __launch_bounds__(kThreads)
     attention_combine_kernel(Args a, int max_segments, const float* __restrict__ partials, float* __restrict__ out) {
   constexpr int hd = DPL * 32;
   const int t = blockIdx.x, h = blockIdx.y;
   const int len = a.step.positions[t] + 1;
   const int num_segments = (len + kSegment - 1) / kSegment;
-  Merge<hd> mg;
   const float* base = partials + (static_cast<int64_t>(t) * a.num_heads + h) * max_segments * (hd + 2);
-  for (int seg = 0; seg < num_segments; ++seg) {
-    const float* p = base + static_cast<int64_t>(seg) * (hd + 2);
-    mg.add(p[hd], p[hd + 1], p);
+  for (int d = threadIdx.x; d < hd; d += kThreads) {
+    float m = -INFINITY, l = 0.f, acc = 0.f;
+    for (int seg = 0; seg < num_segments; ++seg) {
+      const float* p = base + static_cast<int64_t>(seg) * (hd + 2);
+      merge_step(m, l, acc, p[hd], p[hd + 1], p[d]);
+    }
+    out[(static_cast<int64_t>(t) * a.num_heads + h) * hd + d] = acc / l;
   }
-  mg.store(out + (static_cast<int64_t>(t) * a.num_heads + h) * hd);
 }
 
 template <int DPL>
 cudaError_t launch(const Args& a, int num_tokens, float* out, float* partials, int max_segments, cudaStream_t stream) {
-  const dim3 grid(static_cast<unsigned>(num_tokens), static_cast<unsigned>(a.num_heads));
+  const int group = a.num_heads / a.num_kv_heads;
+  const unsigned ys = static_cast<unsigned>(a.num_kv_heads * ((group + kGroup - 1) / kGroup));
   if (partials) {
-    attention_split_kernel<DPL><<<dim3(grid.x, grid.y, static_cast<unsigned>(max_segments)), kWarps * 32, 0, stream>>>(
-        a, max_segments, partials);
-    attention_combine_kernel<DPL><<<grid, kWarps * 32, 0, stream>>>(a, max_segments, partials, out);
+    attention_split_kernel<DPL><<<dim3(num_tokens, ys, max_segments), kThreads, 0, stream>>>(a, max_segments, partials);
+    attention_combine_kernel<DPL><<<dim3(num_tokens, a.num_heads), kThreads, 0, stream>>>(a, max_segments, partials, out);
   } else {
-    attention_loop_kernel<DPL><<<grid, kWarps * 32, 0, stream>>>(a, out);
+    attention_loop_kernel<DPL><<<dim3(num_tokens, ys), kThreads, 0, stream>>>(a, out);
   }
   return cudaGetLastError();
 }

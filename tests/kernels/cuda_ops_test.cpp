@@ -158,9 +158,12 @@ TEST_CASE("cuda: embedding rows of every weight type dequantize exactly as the r
     const std::string name(dtype_traits(t).name);
     auto got = run(*gpu);
     expect_close(got, ref, 0, 0, "embed " + name + " vs the reference dequantizer (exact)");
-    // The CPU backend repacks K-quant scales in f16 (about 5e-4 relative); others are exact.
+    // The CPU backend repacks K-quant sub-block scales and mins as f16 (d * sc, dmin * m),
+    // which moves values by up to about 1e-3 of the row's range; the others are exact.
     const bool k_quant = t == DType::Q4_K || t == DType::Q5_K || t == DType::Q6_K;
-    expect_close(got, run(*cpu), k_quant ? 1e-6 : 0, k_quant ? 1e-3 : 0, "embed " + name + " vs the CPU backend");
+    float range = 0;
+    for (float v : ref) range = std::max(range, std::fabs(v));
+    expect_close(got, run(*cpu), k_quant ? 2e-3 * range : 0, k_quant ? 1e-3 : 0, "embed " + name + " vs the CPU backend");
   }
 }
 
