@@ -63,7 +63,8 @@ for _ in range(240):
         break
     except Exception:
         time.sleep(0.5)
-body = {"model": "default", "messages": [{"role": "user", "content": "What is the capital of France?"}],
+models = json.load(urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/models", timeout=10))
+body = {"model": models["data"][0]["id"], "messages": [{"role": "user", "content": "What is the capital of France?"}],
         "max_tokens": 24, "temperature": 0}
 req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/chat/completions", data=json.dumps(body).encode(),
                              headers={"Content-Type": "application/json"})

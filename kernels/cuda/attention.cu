@@ -9,8 +9,10 @@
 // Small batches (decode) give each segment its own block and merge in a second kernel
 // (split-KV, flash-decoding); large batches loop over the segments inside one block. Both
 // paths do the same arithmetic in the same order, so a token's output never depends on its
-// batch (batch invariance). Queries are rounded to f16 like the keys they meet, as the CPU
-// reference (and GGML) does.
+// batch (batch invariance): the arithmetic both paths share is written with explicit
+// rounding intrinsics, so the compiler cannot contract it differently per kernel. Queries
+// are rounded to f16 like the keys they meet, as the CPU reference (and GGML) does; the
+// softmax weights are not rounded to f16 as the CPU does (one pass, online softmax).
 #include <cmath>
 
 #include "kernels/cuda/common.cuh"
@@ -106,20 +108,20 @@ __device__ void segment_partial(const Args& a, int t, const Heads& hs, int k0, i
 #pragma unroll
         for (int g = 0; g < kGroup; ++g)
 #pragma unroll
-          for (int j = 0; j < 8; ++j) dot[g] += s.q[g][c * 8 + j] * kv[j];
+          for (int j = 0; j < 8; ++j) dot[g] = __fmaf_rn(s.q[g][c * 8 + j], kv[j], dot[g]);
       }
     }
     float pw[kGroup];
 #pragma unroll
     for (int g = 0; g < kGroup; ++g) {
-      const float sc = valid ? dot[g] * a.scale : -INFINITY;
+      const float sc = valid ? __fmul_rn(dot[g], a.scale) : -INFINITY;
       const float mx = warp_max(sc);  // finite: lane 0's key is valid
       const float mn = fmaxf(m[g], mx);
       const float corr = expf(m[g] - mn);
       pw[g] = valid ? expf(sc - mn) : 0.f;
-      l[g] = l[g] * corr + warp_sum(pw[g]);
+      l[g] = __fmaf_rn(l[g], corr, warp_sum(pw[g]));
 #pragma unroll
-      for (int i = 0; i < DPL; ++i) acc[g][i] *= corr;
+      for (int i = 0; i < DPL; ++i) acc[g][i] = __fmul_rn(acc[g][i], corr);
       m[g] = mn;
     }
     const int count = min(32, k1 - base);
@@ -133,7 +135,7 @@ __device__ void segment_partial(const Args& a, int t, const Heads& hs, int k0, i
       for (int g = 0; g < kGroup; ++g) {
         const float wj = __shfl_sync(0xffffffffu, pw[g], j);
 #pragma unroll
-        for (int i = 0; i < DPL; ++i) acc[g][i] += wj * vv[i];
+        for (int i = 0; i < DPL; ++i) acc[g][i] = __fmaf_rn(wj, vv[i], acc[g][i]);
       }
     }
   }
@@ -155,8 +157,8 @@ __device__ void segment_partial(const Args& a, int t, const Heads& hs, int k0, i
     float L = 0.f, v = 0.f;
     for (int w = 0; w < kWarps; ++w) {
       const float f = s.wl[w][g] > 0.f ? expf(s.wm[w][g] - M) : 0.f;
-      L += s.wl[w][g] * f;
-      v += s.wacc[w][g][d] * f;
+      L = __fmaf_rn(s.wl[w][g], f, L);
+      v = __fmaf_rn(s.wacc[w][g][d], f, v);
     }
     s.acc[g][d] = v;
     if (d == 0) {
@@ -173,8 +175,8 @@ __device__ void segment_partial(const Args& a, int t, const Heads& hs, int k0, i
 __device__ __forceinline__ void merge_step(float& m, float& l, float& acc, float pm, float pl, float pacc) {
   const float mn = fmaxf(m, pm);
   const float fr = expf(m - mn), fp = expf(pm - mn);
-  l = l * fr + pl * fp;
-  acc = acc * fr + pacc * fp;
+  l = __fmaf_rn(l, fr, __fmul_rn(pl, fp));
+  acc = __fmaf_rn(acc, fr, __fmul_rn(pacc, fp));
   m = mn;
 }
 
@@ -206,7 +208,7 @@ __global__ void __launch_bounds__(kThreads) attention_loop_kernel(Args a, float*
 #pragma unroll
   for (int k = 0; k < K; ++k) {
     const int i = threadIdx.x + k * kThreads, g = i / hd, d = i % hd;
-    if (g < hs.gn) out[(static_cast<int64_t>(t) * a.num_heads + hs.h0 + g) * hd + d] = acc[k] / l[k];
+    if (g < hs.gn) out[(static_cast<int64_t>(t) * a.num_heads + hs.h0 + g) * hd + d] = __fdiv_rn(acc[k], l[k]);
   }
 }
 
@@ -249,7 +251,7 @@ __global__ void __launch_bounds__(kThreads)
       const float* p = base + static_cast<int64_t>(seg) * (hd + 2);
       merge_step(m, l, acc, p[hd], p[hd + 1], p[d]);
     }
-    out[(static_cast<int64_t>(t) * a.num_heads + h) * hd + d] = acc / l;
+    out[(static_cast<int64_t>(t) * a.num_heads + h) * hd + d] = __fdiv_rn(acc, l);
   }
 }
 
