@@ -23,6 +23,11 @@ void ModelFlags::add_to(CLI::App& app) {
   app.add_flag("--cuda-cublas", cuda_cublas,
                "CUDA: run batches above 8 tokens through cuBLAS (faster long prefills; a token's result then "
                "depends on its batch neighbours). Default: batch-invariant fused GEMV for every batch");
+  app.add_option("--cuda-graph-max-tokens", cuda_graph_max_tokens,
+                 "CUDA: steps of at most this many tokens (decode) are captured once per shape and replayed as CUDA "
+                 "graphs; 0 turns graphs off")
+      ->capture_default_str()
+      ->check(CLI::Range(0, 65536));
   app.add_option("-c,--ctx", ctx, "context length in tokens (capped by the model's)")->capture_default_str();
   app.add_option("-b,--batch", batch, "largest number of tokens per forward step (prompt chunk)")->capture_default_str();
 }
@@ -48,7 +53,7 @@ Result<LoadedEngine> load_engine(const ModelFlags& flags) {
   e.files = std::move(*files);
   if (flags.threads < 0 || flags.threads > 1024) return make_error("--threads must be 0..1024");
   if (flags.batch <= 0 || flags.batch > 65536) return make_error("--batch must be 1..65536");
-  auto backend = make_backend(flags.device, flags.threads, !flags.cuda_cublas);
+  auto backend = make_backend(flags.device, flags.threads, !flags.cuda_cublas, flags.cuda_graph_max_tokens);
   if (!backend) return backend.error();
   e.backend = std::move(*backend);
   auto model = Model::build(e.files.config, *e.files.weights, *e.backend, flags.batch,

@@ -14,14 +14,15 @@ float* Backend::upload(const std::vector<float>& v) {
   return p;
 }
 
-Result<std::unique_ptr<Backend>> make_backend(const std::string& device, int cpu_threads, bool batch_invariant) {
+Result<std::unique_ptr<Backend>> make_backend(const std::string& device, int cpu_threads, bool batch_invariant,
+                                              int graph_max_tokens) {
   if (device == "cpu") return make_cpu_backend(CpuBackendOptions{cpu_threads});
-  if (device == "cuda") return make_cuda_backend(CudaBackendOptions{0, batch_invariant});
+  if (device == "cuda") return make_cuda_backend(CudaBackendOptions{0, batch_invariant, graph_max_tokens});
   if (device.rfind("cuda:", 0) == 0) {
     const std::string num = device.substr(5);
     if (num.empty() || num.size() > 3 || num.find_first_not_of("0123456789") != std::string::npos)
       return make_error("--device '" + device + "': expected cuda:N with N a device number");
-    return make_cuda_backend(CudaBackendOptions{std::stoi(num), batch_invariant});
+    return make_cuda_backend(CudaBackendOptions{std::stoi(num), batch_invariant, graph_max_tokens});
   }
   return make_error("--device '" + device + "' is not one of cpu, cuda, cuda:N");
 }

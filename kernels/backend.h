@@ -77,6 +77,8 @@ class Backend {
   // backend was made (call, file and line; a device error is sticky). Model::forward ends
   // every step with it; the CPU backend cannot fail here.
   virtual Status sync() { return {}; }
+  // One line of backend counters for logs and tests ("" when there are none).
+  virtual std::string stats() const { return {}; }
 
   virtual void begin_step(const StepInputs& step) = 0;
   // out[i] = table[ids[i]]  (dequantized)                        out: [n, table.cols]
@@ -111,6 +113,9 @@ struct CudaBackendOptions {
   // never depends on its batch neighbours, as on the CPU. false: batches above 8 tokens go
   // through cuBLAS (dequantized to f16), faster for long prefills but batch-dependent.
   bool batch_invariant = true;
+  // Steps of at most this many tokens (decode) are recorded once and replayed as CUDA
+  // graphs, one per step shape; 0 turns graphs off.
+  int graph_max_tokens = 256;
 };
 // kernels/cuda/: an error (never a crash) when the build has no CUDA, no GPU is present
 // or the device ordinal is out of range.
@@ -119,6 +124,8 @@ Result<std::unique_ptr<Backend>> make_cuda_backend(const CudaBackendOptions& opt
 std::string cuda_unavailable_reason();
 
 // "cpu" or "cuda" / "cuda:N": the backend a --device flag names.
-Result<std::unique_ptr<Backend>> make_backend(const std::string& device, int cpu_threads, bool batch_invariant = true);
+// batch_invariant and graph_max_tokens: CudaBackendOptions (ignored for the CPU).
+Result<std::unique_ptr<Backend>> make_backend(const std::string& device, int cpu_threads, bool batch_invariant = true,
+                                              int graph_max_tokens = 256);
 
 }  // namespace troupe

@@ -2,7 +2,8 @@
 // cache, one stream, cuBLAS for prefill matmuls and fused dequant-GEMV for decode. Host
 // code only (compiled by the C++ compiler); the kernels live in the .cu files (ops.h).
 // Every CUDA and cuBLAS call is checked; the first failure is kept with its call, file
-// and line, later ops are skipped, and sync() returns it as the step's error.
+// and line, later ops are skipped, and sync() returns it as the step's error. Steps of up
+// to graph_max_tokens tokens are recorded and replayed as CUDA graphs (step_graph.h).
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>
 
@@ -14,6 +15,7 @@
 
 #include "kernels/backend.h"
 #include "kernels/cuda/ops.h"
+#include "kernels/cuda/step_graph.h"
 
 // Inside CudaBackend: records the first failure with the call's text, file and line.
 #define TROUPE_CUDA(call) check((call), #call, __FILE__, __LINE__)
@@ -54,18 +56,25 @@ class CudaBackend final : public Backend {
  public:
   CudaBackend(const CudaBackendOptions& opts, cudaStream_t stream, cublasHandle_t blas, std::string name)
       : device_(opts.device), batch_invariant_(opts.batch_invariant), stream_(stream), blas_(blas), name_(std::move(name)) {
+    graph_max_tokens_ = std::max(0, opts.graph_max_tokens);
     cudaDeviceGetAttribute(&num_sms_, cudaDevAttrMultiProcessorCount, device_);
   }
   ~CudaBackend() override {
     cudaSetDevice(device_);
     cudaStreamSynchronize(stream_);
     for (void* p : buffers_) cudaFree(p);
+    graphs_.clear();
     for (void* p : {static_cast<void*>(step_dev_), idx_dev_, wh_, xh_, partials_, xq_}) if (p) cudaFree(p);
     if (step_host_) cudaFreeHost(step_host_);
+    if (arena_) cudaFreeHost(arena_);
     cublasDestroy(blas_);
     cudaStreamDestroy(stream_);
   }
   std::string name() const override { return name_; }
+  std::string stats() const override {
+    return "cuda graphs: " + std::to_string(graphs_.num_graphs()) + " held, " + std::to_string(graphs_.replays()) +
+           " replays";
+  }
   bool is_host_memory() const override { return false; }
 
   Result<std::unique_ptr<Weight>> make_weight(
@@ -141,42 +150,61 @@ class CudaBackend final : public Backend {
   }
 
   void copy_in(float* dst, const float* src, size_t n) override {
-    if (!failed() && n)
-      check(cudaMemcpyAsync(dst, src, n * sizeof(float), cudaMemcpyHostToDevice, stream_), "cudaMemcpyAsync(H2D)", __FILE__, __LINE__);
+    if (failed() || !n) return;
+    if (graphs_.recording()) {
+      if (void* staged = stage(src, n * sizeof(float))) {
+        run("copy_in", __LINE__, {P(dst), P(staged), n}, [=](cudaStream_t st) {
+          return cudaMemcpyAsync(dst, staged, n * sizeof(float), cudaMemcpyHostToDevice, st);
+        });
+        return;
+      }
+      flush();  // too large to stage: copy eagerly, after what is pending
+    }
+    check(cudaMemcpyAsync(dst, src, n * sizeof(float), cudaMemcpyHostToDevice, stream_), "cudaMemcpyAsync(H2D)", __FILE__, __LINE__);
   }
   void copy_out(float* dst, const float* src, size_t n) override {
+    flush();
     if (failed() || !n) return;
     if (check(cudaMemcpyAsync(dst, src, n * sizeof(float), cudaMemcpyDeviceToHost, stream_), "cudaMemcpyAsync(D2H)", __FILE__, __LINE__))
       check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize", __FILE__, __LINE__);
+    arena_off_ = 0;  // the queue is empty: staged data may be overwritten
   }
   Status sync() override {
+    flush();
+    graphs_.set_recording(false);
     if (!failed()) check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize", __FILE__, __LINE__);
+    arena_off_ = 0;
     if (failed()) return make_error("CUDA: " + error_);
     return {};
   }
 
   void begin_step(const StepInputs& s) override {
     cudaSetDevice(device_);
+    flush();
     if (failed()) return;
     step_ = s;
+    // The previous step's work (and its reads of pinned buffers) must be done first.
+    check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize", __FILE__, __LINE__);
+    arena_off_ = 0;
+    // Block tables are re-packed to a power-of-two width so that fewer step shapes exist
+    // (each shape is one CUDA graph).
+    int32_t width = 1;
+    while (width < s.max_blocks_per_seq) width *= 2;
     // One packed upload: ids, positions, slots, token->sequence, block tables.
     const size_t nt = static_cast<size_t>(std::max(s.num_tokens, 0));
-    const size_t nbt = static_cast<size_t>(std::max(s.num_seqs, 0)) * static_cast<size_t>(std::max(s.max_blocks_per_seq, 0));
+    const size_t nbt = static_cast<size_t>(std::max(s.num_seqs, 0)) * static_cast<size_t>(width);
     const size_t total = 4 * nt + nbt;
     if (total > step_cap_) {
-      check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize", __FILE__, __LINE__);
       if (step_host_) cudaFreeHost(step_host_);
       if (step_dev_) cudaFree(step_dev_);
       step_host_ = nullptr;
       step_dev_ = nullptr;
       step_cap_ = 0;
+      graphs_.clear();
       if (!check(cudaMallocHost(reinterpret_cast<void**>(&step_host_), total * 4), "cudaMallocHost(step)", __FILE__, __LINE__) ||
           !check(cudaMalloc(reinterpret_cast<void**>(&step_dev_), total * 4), "cudaMalloc(step)", __FILE__, __LINE__))
         return;
       step_cap_ = total;
-    } else {
-      // The previous step's upload must be done before its pinned buffer is rewritten.
-      check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize", __FILE__, __LINE__);
     }
     int32_t* h = step_host_;
     std::memcpy(h, s.token_ids, nt * 4);
@@ -184,19 +212,29 @@ class CudaBackend final : public Backend {
     std::memcpy(h + 2 * nt, s.slot_mapping, nt * 4);
     for (int32_t q = 0; q < s.num_seqs; ++q)
       for (int32_t t = s.query_start[q]; t < s.query_start[q + 1]; ++t) h[3 * nt + t] = q;
-    if (nbt) std::memcpy(h + 4 * nt, s.block_tables, nbt * 4);
-    check(cudaMemcpyAsync(step_dev_, step_host_, total * 4, cudaMemcpyHostToDevice, stream_), "cudaMemcpyAsync(step)", __FILE__, __LINE__);
+    for (int32_t q = 0; q < s.num_seqs; ++q) {
+      int32_t* row = h + 4 * nt + static_cast<size_t>(q) * width;
+      std::memcpy(row, s.block_tables + static_cast<size_t>(q) * s.max_blocks_per_seq, s.max_blocks_per_seq * 4);
+      std::fill(row + s.max_blocks_per_seq, row + width, 0);
+    }
     int32_t max_ctx = 0;
     for (size_t t = 0; t < nt; ++t) max_ctx = std::max(max_ctx, s.positions[t] + 1);
     dstep_.max_context = max_ctx;
     dstep_.num_tokens = s.num_tokens;
     dstep_.num_seqs = s.num_seqs;
-    dstep_.max_blocks_per_seq = s.max_blocks_per_seq;
+    dstep_.max_blocks_per_seq = width;
     dstep_.token_ids = step_dev_;
     dstep_.positions = step_dev_ + nt;
     dstep_.slot_mapping = step_dev_ + 2 * nt;
     dstep_.token_seq = step_dev_ + 3 * nt;
     dstep_.block_tables = step_dev_ + 4 * nt;
+    // Decode-sized steps are recorded and replayed as CUDA graphs.
+    graphs_.set_recording(graph_max_tokens_ > 0 && s.num_tokens <= graph_max_tokens_);
+    int32_t* dev = step_dev_;
+    const int32_t* host = step_host_;
+    run("step upload", __LINE__, {P(dev), P(host), total}, [=](cudaStream_t st) {
+      return cudaMemcpyAsync(dev, host, total * 4, cudaMemcpyHostToDevice, st);
+    });
   }
 
   void embed(const Weight& table, const int32_t* ids, int64_t n, float* out) override {
@@ -204,43 +242,64 @@ class CudaBackend final : public Backend {
     const auto& w = static_cast<const CudaWeight&>(table);
     const int32_t* dev_ids = ids == step_.token_ids && n <= step_.num_tokens ? dstep_.token_ids : upload_indices(ids, n);
     if (!dev_ids) return;
-    TROUPE_CUDA(cuda::embed(w.type, w.data, w.row_bytes, w.cols, dev_ids, n, out, stream_));
+    const DType type = w.type;
+    const void* data = w.data;
+    const size_t rb = w.row_bytes;
+    const int64_t cols = w.cols;
+    run("embed", __LINE__, {P(data), rb, U(cols), P(dev_ids), U(n), P(out)}, [=](cudaStream_t st) {
+      return cuda::embed(type, data, rb, cols, dev_ids, n, out, st);
+    });
   }
   void rms_norm(const float* x, const float* w, float eps, int64_t n, int64_t dim, float* out) override {
-    if (!failed()) TROUPE_CUDA(cuda::rms_norm(x, w, eps, n, dim, out, stream_));
+    run("rms_norm", __LINE__, {P(x), P(w), F(eps), U(n), U(dim), P(out)},
+        [=](cudaStream_t st) { return cuda::rms_norm(x, w, eps, n, dim, out, st); });
   }
   void matmul(const Weight& weight, const float* x, int64_t n, float* y, int64_t ldy) override {
     if (failed() || n <= 0) return;
     const auto& w = static_cast<const CudaWeight&>(weight);
-    if ((n <= kGemvMaxTokens || batch_invariant_) && cuda::uses_q8_activations(w.type) && !simple_gemv_) {
+    const DType type = w.type;
+    const void* data = w.data;
+    const size_t rb = w.row_bytes;
+    const int64_t rows = w.rows, cols = w.cols;
+    const std::initializer_list<uint64_t> key = {P(data), rb, U(rows), U(cols), P(x), U(n), P(y), U(ldy)};
+    if ((n <= kGemvMaxTokens || batch_invariant_) && cuda::uses_q8_activations(type) && !simple_gemv_) {
       // As the CPU and llama.cpp: int8 activations per 32 values, integer dot products.
-      const size_t bytes = size_t(n) * size_t(w.cols / 32) * sizeof(cuda::Q8Block);
+      const size_t bytes = size_t(n) * size_t(cols / 32) * sizeof(cuda::Q8Block);
       if (!ensure(&xq_, &xq_cap_, bytes)) return;
       auto* xq = static_cast<cuda::Q8Block*>(xq_);
-      TROUPE_CUDA(cuda::quantize_q8(w.type, x, w.cols, w.cols, n, xq, stream_));
-      TROUPE_CUDA(cuda::gemv_q8(w.type, w.data, w.row_bytes, w.rows, w.cols, xq, n, y, ldy, stream_));
+      run("quantize_q8 + gemv_q8", __LINE__, {P(data), rb, U(rows), U(cols), P(x), U(n), P(y), U(ldy), P(xq)},
+          [=](cudaStream_t st) {
+            const cudaError_t e = cuda::quantize_q8(type, x, cols, cols, n, xq, st);
+            return e != cudaSuccess ? e : cuda::gemv_q8(type, data, rb, rows, cols, xq, n, y, ldy, st);
+          });
       return;
     }
     if (n <= kGemvMaxTokens || batch_invariant_) {
-      TROUPE_CUDA(cuda::gemv(w.type, w.data, w.row_bytes, w.rows, w.cols, x, w.cols, n, y, ldy, stream_, simple_gemv_));
+      const bool simple = simple_gemv_;
+      run("gemv", __LINE__, key, [=](cudaStream_t st) {
+        return cuda::gemv(type, data, rb, rows, cols, x, cols, n, y, ldy, st, simple);
+      });
       return;
     }
+    // cuBLAS: never captured; what is pending runs first, then this, eagerly.
+    flush();
+    if (failed()) return;
     const float one = 1.0f, zero = 0.0f;
-    const int m = static_cast<int>(w.rows), k = static_cast<int>(w.cols), nn = static_cast<int>(n);
-    if (w.type == DType::F32) {
-      TROUPE_CUBLAS(cublasSgemm(blas_, CUBLAS_OP_T, CUBLAS_OP_N, m, nn, k, &one, static_cast<const float*>(w.data),
-                                static_cast<int>(w.row_bytes / 4), x, k, &zero, y, static_cast<int>(ldy)));
+    const int m = static_cast<int>(rows), k = static_cast<int>(cols), nn = static_cast<int>(n);
+    if (type == DType::F32) {
+      TROUPE_CUBLAS(cublasSgemm(blas_, CUBLAS_OP_T, CUBLAS_OP_N, m, nn, k, &one, static_cast<const float*>(data),
+                                static_cast<int>(rb / 4), x, k, &zero, y, static_cast<int>(ldy)));
       return;
     }
-    const bool bf16 = w.type == DType::BF16;
+    const bool bf16 = type == DType::BF16;
     const cudaDataType_t ht = bf16 ? CUDA_R_16BF : CUDA_R_16F;
     if (!ensure(&xh_, &xh_cap_, static_cast<size_t>(n * k) * 2)) return;
     TROUPE_CUDA(cuda::to_half(x, n * k, xh_, bf16, stream_));
-    const void* a = w.data;
-    int lda = static_cast<int>(w.row_bytes / 2);
-    if (w.type != DType::F16 && !bf16) {  // quantized: dequantize to f16 first
+    const void* a = data;
+    int lda = static_cast<int>(rb / 2);
+    if (type != DType::F16 && !bf16) {  // quantized: dequantize to f16 first
       if (!ensure(&wh_, &wh_cap_, max_weight_elems_ * 2)) return;
-      TROUPE_CUDA(cuda::dequant_to_f16(w.type, w.data, w.row_bytes, w.rows, w.cols, wh_, stream_));
+      TROUPE_CUDA(cuda::dequant_to_f16(type, data, rb, rows, cols, wh_, stream_));
       a = wh_;
       lda = k;
     }
@@ -248,17 +307,24 @@ class CudaBackend final : public Backend {
                                CUDA_R_32F, static_cast<int>(ldy), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
   }
   void add_bias(float* y, int64_t ld, const float* bias, int64_t n, int64_t dim) override {
-    if (!failed()) TROUPE_CUDA(cuda::add_bias(y, ld, bias, n, dim, stream_));
+    run("add_bias", __LINE__, {P(y), U(ld), P(bias), U(n), U(dim)},
+        [=](cudaStream_t st) { return cuda::add_bias(y, ld, bias, n, dim, st); });
   }
   void rope(float* x, int64_t ld, int64_t n, int64_t num_heads, int64_t head_dim, const float* cos_sin,
             RopeKind kind) override {
-    if (!failed()) TROUPE_CUDA(cuda::rope(x, ld, n, num_heads, head_dim, cos_sin, kind == RopeKind::Neox, stream_));
+    const bool neox = kind == RopeKind::Neox;
+    run("rope", __LINE__, {P(x), U(ld), U(n), U(num_heads), U(head_dim), P(cos_sin), U(neox)},
+        [=](cudaStream_t st) { return cuda::rope(x, ld, n, num_heads, head_dim, cos_sin, neox, st); });
   }
   void kv_write(KvCache& cache, int32_t layer, const float* k, const float* v, int64_t ld) override {
     if (failed()) return;
     auto& c = static_cast<CudaKvCache&>(cache);
     const int64_t row = int64_t{c.shape_.num_kv_heads} * c.shape_.head_dim;
-    TROUPE_CUDA(cuda::kv_write(dstep_, k, v, ld, row, c.k + c.layer_elems * layer, c.v + c.layer_elems * layer, stream_));
+    uint16_t* kc = c.k + c.layer_elems * layer;
+    uint16_t* vc = c.v + c.layer_elems * layer;
+    const cuda::DeviceStep ds = dstep_;
+    run("kv_write", __LINE__, {step_key(), P(k), P(v), U(ld), U(row), P(kc), P(vc)},
+        [=](cudaStream_t st) { return cuda::kv_write(ds, k, v, ld, row, kc, vc, st); });
   }
   void attention(KvCache& cache, int32_t layer, const float* q, int64_t ld_q, int32_t num_heads, float scale,
                  float* out) override {
@@ -273,19 +339,26 @@ class CudaBackend final : public Backend {
       if (!ensure(&partials_, &partials_cap_, floats * sizeof(float))) return;
       partials = static_cast<float*>(partials_);
     }
-    TROUPE_CUDA(cuda::attention(dstep_, q, ld_q, num_heads, c.shape_.num_kv_heads, c.shape_.head_dim, c.shape_.block_size,
-                                scale, c.k + c.layer_elems * layer, c.v + c.layer_elems * layer, out, partials, stream_));
+    const cuda::DeviceStep ds = dstep_;
+    const int32_t nkv = c.shape_.num_kv_heads, hd = c.shape_.head_dim, bs = c.shape_.block_size;
+    const uint16_t* kc = c.k + c.layer_elems * layer;
+    const uint16_t* vc = c.v + c.layer_elems * layer;
+    run("attention", __LINE__, {step_key(), P(q), U(ld_q), U(num_heads), U(nkv), U(hd), U(bs), F(scale), P(kc), P(vc), P(out), P(partials)},
+        [=](cudaStream_t st) { return cuda::attention(ds, q, ld_q, num_heads, nkv, hd, bs, scale, kc, vc, out, partials, st); });
   }
   void silu_mul(const float* gate_up, int64_t n, int64_t ffn, float* out) override {
-    if (!failed()) TROUPE_CUDA(cuda::silu_mul(gate_up, n, ffn, out, stream_));
+    run("silu_mul", __LINE__, {P(gate_up), U(n), U(ffn), P(out)},
+        [=](cudaStream_t st) { return cuda::silu_mul(gate_up, n, ffn, out, st); });
   }
   void add(float* x, const float* y, int64_t count) override {
-    if (!failed()) TROUPE_CUDA(cuda::add(x, y, count, stream_));
+    run("add", __LINE__, {P(x), P(y), U(count)}, [=](cudaStream_t st) { return cuda::add(x, y, count, st); });
   }
   void gather_rows(const float* x, int64_t dim, const int32_t* rows, int64_t n, float* out) override {
     if (failed()) return;
     const int32_t* dev_rows = upload_indices(rows, n);
-    if (dev_rows) TROUPE_CUDA(cuda::gather_rows(x, dim, dev_rows, n, out, stream_));
+    if (!dev_rows) return;
+    run("gather_rows", __LINE__, {P(x), U(dim), P(dev_rows), U(n), P(out)},
+        [=](cudaStream_t st) { return cuda::gather_rows(x, dim, dev_rows, n, out, st); });
   }
 
  private:
@@ -302,10 +375,57 @@ class CudaBackend final : public Backend {
       error_ = std::string(what) + " failed: " + cublasGetStatusString(s) + " (" + file + ":" + std::to_string(line) + ")";
     return false;
   }
-  // Grows a device scratch buffer (waiting for queued users of the old one).
+  static uint64_t P(const void* p) { return reinterpret_cast<uintptr_t>(p); }
+  static uint64_t U(int64_t v) { return static_cast<uint64_t>(v); }
+  static uint64_t F(float f) {
+    uint32_t b;
+    std::memcpy(&b, &f, 4);
+    return b;
+  }
+  // Every field of the device step a kernel reads, for launch signatures.
+  uint64_t step_key() const {
+    return U(dstep_.num_tokens) ^ (U(dstep_.num_seqs) << 20) ^ (U(dstep_.max_blocks_per_seq) << 40) ^
+           (U(dstep_.max_context) << 13) ^ P(dstep_.token_ids) * 31;
+  }
+  // Runs a launch now, or records it for the step's graph.
+  template <typename Fn>
+  void run(const char* what, int line, std::initializer_list<uint64_t> key, Fn&& fn) {
+    if (failed()) return;
+    if (graphs_.recording()) {
+      graphs_.add(what, key, std::forward<Fn>(fn));
+      return;
+    }
+    check(fn(stream_), what, __FILE__, line);
+  }
+  // Runs what is recorded (a graph replay, a capture, or eager launches).
+  void flush() {
+    if (!graphs_.has_pending()) return;
+    std::string what;
+    const cudaError_t e = graphs_.flush(stream_, &what);
+    if (e != cudaSuccess) check(e, what.c_str(), __FILE__, __LINE__);
+  }
+  // Copies host bytes into the pinned staging arena; null when they do not fit.
+  void* stage(const void* src, size_t bytes) {
+    if (!arena_) {
+      if (cudaMallocHost(&arena_, kArenaBytes) != cudaSuccess) {
+        arena_ = nullptr;
+        return nullptr;
+      }
+    }
+    const size_t off = (arena_off_ + 255) / 256 * 256;
+    if (off + bytes > kArenaBytes) return nullptr;
+    void* p = static_cast<uint8_t*>(arena_) + off;
+    std::memcpy(p, src, bytes);
+    arena_off_ = off + bytes;
+    return p;
+  }
+  // Grows a device scratch buffer (running what is recorded and waiting for its users
+  // first; graphs that refer to the old buffer are dropped).
   bool ensure(void** buf, size_t* cap, size_t bytes) {
     if (bytes <= *cap) return true;
+    flush();
     check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize", __FILE__, __LINE__);
+    graphs_.clear();
     if (*buf) cudaFree(*buf);
     *buf = nullptr;
     *cap = 0;
@@ -316,10 +436,19 @@ class CudaBackend final : public Backend {
   const int32_t* upload_indices(const int32_t* host, int64_t n) {
     if (n <= 0) return nullptr;
     if (!ensure(&idx_dev_, &idx_cap_, static_cast<size_t>(n) * 4)) return nullptr;
+    void* dev = idx_dev_;
+    const size_t bytes = static_cast<size_t>(n) * 4;
+    if (graphs_.recording()) {
+      if (void* staged = stage(host, bytes)) {
+        run("index upload", __LINE__, {P(dev), P(staged), bytes},
+            [=](cudaStream_t st) { return cudaMemcpyAsync(dev, staged, bytes, cudaMemcpyHostToDevice, st); });
+        return static_cast<const int32_t*>(dev);
+      }
+      flush();
+    }
     // From pageable memory: the call returns once the source has been staged, in stream order.
-    if (!TROUPE_CUDA(cudaMemcpyAsync(idx_dev_, host, static_cast<size_t>(n) * 4, cudaMemcpyHostToDevice, stream_)))
-      return nullptr;
-    return static_cast<const int32_t*>(idx_dev_);
+    if (!TROUPE_CUDA(cudaMemcpyAsync(dev, host, bytes, cudaMemcpyHostToDevice, stream_))) return nullptr;
+    return static_cast<const int32_t*>(dev);
   }
 
   int device_;
@@ -342,6 +471,11 @@ class CudaBackend final : public Backend {
   size_t idx_cap_ = 0, wh_cap_ = 0, xh_cap_ = 0, partials_cap_ = 0, xq_cap_ = 0;  // bytes
   int num_sms_ = 132;
   size_t max_weight_elems_ = 0;
+  int32_t graph_max_tokens_ = 0;
+  cuda::StepGraphs graphs_;
+  static constexpr size_t kArenaBytes = size_t{16} << 20;
+  void* arena_ = nullptr;  // pinned staging for host data recorded into graphs
+  size_t arena_off_ = 0;
 };
 
 }  // namespace
