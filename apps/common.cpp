@@ -25,7 +25,7 @@ void ModelFlags::add_to(CLI::App& app) {
                "depends on its batch neighbours). Default: batch-invariant fused GEMV for every batch");
   app.add_option("--cuda-graph-max-tokens", cuda_graph_max_tokens,
                  "CUDA: steps of at most this many tokens (decode) are captured once per shape and replayed as CUDA "
-                 "graphs; 0 turns graphs off")
+                 "graphs (experimental: replay is not yet verified on a GPU by the tests); 0 (default) turns graphs off")
       ->capture_default_str()
       ->check(CLI::Range(0, 65536));
   app.add_option("-c,--ctx", ctx, "context length in tokens (capped by the model's)")->capture_default_str();

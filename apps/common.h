@@ -17,7 +17,7 @@ struct ModelFlags {
   int threads = 0;
   std::string device = "cpu";
   bool cuda_cublas = false;
-  int cuda_graph_max_tokens = 256;
+  int cuda_graph_max_tokens = 0;
   int ctx = 4096;
   int batch = 512;
   void add_to(CLI::App& app);

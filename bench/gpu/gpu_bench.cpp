@@ -378,8 +378,9 @@ void bench_end_to_end(const ModelConfig& cfg, double copy_gbs) {
     KvCacheShape ks{cfg.num_layers, max_b * bps + 128, bs, cfg.num_kv_heads, cfg.head_dim};
     auto cache = (*be)->make_kv_cache(ks);
     if (!cache) { std::fprintf(stderr, "%s\n", cache.error().message.c_str()); std::exit(1); }
-    const std::string mode_name = mode == 0 ? "batch-invariant GEMV" : mode == 1 ? "cuBLAS above 8 tokens"
-                                                                                : "batch-invariant, no CUDA graphs";
+    const std::string mode_name = mode == 0   ? "batch-invariant GEMV, CUDA graphs"
+                                  : mode == 1 ? "cuBLAS above 8 tokens, CUDA graphs"
+                                              : "batch-invariant GEMV, no CUDA graphs";
     std::vector<float> logits;
     for (int32_t B : {1, 8, 64, 256}) {
       if (mode == 2 && B > 8) break;

@@ -382,10 +382,13 @@ class CudaBackend final : public Backend {
     std::memcpy(&b, &f, 4);
     return b;
   }
-  // Every field of the device step a kernel reads, for launch signatures.
+  // What a launch takes from the device step besides device data, for launch signatures:
+  // the shape and buffer, and the attention segment count (it sets the grid). The context
+  // length itself is read from device memory (positions), so decode steps of one shape
+  // share a signature while their contexts grow.
   uint64_t step_key() const {
     return U(dstep_.num_tokens) ^ (U(dstep_.num_seqs) << 20) ^ (U(dstep_.max_blocks_per_seq) << 40) ^
-           (U(dstep_.max_context) << 13) ^ P(dstep_.token_ids) * 31;
+           (U(cuda::attention_segments(dstep_.max_context)) << 13) ^ P(dstep_.token_ids) * 31;
   }
   // Runs a launch now, or records it for the step's graph.
   template <typename Fn>
