@@ -131,7 +131,7 @@ int serve(ServeFlags f) {
   no.num_tokenizers = f.tokenizer_actors;
   no.scheduler.scheduler.max_batched_tokens = f.max_num_batched_tokens > 0 ? f.max_num_batched_tokens : f.model.batch;
   no.scheduler.scheduler.max_running = f.max_num_seqs;
-  no.scheduler.kv = {(f.kv_cache_tokens + f.block_size - 1) / f.block_size, f.block_size, !f.no_prefix_caching};
+  no.scheduler.kv = kv_config_for_tokens(f.kv_cache_tokens, f.block_size, !f.no_prefix_caching);
   no.scheduler.policy = f.policy == "priority" ? SchedulingPolicy::priority() : SchedulingPolicy::fcfs();
   auto node = actors::spawn_local_node(sys, *mf, no, [](size_t d, size_t t) { progress_bar("loading", d, t); });
   if (!node) {

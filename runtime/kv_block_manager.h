@@ -23,6 +23,12 @@ struct KvBlockConfig {
   bool enable_prefix_caching = true;
 };
 
+// The KV pool for a capacity in tokens, as `troupe serve --kv-cache-tokens` and `troupe sim`
+// size it (whole blocks, rounded up).
+inline KvBlockConfig kv_config_for_tokens(int64_t tokens, int32_t block_size, bool prefix_caching) {
+  return {static_cast<int32_t>((tokens + block_size - 1) / block_size), block_size, prefix_caching};
+}
+
 // A block copy the backend must perform before the next step (copy-on-write).
 struct BlockCopy {
   int32_t src = -1, dst = -1;

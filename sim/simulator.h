@@ -1,0 +1,53 @@
+// The discrete-event simulator: arrivals on a virtual clock feed the production Scheduler
+// and KvBlockManager (runtime/, unchanged, with the same config structs as `troupe serve`);
+// each step's plan is priced by the cost model instead of running a model. Records every
+// request (arrival, first token, each token's time, finish, preemptions) and can log each
+// scheduling decision. Deterministic: no wall clock, no unordered iteration.
+#pragma once
+#include <string>
+#include <vector>
+
+#include "runtime/scheduler.h"
+#include "sim/cost_model.h"
+#include "sim/workload.h"
+
+namespace troupe::sim {
+
+struct SimConfig {
+  SchedulerConfig scheduler;
+  KvBlockConfig kv;
+  std::string policy = "fcfs";  // fcfs | priority
+  bool log_decisions = false;
+};
+
+struct RequestRecord {
+  int64_t id = 0;
+  double arrival = 0, first_token = -1, finish = -1;
+  int32_t prompt_tokens = 0, output_tokens = 0, generated = 0, preemptions = 0, priority = 0;
+  std::vector<double> token_times;
+  bool rejected = false;  // refused at admission (could never fit)
+};
+
+struct SimResult {
+  std::vector<RequestRecord> requests;
+  uint64_t steps = 0, preemptions = 0, prefix_queries = 0, prefix_hits = 0;
+  double duration_s = 0;
+  double mean_kv_usage = 0;  // time-weighted
+  double peak_kv_usage = 0;
+  std::vector<std::string> decisions;  // one line per step when log_decisions
+};
+
+Result<SimResult> simulate(const std::vector<SimRequest>& requests, const SimConfig& cfg, const CostModel& cost);
+
+// Token ids a request's prompt holds: its prefix group's shared tokens, then its own.
+std::vector<int32_t> prompt_tokens_of(const SimRequest& r);
+
+struct Slo {
+  double ttft_ms = 0, itl_ms = 0;  // 0: no bound
+};
+// Summary in the schema of bench/serve/bench_serve.py's JSON, plus goodput, SLO
+// attainment, KV usage and preemptions.
+std::string summary_json(const SimResult& r, const Slo& slo);
+std::string requests_csv(const SimResult& r);
+
+}  // namespace troupe::sim

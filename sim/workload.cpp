@@ -1,0 +1,168 @@
+#include "sim/workload.h"
+
+#include <algorithm>
+#include <cmath>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <sstream>
+
+namespace troupe::sim {
+namespace {
+
+int32_t draw(const LengthDist& d, std::mt19937_64& rng) {
+  double v = d.a;
+  if (d.kind == "uniform") {
+    v = std::uniform_real_distribution<double>(d.a, d.b + 1)(rng);
+  } else if (d.kind == "lognormal") {
+    v = std::lognormal_distribution<double>(d.a, d.b)(rng);
+  }
+  return static_cast<int32_t>(std::clamp(std::floor(v), 1.0, 1e7));
+}
+
+Result<double> number(const std::string& s, const std::string& what) {
+  try {
+    size_t used = 0;
+    const double v = std::stod(s, &used);
+    if (used != s.size() || !std::isfinite(v)) throw std::invalid_argument(s);
+    return v;
+  } catch (const std::exception&) {
+    return make_error(what + ": '" + s + "' is not a number");
+  }
+}
+
+Status check_request(const SimRequest& r, const std::string& where) {
+  if (!(r.arrival_s >= 0)) return make_error(where + ": arrival_s must be >= 0");
+  if (r.prompt_tokens < 1 || r.output_tokens < 1) return make_error(where + ": prompt_tokens and output_tokens must be >= 1");
+  if (r.prefix_group >= 0 && r.prefix_tokens > r.prompt_tokens)
+    return make_error(where + ": prefix_tokens exceeds prompt_tokens");
+  return {};
+}
+
+}  // namespace
+
+Result<LengthDist> parse_length(const std::string& text) {
+  std::vector<std::string> parts;
+  std::stringstream ss(text);
+  for (std::string p; std::getline(ss, p, ':');) parts.push_back(p);
+  LengthDist d;
+  if (parts.empty()) return make_error("empty length distribution");
+  d.kind = parts[0];
+  const size_t want = d.kind == "fixed" ? 2 : (d.kind == "uniform" || d.kind == "lognormal") ? 3 : 0;
+  if (!want || parts.size() != want)
+    return make_error("length distribution '" + text + "': expected fixed:N, uniform:A:B or lognormal:MU:SIGMA");
+  auto a = number(parts[1], text);
+  if (!a) return a.error();
+  d.a = *a;
+  if (want == 3) {
+    auto b = number(parts[2], text);
+    if (!b) return b.error();
+    d.b = *b;
+  }
+  if (d.kind != "lognormal" && (d.a < 1 || (d.kind == "uniform" && d.b < d.a)))
+    return make_error("length distribution '" + text + "' is empty or below 1");
+  if (d.kind == "lognormal" && !(d.b >= 0)) return make_error("lognormal sigma must be >= 0");
+  return d;
+}
+
+Result<std::vector<SimRequest>> synthetic(const SyntheticSpec& s) {
+  if (s.num_requests < 0 || s.num_requests > 100'000'000) return make_error("--requests must be 0..100000000");
+  if (!(s.rate > 0)) return make_error("--rate must be > 0");
+  if (!(s.cv > 0)) return make_error("--cv must be > 0");
+  std::mt19937_64 rng(s.seed);
+  // Gamma inter-arrivals with mean 1/rate and the chosen CV (shape 1/cv^2); cv 1 is Poisson.
+  const double shape = 1.0 / (s.cv * s.cv);
+  std::gamma_distribution<double> gap(shape, 1.0 / (s.rate * shape));
+  if (s.priority_levels < 1 || s.priority_levels > 1000) return make_error("--priority-levels must be 1..1000");
+  std::uniform_int_distribution<int32_t> group(0, std::max(0, s.num_prefix_groups - 1));
+  std::uniform_int_distribution<int32_t> prio(0, s.priority_levels - 1);
+  std::vector<SimRequest> out;
+  out.reserve(static_cast<size_t>(s.num_requests));
+  double t = 0;
+  for (int64_t i = 0; i < s.num_requests; ++i) {
+    t += gap(rng);
+    SimRequest r;
+    r.id = i;
+    r.arrival_s = t;
+    r.prompt_tokens = draw(s.prompt, rng);
+    r.output_tokens = draw(s.output, rng);
+    if (s.priority_levels > 1) r.priority = prio(rng);
+    if (s.num_prefix_groups > 0) {
+      r.prefix_group = group(rng);
+      r.prefix_tokens = std::min(s.prefix_tokens, r.prompt_tokens);
+    }
+    out.push_back(r);
+  }
+  return out;
+}
+
+Result<std::vector<SimRequest>> read_trace(const std::string& path) {
+  std::ifstream f(path);
+  if (!f) return make_error("cannot open trace '" + path + "'");
+  std::vector<SimRequest> out;
+  const bool jsonl = path.size() >= 6 && path.substr(path.size() - 6) == ".jsonl";
+  std::string line;
+  size_t line_no = 0;
+  std::map<std::string, size_t> col;
+  while (std::getline(f, line)) {
+    ++line_no;
+    if (!line.empty() && line.back() == '\r') line.pop_back();
+    if (line.empty() || line[0] == '#') continue;
+    const std::string where = path + ":" + std::to_string(line_no);
+    SimRequest r;
+    if (jsonl) {
+      nlohmann::json j = nlohmann::json::parse(line, nullptr, false);
+      if (j.is_discarded() || !j.is_object()) return make_error(where + ": not a JSON object");
+      try {
+        r.arrival_s = j.at("arrival_s").get<double>();
+        r.prompt_tokens = j.at("prompt_tokens").get<int32_t>();
+        r.output_tokens = j.at("output_tokens").get<int32_t>();
+        r.priority = j.value("priority", 0);
+        r.prefix_group = j.value("prefix_group", -1);
+        r.prefix_tokens = j.value("prefix_tokens", 0);
+      } catch (const std::exception& e) {
+        return make_error(where + ": " + e.what());
+      }
+    } else {
+      std::vector<std::string> cells;
+      std::stringstream ss(line);
+      for (std::string c; std::getline(ss, c, ',');) cells.push_back(c);
+      if (col.empty()) {  // the header
+        for (size_t i = 0; i < cells.size(); ++i) col[cells[i]] = i;
+        for (const char* need : {"arrival_s", "prompt_tokens", "output_tokens"})
+          if (!col.count(need)) return make_error(path + ": the CSV header has no '" + need + "' column");
+        continue;
+      }
+      auto get = [&](const char* name, double dflt) -> Result<double> {
+        auto it = col.find(name);
+        if (it == col.end()) return dflt;
+        if (it->second >= cells.size()) return make_error(where + ": missing '" + name + "'");
+        return number(cells[it->second], where + " " + name);
+      };
+      double v[6];
+      const char* names[6] = {"arrival_s", "prompt_tokens", "output_tokens", "priority", "prefix_group", "prefix_tokens"};
+      const double dflt[6] = {0, 0, 0, 0, -1, 0};
+      for (int k = 0; k < 6; ++k) {
+        auto x = get(names[k], dflt[k]);
+        if (!x) return x.error();
+        v[k] = *x;
+      }
+      for (int k = 1; k < 6; ++k)
+        if (std::fabs(v[k]) > 1e8) return make_error(where + ": '" + names[k] + "' is out of range");
+      r.arrival_s = v[0];
+      r.prompt_tokens = static_cast<int32_t>(v[1]);
+      r.output_tokens = static_cast<int32_t>(v[2]);
+      r.priority = static_cast<int32_t>(v[3]);
+      r.prefix_group = static_cast<int32_t>(v[4]);
+      r.prefix_tokens = static_cast<int32_t>(v[5]);
+    }
+    TROUPE_TRY(check_request(r, where));
+    out.push_back(r);
+  }
+  std::stable_sort(out.begin(), out.end(), [](const SimRequest& a, const SimRequest& b) { return a.arrival_s < b.arrival_s; });
+  for (size_t i = 0; i < out.size(); ++i) out[i].id = static_cast<int64_t>(i);
+  return out;
+}
+
+}  // namespace troupe::sim
