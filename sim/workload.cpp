@@ -1,6 +1,7 @@
 #include "sim/workload.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <cmath>
 #include <fstream>
 #include <map>
@@ -30,6 +31,23 @@ Result<double> number(const std::string& s, const std::string& what) {
   } catch (const std::exception&) {
     return make_error(what + ": '" + s + "' is not a number");
   }
+}
+
+// "2023-11-16 18:15:46.6805900" (Azure LLM inference traces) -> seconds since 1970.
+Result<double> azure_time(const std::string& t, const std::string& where) {
+  int y, mo, d, h, mi;
+  double sec;
+  if (std::sscanf(t.c_str(), "%d-%d-%d %d:%d:%lf", &y, &mo, &d, &h, &mi, &sec) != 6 || mo < 1 || mo > 12 || d < 1 ||
+      d > 31 || h < 0 || h > 23 || mi < 0 || mi > 59 || !(sec >= 0 && sec < 61))
+    return make_error(where + ": TIMESTAMP '" + t + "' is not YYYY-MM-DD HH:MM:SS.fff");
+  // Days from the civil date (Howard Hinnant's algorithm).
+  const int yy = y - (mo <= 2);
+  const int era = (yy >= 0 ? yy : yy - 399) / 400;
+  const unsigned yoe = static_cast<unsigned>(yy - era * 400);
+  const unsigned doy = (153 * (mo + (mo > 2 ? -3 : 9)) + 2) / 5 + d - 1;
+  const unsigned doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+  const double days = era * 146097.0 + doe - 719468.0;
+  return days * 86400.0 + h * 3600.0 + mi * 60.0 + sec;
 }
 
 Status check_request(const SimRequest& r, const std::string& where) {
@@ -105,6 +123,7 @@ Result<std::vector<SimRequest>> read_trace(const std::string& path) {
   std::string line;
   size_t line_no = 0;
   std::map<std::string, size_t> col;
+  bool azure = false;
   while (std::getline(f, line)) {
     ++line_no;
     if (!line.empty() && line.back() == '\r') line.pop_back();
@@ -130,8 +149,28 @@ Result<std::vector<SimRequest>> read_trace(const std::string& path) {
       for (std::string c; std::getline(ss, c, ',');) cells.push_back(c);
       if (col.empty()) {  // the header
         for (size_t i = 0; i < cells.size(); ++i) col[cells[i]] = i;
-        for (const char* need : {"arrival_s", "prompt_tokens", "output_tokens"})
-          if (!col.count(need)) return make_error(path + ": the CSV header has no '" + need + "' column");
+        azure = col.count("TIMESTAMP") && col.count("ContextTokens") && col.count("GeneratedTokens");
+        if (!azure)
+          for (const char* need : {"arrival_s", "prompt_tokens", "output_tokens"})
+            if (!col.count(need))
+              return make_error(path + ": the CSV header has no '" + need +
+                                "' column (nor TIMESTAMP,ContextTokens,GeneratedTokens of an Azure trace)");
+        continue;
+      }
+      if (azure) {  // Azure LLM inference trace (2023 and 2024 releases share these columns)
+        if (cells.size() < col.size()) return make_error(where + ": missing columns");
+        auto t = azure_time(cells[col["TIMESTAMP"]], where);
+        if (!t) return t.error();
+        auto in = number(cells[col["ContextTokens"]], where + " ContextTokens");
+        auto outk = number(cells[col["GeneratedTokens"]], where + " GeneratedTokens");
+        if (!in) return in.error();
+        if (!outk) return outk.error();
+        if (*in > 1e8 || *outk > 1e8) return make_error(where + ": token counts out of range");
+        r.arrival_s = *t;
+        r.prompt_tokens = static_cast<int32_t>(*in);
+        r.output_tokens = std::max<int32_t>(1, static_cast<int32_t>(*outk));  // a few rows record 0
+        TROUPE_TRY(check_request(r, where));
+        out.push_back(r);
         continue;
       }
       auto get = [&](const char* name, double dflt) -> Result<double> {
@@ -161,7 +200,11 @@ Result<std::vector<SimRequest>> read_trace(const std::string& path) {
     out.push_back(r);
   }
   std::stable_sort(out.begin(), out.end(), [](const SimRequest& a, const SimRequest& b) { return a.arrival_s < b.arrival_s; });
-  for (size_t i = 0; i < out.size(); ++i) out[i].id = static_cast<int64_t>(i);
+  const double t0 = azure && !out.empty() ? out.front().arrival_s : 0;  // Azure: seconds from the first request
+  for (size_t i = 0; i < out.size(); ++i) {
+    out[i].id = static_cast<int64_t>(i);
+    out[i].arrival_s -= t0;
+  }
   return out;
 }
 

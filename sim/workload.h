@@ -40,6 +40,8 @@ Result<std::vector<SimRequest>> synthetic(const SyntheticSpec& spec);
 // "fixed:N", "uniform:A:B" or "lognormal:MU:SIGMA".
 Result<LengthDist> parse_length(const std::string& text);
 // A CSV (header row naming the columns) or JSONL trace; sorted by arrival, ids assigned.
+// A CSV with TIMESTAMP,ContextTokens,GeneratedTokens is read as an Azure LLM inference
+// trace (2023 and 2024 formats), arrivals in seconds from its first request.
 Result<std::vector<SimRequest>> read_trace(const std::string& path);
 
 }  // namespace troupe::sim

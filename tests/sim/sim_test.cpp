@@ -174,10 +174,20 @@ TEST_CASE("sim: trace files, bad inputs and requests that can never fit", "[sim]
     CHECK((*csv)[i].prompt_tokens == (*jsonl)[i].prompt_tokens);
     CHECK((*csv)[i].prefix_group == (*jsonl)[i].prefix_group);
   }
+  // An Azure LLM inference trace (TIMESTAMP,ContextTokens,GeneratedTokens).
+  auto azure = read_trace(test::source_dir() + "/sim/examples/azure_llm_inference_2023.csv");
+  REQUIRE(azure.ok());
+  REQUIRE(azure->size() == 5);
+  CHECK((*azure)[0].arrival_s == 0);
+  CHECK((*azure)[1].arrival_s == Approx(4.314579).margin(1e-5));
+  CHECK((*azure)[2].prompt_tokens == 879);
+  CHECK((*azure)[4].output_tokens == 99);
   const std::string bad = "/tmp/troupe_sim_bad_" + std::to_string(::getpid()) + ".csv";
   for (const char* text : {"arrival_s,prompt_tokens\n0,5\n", "arrival_s,prompt_tokens,output_tokens\n0,x,5\n",
                            "arrival_s,prompt_tokens,output_tokens\n-1,5,5\n", "arrival_s,prompt_tokens,output_tokens\n0,0,5\n",
-                           "arrival_s,prompt_tokens,output_tokens\n0,5\n"}) {
+                           "arrival_s,prompt_tokens,output_tokens\n0,5\n",
+                           "TIMESTAMP,ContextTokens,GeneratedTokens\n2023-13-01 00:00:00.0,5,5\n",
+                           "TIMESTAMP,ContextTokens,GeneratedTokens\nyesterday,5,5\n"}) {
     std::ofstream(bad) << text;
     INFO(text);
     CHECK_FALSE(read_trace(bad).ok());
