@@ -8,7 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "apps/subcommands.h"
-#include "runtime/architectures.h"
+#include "runtime/model_files.h"
 #include "sim/plot.h"
 #include "sim/simulator.h"
 
@@ -39,17 +39,6 @@ struct SimFlags {
   double slo_ttft_ms = 0, slo_itl_ms = 0;
 };
 
-Result<ModelConfig> read_model_config(const std::string& path) {
-  std::ifstream f(path);
-  if (!f) return make_error("cannot open model config '" + path + "'");
-  nlohmann::json j = nlohmann::json::parse(f, nullptr, false);
-  if (j.is_discarded() || !j.is_object() || !j.contains("model_type") || !j["model_type"].is_string())
-    return make_error(path + ": not a Hugging Face config.json (no model_type)");
-  const Architecture* arch = find_architecture(j["model_type"].get<std::string>());
-  if (!arch) return make_error(path + ": unsupported model_type");
-  return arch->from_hf(j);
-}
-
 struct Prepared {
   ModelConfig model;
   sim::HardwareProfile hw;
@@ -60,7 +49,7 @@ Result<Prepared> prepare(const SimFlags& f) {
   if (f.out.empty()) return make_error("--out DIR is required");
   if (f.max_num_batched_tokens < 1 || f.max_num_seqs < 1 || f.block_size < 1 || f.kv_cache_tokens < f.block_size)
     return make_error("--max-num-batched-tokens, --max-num-seqs and --block-size must be >= 1, --kv-cache-tokens >= --block-size");
-  auto cfg = read_model_config(f.model_config);
+  auto cfg = read_hf_config(f.model_config);
   if (!cfg) return cfg.error();
   auto hw = sim::load_profile(f.hardware);
   if (!hw) return hw.error();

@@ -37,5 +37,7 @@ Result<std::unique_ptr<WeightSource>> gguf_weight_source(std::shared_ptr<gguf::F
 Result<ModelFiles> open_gguf(const std::string& path);
 Result<ModelFiles> open_hf_dir(const std::string& dir);
 Result<ModelFiles> open_dummy(const std::string& config_path, const OpenOptions& opts);
+// The ModelConfig of a Hugging Face config.json (no weights), as the loaders read it.
+Result<ModelConfig> read_hf_config(const std::string& config_path);
 
 }  // namespace troupe

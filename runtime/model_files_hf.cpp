@@ -72,6 +72,12 @@ Result<ModelConfig> config_from_hf(const nlohmann::json& j, const std::string& w
 
 }  // namespace
 
+Result<ModelConfig> read_hf_config(const std::string& config_path) {
+  auto cj = read_json(config_path);
+  if (!cj) return cj.error();
+  return config_from_hf(*cj, config_path);
+}
+
 Result<ModelFiles> open_hf_dir(const std::string& dir) {
   auto cj = read_json(dir + "/config.json");
   if (!cj) return cj.error();

@@ -20,7 +20,7 @@
 #include <vector>
 
 #include "kernels/backend.h"
-#include "runtime/architectures.h"
+#include "runtime/model_files.h"
 #include "runtime/model.h"
 #include "runtime/weights.h"
 #include "tests/kernels/kernel_test_util.h"
@@ -80,6 +80,22 @@ double time_ms(Backend& be, const std::function<void()>& fn) {
   }
 }
 
+// Mean ms of one call of fn (work on the default stream) over reps calls, by CUDA events.
+double event_ms(int reps, const std::function<void(int)>& fn) {
+  cudaEvent_t e0, e1;
+  cudaEventCreate(&e0);
+  cudaEventCreate(&e1);
+  cudaEventRecord(e0);
+  for (int i = 0; i < reps; ++i) fn(i);
+  cudaEventRecord(e1);
+  CK(cudaEventSynchronize(e1));
+  float ms = 0;
+  cudaEventElapsedTime(&ms, e0, e1);
+  cudaEventDestroy(e0);
+  cudaEventDestroy(e1);
+  return ms / reps;
+}
+
 // ---- ceilings ----------------------------------------------------------------------------
 double copy_bandwidth() {
   const size_t bytes = size_t{4} << 30;
@@ -87,20 +103,11 @@ double copy_bandwidth() {
   CK(cudaMalloc(&a, bytes));
   CK(cudaMalloc(&b, bytes));
   CK(cudaMemset(a, 1, bytes));
-  cudaEvent_t e0, e1;
-  cudaEventCreate(&e0);
-  cudaEventCreate(&e1);
   CK(cudaMemcpy(b, a, bytes, cudaMemcpyDeviceToDevice));
-  cudaEventRecord(e0);
-  const int reps = 10;
-  for (int i = 0; i < reps; ++i) CK(cudaMemcpyAsync(i % 2 ? a : b, i % 2 ? b : a, bytes, cudaMemcpyDeviceToDevice));
-  cudaEventRecord(e1);
-  CK(cudaEventSynchronize(e1));
-  float ms = 0;
-  cudaEventElapsedTime(&ms, e0, e1);
+  const double per =
+      event_ms(10, [&](int i) { CK(cudaMemcpyAsync(i % 2 ? a : b, i % 2 ? b : a, bytes, cudaMemcpyDeviceToDevice)); });
   cudaFree(a);
   cudaFree(b);
-  const double per = ms / reps;
   const double gbs = 2.0 * bytes / (per * 1e-3) / 1e9;  // bytes read + written
   add({"ceiling: device-to-device copy", "4 GiB", per, gbs, "GB/s", -1, ""});
   return gbs;
@@ -144,20 +151,10 @@ double cublas_rate(cublasHandle_t h, int m, int n, int k, cudaDataType_t ctype, 
     }
   };
   for (int i = 0; i < 3; ++i) run();
-  cudaEvent_t e0, e1;
-  cudaEventCreate(&e0);
-  cudaEventCreate(&e1);
-  cudaEventRecord(e0);
-  const int reps = 10;
-  for (int i = 0; i < reps; ++i) run();
-  cudaEventRecord(e1);
-  CK(cudaEventSynchronize(e1));
-  float ms = 0;
-  cudaEventElapsedTime(&ms, e0, e1);
+  *ms_out = event_ms(10, [&](int) { run(); });
   cudaFree(a);
   cudaFree(b);
   cudaFree(c);
-  *ms_out = ms / reps;
   return 2.0 * m * n * k / (*ms_out * 1e-3) / 1e12;
 }
 
@@ -471,14 +468,7 @@ int main(int argc, char** argv) {
   bench_small_ops(copy);
   bench_prefill_matmul(peak);
   if (e2e) {
-    std::ifstream f(config);
-    if (!f) {
-      std::fprintf(stderr, "cannot open %s\n", config.c_str());
-      return 1;
-    }
-    const json cj = json::parse(f);
-    const Architecture* arch = find_architecture(cj.at("model_type").get<std::string>());
-    auto cfg = arch ? arch->from_hf(cj) : Result<ModelConfig>(make_error("unknown model_type"));
+    auto cfg = read_hf_config(config);
     if (!cfg) {
       std::fprintf(stderr, "%s\n", cfg.error().message.c_str());
       return 1;

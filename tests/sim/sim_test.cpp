@@ -7,7 +7,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
-#include "runtime/architectures.h"
+#include "runtime/model_files.h"
 #include "sim/simulator.h"
 #include "tests/test_util.h"
 
@@ -17,11 +17,8 @@ using namespace troupe::sim;
 namespace {
 
 ModelConfig smollm2() {
-  std::ifstream f(test::source_dir() + "/configs/smollm2-135m.json");
-  REQUIRE(f);
-  const auto j = nlohmann::json::parse(f);
-  auto c = find_architecture("llama")->from_hf(j);
-  REQUIRE(c.ok());
+  auto c = read_hf_config(test::source_dir() + "/configs/smollm2-135m.json");
+  if (!c) FAIL(c.error().message);
   return *c;
 }
 
