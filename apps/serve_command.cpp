@@ -28,6 +28,7 @@ struct ServeFlags {
   int kv_cache_tokens = 32768;
   int block_size = 16;
   bool no_prefix_caching = false;
+  bool no_chunked_prefill = false;
   std::string policy = "fcfs";
   int pipeline_stages = 1;
   int tokenizer_actors = 1;
@@ -131,6 +132,7 @@ int serve(ServeFlags f) {
   no.num_tokenizers = f.tokenizer_actors;
   no.scheduler.scheduler.max_batched_tokens = f.max_num_batched_tokens > 0 ? f.max_num_batched_tokens : f.model.batch;
   no.scheduler.scheduler.max_running = f.max_num_seqs;
+  no.scheduler.scheduler.chunked_prefill = !f.no_chunked_prefill;
   no.scheduler.kv = kv_config_for_tokens(f.kv_cache_tokens, f.block_size, !f.no_prefix_caching);
   no.scheduler.policy = f.policy == "priority" ? SchedulingPolicy::priority() : SchedulingPolicy::fcfs();
   auto node = actors::spawn_local_node(sys, *mf, no, [](size_t d, size_t t) { progress_bar("loading", d, t); });
@@ -197,6 +199,9 @@ void add_serve_command(CLI::App& app) {
   cmd->add_option("--kv-cache-tokens", f->kv_cache_tokens, "KV-cache capacity in tokens, over all sequences")->capture_default_str();
   cmd->add_option("--block-size", f->block_size, "tokens per KV block")->capture_default_str();
   cmd->add_flag("--no-prefix-caching", f->no_prefix_caching, "turn automatic prefix caching off");
+  cmd->add_flag("--no-chunked-prefill", f->no_chunked_prefill,
+                "compute each prompt in one step (waiting for room) instead of in chunks mixed with decodes; "
+                "prompts longer than the token budget are refused");
   cmd->add_option("--scheduling-policy", f->policy, "fcfs, or priority (lower 'priority' runs first)")->capture_default_str();
   cmd->add_option("--pipeline-stages", f->pipeline_stages, "pipeline-stage actors the layers are split over")->capture_default_str();
   cmd->add_option("--tokenizer-actors", f->tokenizer_actors, "tokenizer actors in the pool")->capture_default_str();

@@ -93,7 +93,8 @@ void Engine::abort(int64_t id) {
 }
 
 Result<std::vector<EngineEvent>> Engine::step() {
-  StepPlan plan = sched_->schedule();
+  last_plan_ = sched_->schedule();
+  const StepPlan& plan = last_plan_;
   std::vector<EngineEvent> events;
   if (plan.seqs.empty()) return events;
   if (!plan.copies.empty()) return make_error("block copies are not supported by this engine yet");

@@ -58,6 +58,9 @@ class Engine {
   Result<std::vector<EngineEvent>> step();
   const KvBlockManager& kv() const { return *kv_; }
   const Scheduler& scheduler() const { return *sched_; }
+  // The plan the last step() ran (empty when it had nothing to do): what `troupe sim
+  // calibrate` prices against the step's measured time.
+  const StepPlan& last_plan() const { return last_plan_; }
 
  private:
   Model* model_ = nullptr;
@@ -68,6 +71,7 @@ class Engine {
   std::map<int64_t, Sampler> samplers_;
   std::map<int64_t, std::vector<int32_t>> stop_ids_;
   std::vector<float> logits_;
+  StepPlan last_plan_;
 };
 
 }  // namespace troupe

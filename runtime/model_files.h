@@ -38,6 +38,8 @@ Result<ModelFiles> open_gguf(const std::string& path);
 Result<ModelFiles> open_hf_dir(const std::string& dir);
 Result<ModelFiles> open_dummy(const std::string& config_path, const OpenOptions& opts);
 // The ModelConfig of a Hugging Face config.json (no weights), as the loaders read it.
-Result<ModelConfig> read_hf_config(const std::string& config_path);
+// any_architecture: a model_type the loaders do not support (mixtral, qwen2_moe, ...) is
+// read with llama's field names -- for the simulator, which needs only the dimensions.
+Result<ModelConfig> read_hf_config(const std::string& config_path, bool any_architecture = false);
 
 }  // namespace troupe

@@ -55,7 +55,7 @@ Result<nlohmann::json> read_json(const std::string& path) {
   }
 }
 
-Result<ModelConfig> config_from_hf(const nlohmann::json& j, const std::string& where) {
+Result<ModelConfig> config_from_hf(const nlohmann::json& j, const std::string& where, bool any_architecture = false) {
   if (!j.is_object()) return make_error(where + ": not a JSON object");
   // j.value() would throw (and end the process) for a non-string model_type.
   std::string type = "llama";
@@ -64,6 +64,7 @@ Result<ModelConfig> config_from_hf(const nlohmann::json& j, const std::string& w
     type = it->get<std::string>();
   }
   const Architecture* arch = find_architecture(type);
+  if (!arch && any_architecture) arch = find_architecture("llama");
   if (!arch) return make_error(where + ": unsupported model_type '" + type + "' (supported: " + supported_architectures() + ")");
   auto c = arch->from_hf(j);
   if (!c) return make_error(where + ": " + c.error().message);
@@ -72,10 +73,10 @@ Result<ModelConfig> config_from_hf(const nlohmann::json& j, const std::string& w
 
 }  // namespace
 
-Result<ModelConfig> read_hf_config(const std::string& config_path) {
+Result<ModelConfig> read_hf_config(const std::string& config_path, bool any_architecture) {
   auto cj = read_json(config_path);
   if (!cj) return cj.error();
-  return config_from_hf(*cj, config_path);
+  return config_from_hf(*cj, config_path, any_architecture);
 }
 
 Result<ModelFiles> open_hf_dir(const std::string& dir) {

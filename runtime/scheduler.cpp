@@ -24,6 +24,9 @@ Status Scheduler::add(SchedRequest r) {
   if (states_.count(r.id)) return make_error("request id " + std::to_string(r.id) + " is already scheduled");
   if (r.prompt.empty()) return make_error("empty prompt");
   if (r.max_new_tokens < 1) return make_error("max_new_tokens must be at least 1");
+  if (!cfg_.chunked_prefill && static_cast<int64_t>(r.prompt.size()) > cfg_.max_batched_tokens)
+    return make_error("prompt of " + std::to_string(r.prompt.size()) + " tokens exceeds the token budget of " +
+                      std::to_string(cfg_.max_batched_tokens) + " and chunked prefill is off");
   const int64_t total = static_cast<int64_t>(r.prompt.size()) + r.max_new_tokens;
   const int64_t capacity = int64_t{kv_.config().num_blocks} * kv_.config().block_size;
   if (total > capacity)
@@ -65,6 +68,12 @@ void Scheduler::preempt(int64_t id) {
   sort_waiting();
 }
 
+// With chunked prefill off, `left` tokens are computed whole or not at all this step --
+// unless they could never fit one step (a resumed sequence that outgrew the budget).
+bool Scheduler::may_split(int32_t left, int32_t n) const {
+  return cfg_.chunked_prefill || n == left || left > cfg_.max_batched_tokens;
+}
+
 StepPlan Scheduler::schedule() {
   StepPlan plan;
   int32_t budget = cfg_.max_batched_tokens;
@@ -73,8 +82,9 @@ StepPlan Scheduler::schedule() {
   for (size_t i = 0; i < running_.size() && budget > 0;) {
     const int64_t id = running_[i];
     SchedState& s = states_.at(id);
-    const int32_t n = std::min(static_cast<int32_t>(s.tokens.size()) - s.num_computed, budget);
-    if (n <= 0) { ++i; continue; }
+    const int32_t left = static_cast<int32_t>(s.tokens.size()) - s.num_computed;
+    const int32_t n = std::min(left, budget);
+    if (n <= 0 || !may_split(left, n)) { ++i; continue; }
     if (kv_.reserve(id, s.num_computed + n, s.tokens, &plan.copies)) {
       plan.seqs.push_back({id, s.num_computed, n, s.num_computed + n == static_cast<int32_t>(s.tokens.size())});
       budget -= n;
@@ -96,8 +106,9 @@ StepPlan Scheduler::schedule() {
     auto cached = kv_.add_sequence(id, s.tokens);
     if (!cached) break;
     s.num_computed = *cached;
-    const int32_t n = std::min(static_cast<int32_t>(s.tokens.size()) - s.num_computed, budget);
-    if (!kv_.reserve(id, s.num_computed + n, s.tokens, &plan.copies)) {
+    const int32_t left = static_cast<int32_t>(s.tokens.size()) - s.num_computed;
+    const int32_t n = std::min(left, budget);
+    if (!may_split(left, n) || !kv_.reserve(id, s.num_computed + n, s.tokens, &plan.copies)) {
       kv_.free_sequence(id);
       s.num_computed = 0;
       break;  // head-of-line: keep the order the policy chose

@@ -21,6 +21,10 @@ namespace troupe {
 struct SchedulerConfig {
   int32_t max_batched_tokens = 2048;  // token budget per step
   int32_t max_running = 128;          // cap on running sequences
+  // false: a prompt is computed in one step or waits (vLLM without chunked prefill); prompts
+  // longer than the budget are refused at admission. A preempted sequence whose tokens
+  // outgrew the budget is still resumed in chunks, so it cannot starve.
+  bool chunked_prefill = true;
 };
 
 struct SchedRequest {
@@ -88,6 +92,7 @@ class Scheduler {
  private:
   void sort_waiting();
   void preempt(int64_t id);
+  bool may_split(int32_t left, int32_t n) const;
 
   SchedulerConfig cfg_;
   KvBlockManager& kv_;

@@ -18,6 +18,8 @@ int32_t draw(const LengthDist& d, std::mt19937_64& rng) {
     v = std::uniform_real_distribution<double>(d.a, d.b + 1)(rng);
   } else if (d.kind == "lognormal") {
     v = std::lognormal_distribution<double>(d.a, d.b)(rng);
+  } else if (d.kind == "empirical" && !d.samples.empty()) {
+    v = d.samples[std::uniform_int_distribution<size_t>(0, d.samples.size() - 1)(rng)];
   }
   return static_cast<int32_t>(std::clamp(std::floor(v), 1.0, 1e7));
 }
@@ -60,7 +62,16 @@ Status check_request(const SimRequest& r, const std::string& where) {
 
 }  // namespace
 
-Result<LengthDist> parse_length(const std::string& text) {
+Result<LengthDist> parse_length(const std::string& text, bool output) {
+  if (text.rfind("trace:", 0) == 0) {
+    auto t = read_trace(text.substr(6));
+    if (!t) return t.error();
+    if (t->empty()) return make_error("length distribution '" + text + "': the trace has no requests");
+    LengthDist d;
+    d.kind = "empirical";
+    for (const auto& r : *t) d.samples.push_back(output ? r.output_tokens : r.prompt_tokens);
+    return d;
+  }
   std::vector<std::string> parts;
   std::stringstream ss(text);
   for (std::string p; std::getline(ss, p, ':');) parts.push_back(p);
@@ -69,7 +80,8 @@ Result<LengthDist> parse_length(const std::string& text) {
   d.kind = parts[0];
   const size_t want = d.kind == "fixed" ? 2 : (d.kind == "uniform" || d.kind == "lognormal") ? 3 : 0;
   if (!want || parts.size() != want)
-    return make_error("length distribution '" + text + "': expected fixed:N, uniform:A:B or lognormal:MU:SIGMA");
+    return make_error("length distribution '" + text +
+                      "': expected fixed:N, uniform:A:B, lognormal:MU:SIGMA or trace:FILE");
   auto a = number(parts[1], text);
   if (!a) return a.error();
   d.a = *a;
@@ -115,7 +127,54 @@ Result<std::vector<SimRequest>> synthetic(const SyntheticSpec& s) {
   return out;
 }
 
+int32_t estimate_tokens(std::string_view text) {
+  return static_cast<int32_t>(std::max<size_t>(1, (text.size() + 3) / 4));
+}
+
+Result<std::vector<SimRequest>> read_sharegpt(const std::string& path, const TokenCounter& count,
+                                              const SyntheticSpec& arrivals) {
+  std::ifstream f(path);
+  if (!f) return make_error("cannot open ShareGPT file '" + path + "'");
+  nlohmann::json j = nlohmann::json::parse(f, nullptr, false);
+  if (j.is_discarded() || !j.is_array()) return make_error(path + ": not a JSON array of conversations");
+  SyntheticSpec times = arrivals;
+  times.num_requests = static_cast<int64_t>(j.size());
+  times.prompt = times.output = LengthDist{};
+  times.num_prefix_groups = 0;
+  times.priority_levels = 1;
+  auto when = synthetic(times);
+  if (!when) return when.error();
+  std::vector<SimRequest> out;
+  for (size_t i = 0; i < j.size(); ++i) {
+    if (arrivals.num_requests > 0 && static_cast<int64_t>(out.size()) >= arrivals.num_requests) break;
+    const auto& c = j[i];
+    if (!c.is_object() || !c.contains("conversations") || !c["conversations"].is_array()) continue;
+    const auto& turns = c["conversations"];
+    for (size_t k = 0; k + 1 < turns.size(); ++k) {
+      const auto& a = turns[k];
+      const auto& b = turns[k + 1];
+      if (!a.is_object() || !b.is_object() || !a.contains("value") || !b.contains("value") || !a["value"].is_string() ||
+          !b["value"].is_string() || a.value("from", "") != "human" || b.value("from", "") != "gpt")
+        continue;
+      SimRequest r;
+      r.arrival_s = (*when)[out.size()].arrival_s;
+      r.prompt_tokens = std::max<int32_t>(1, count(a["value"].get<std::string>()));
+      r.output_tokens = std::max<int32_t>(1, count(b["value"].get<std::string>()));
+      r.id = static_cast<int64_t>(out.size());
+      out.push_back(r);
+      break;
+    }
+  }
+  if (out.empty()) return make_error(path + ": no conversation has a human turn followed by a gpt turn");
+  return out;
+}
+
 Result<std::vector<SimRequest>> read_trace(const std::string& path) {
+  if (path.size() >= 5 && path.substr(path.size() - 5) == ".json") {
+    SyntheticSpec arrivals;
+    arrivals.num_requests = 0;
+    return read_sharegpt(path, estimate_tokens, arrivals);
+  }
   std::ifstream f(path);
   if (!f) return make_error("cannot open trace '" + path + "'");
   std::vector<SimRequest> out;

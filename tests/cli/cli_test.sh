@@ -68,5 +68,26 @@ expect "unknown flag" nz "not expected|extras|following arguments" -- run --no-s
 expect "help lists flags" 0 "--temperature" -- run --help
 expect "bench json" 0 "\"tg_tok_s\"" -- bench -m "$MODEL" -p 16 -n 4 -r 1 --json
 
+# sim: the new inputs and commands (the simulator itself is tested in tests/sim).
+SRC="$(cd "$(dirname "$0")/../.." && pwd)"
+expect "sim sharegpt" 0 "simulated 12 requests" -- sim --trace "$SRC/sim/examples/sharegpt.json" --rate 2 --out "$TMP/sg"
+expect "sim azure 2024" 0 "simulated 10 requests" -- sim --trace "$SRC/sim/examples/azure_llm_inference_2024.csv" --out "$TMP/az"
+expect "sim lengths from a trace" 0 "simulated 30 requests" -- sim --requests 30 --prompt-len "trace:$SRC/sim/examples/validate-cpu.csv" --out "$TMP/tl"
+expect "sim chunked prefill off refuses long prompts" 0 "simulated 20 requests" -- sim --requests 20 --no-chunked-prefill --prompt-len uniform:100:900 --out "$TMP/nc"
+expect "sweep over a scheduler flag" 0 "wrote .*sweep.svg" -- sim sweep --rates 1,2 --policies fcfs --param chunked-prefill --values 0,1 --requests 40 --out "$TMP/sw"
+grep -q "fcfs chunked-prefill=0 p99" "$TMP/sw/sweep.svg" || { echo "FAIL sweep legend names the flag value"; fails=$((fails + 1)); }
+expect "sweep unknown flag" 2 "is not one of" -- sim sweep --rates 1 --param warp-speed --values 1 --out "$TMP/sw2"
+expect "sweep values without param" 2 "go together" -- sim sweep --rates 1 --values 1 --out "$TMP/sw3"
+expect "sweep bad metric" 2 "metric" -- sim sweep --rates 1 --metric joy --out "$TMP/sw4"
+expect "validate bad trace" 2 "cannot open" -- sim validate -m "$MODEL" --trace "$TMP/none.csv" --out "$TMP/v0"
+expect "calibrate needs out" nz "out" -- sim calibrate -m "$MODEL"
+# The real commands, briefly: calibrate on this machine (engine steps, then through a real
+# troupe serve), then validate a 6-request trace at one rate against a real troupe serve.
+expect "sim calibrate" 0 "step-time error" -- sim calibrate -m "$MODEL" --out "$TMP/cal.json" --samples-out "$TMP/cal.csv"
+grep -q '"step_overhead_s"' "$TMP/cal.json" || { echo "FAIL calibrate wrote no profile"; fails=$((fails + 1)); }
+printf 'arrival_s,prompt_tokens,output_tokens,prefix_group,prefix_tokens\n0,40,12,0,32\n0.3,60,8,-1,0\n0.5,36,16,0,32\n0.9,80,10,-1,0\n1.2,20,12,-1,0\n1.4,50,6,-1,0\n' > "$TMP/mini.csv"
+expect "sim validate" 0 "TTFT p50 .*%" -- sim validate -m "$MODEL" --trace "$TMP/mini.csv" --hardware "$TMP/cal.json" --rates 2 --out "$TMP/val"
+grep -q '"real"' "$TMP/val/validation.json" || { echo "FAIL validate wrote no JSON"; fails=$((fails + 1)); }
+
 echo "$fails failure(s)"
 [ $fails -eq 0 ]

@@ -5,9 +5,12 @@
 #include <catch2/catch.hpp>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <map>
+#include <set>
 #include <sstream>
 
 #include "runtime/model_files.h"
+#include "sim/calibrate.h"
 #include "sim/simulator.h"
 #include "tests/test_util.h"
 
@@ -207,4 +210,184 @@ TEST_CASE("sim: trace files, bad inputs and requests that can never fit", "[sim]
   }
   CHECK(rejected == 1);
   CHECK_FALSE(load_profile("/nonexistent.json").ok());
+}
+
+TEST_CASE("sim: chunked prefill off runs the production scheduler's rule", "[sim]") {
+  const CostModel cost(smollm2(), profile("cpu-local"));
+  std::vector<SimRequest> reqs = workload(3, 60);
+  for (auto& r : reqs) r.arrival_s = 0;
+  SimConfig chunked = config(512, 1 << 16), whole = chunked;
+  whole.scheduler.chunked_prefill = false;
+  auto a = simulate(reqs, chunked, cost);
+  auto b = simulate(reqs, whole, cost);
+  REQUIRE(a.ok());
+  REQUIRE(b.ok());
+  CHECK(b->decisions == direct_decisions(reqs, whole));
+  CHECK(a->decisions != b->decisions);
+  // Without chunks no prompt is split: every first appearance of a request is its whole prompt.
+  std::map<int64_t, int> first_new;
+  for (const auto& line : b->decisions) {
+    std::istringstream in(line.substr(line.find(':') + 1));
+    for (std::string tok; in >> tok;) {
+      const auto plus = tok.find('+');
+      if (plus == std::string::npos) continue;
+      const int64_t id = std::stoll(tok.substr(0, plus));
+      if (!first_new.count(id)) first_new[id] = std::stoi(tok.substr(plus + 1));
+    }
+  }
+  for (const auto& r : reqs) CHECK(first_new[r.id] == r.prompt_tokens);
+}
+
+TEST_CASE("sim calibrate: the fit recovers a profile from the step times it predicts", "[sim]") {
+  const ModelConfig m = smollm2();
+  HardwareProfile truth = profile("cpu-local");
+  truth.flops_efficiency = 0.42;
+  truth.attention_efficiency = 0.07;
+  truth.bw_efficiency = 0.5;
+  truth.kv_bw_efficiency = 0.1;
+  truth.step_overhead_s = 0.003;
+  truth.sample_overhead_s = 0.001;
+  truth.overlap = false;
+  const CostModel cm(m, truth);
+  std::vector<StepSample> samples;
+  for (int p : {16, 64, 200, 512}) samples.push_back({{{0, p, true}}, 0});
+  for (int b : {1, 3, 8, 24, 48})
+    for (int ctx : {40, 300, 1500}) samples.push_back({std::vector<SeqShape>(static_cast<size_t>(b), SeqShape{ctx, 1, true}), 0});
+  samples.push_back({{{900, 256, false}, {100, 1, true}, {120, 1, true}}, 0});
+  for (auto& s : samples) s.seconds = cm.step_seconds(s.seqs);
+  HardwareProfile start = profile("cpu-local");
+  auto fit = fit_profile(m, start, samples);
+  REQUIRE(fit.ok());
+  CHECK(fit->max_abs_error < 0.02);
+  CHECK_FALSE(fit->profile.overlap);
+  CHECK(fit->profile.flops_efficiency == Approx(truth.flops_efficiency).epsilon(0.1));
+  // (Without overlap, the per-step overhead and the weights' streaming time are both constant
+  // per step: only their sum is identified, so check predictions on shapes it never saw.)
+  const CostModel fitted(m, fit->profile);
+  for (const auto& unseen : {std::vector<SeqShape>{{0, 333, true}}, std::vector<SeqShape>(5, SeqShape{2000, 1, true}),
+                             std::vector<SeqShape>{{64, 100, false}, {10, 1, true}}})
+    CHECK(fitted.step_seconds(unseen) == Approx(cm.step_seconds(unseen)).epsilon(0.03));
+  CHECK(fit->profile.peak_flops == start.peak_flops);  // peaks and sizes come from the base
+  // Times 30% slower than the profile: the fit follows, the old profile does not.
+  for (auto& s : samples) s.seconds *= 1.3;
+  auto slower = fit_profile(m, start, samples);
+  REQUIRE(slower.ok());
+  CHECK(slower->median_abs_error < 0.02);
+  std::vector<double> old = relative_errors(m, truth, samples);
+  CHECK(old[0] > 0.2);
+  CHECK_FALSE(fit_profile(m, start, {samples[0]}).ok());
+  samples[1].seconds = 0;
+  CHECK_FALSE(fit_profile(m, start, samples).ok());
+}
+
+TEST_CASE("sim: ShareGPT, Azure 2024 and trace-drawn lengths", "[sim]") {
+  const std::string path = test::source_dir() + "/sim/examples/sharegpt.json";
+  SyntheticSpec arrivals;
+  arrivals.num_requests = 0;
+  arrivals.rate = 4;
+  auto sg = read_sharegpt(path, estimate_tokens, arrivals);
+  REQUIRE(sg.ok());
+  // Independently: the first human turn and the reply after it, 4 bytes per token.
+  std::ifstream f(path);
+  const auto j = nlohmann::json::parse(f);
+  REQUIRE(sg->size() == j.size());
+  for (size_t i = 0; i < j.size(); ++i) {
+    const auto& turns = j[i]["conversations"];
+    size_t k = 0;
+    while (turns[k]["from"] != "human" || turns[k + 1]["from"] != "gpt") ++k;
+    CHECK((*sg)[i].prompt_tokens == static_cast<int32_t>((turns[k]["value"].get<std::string>().size() + 3) / 4));
+    CHECK((*sg)[i].output_tokens == static_cast<int32_t>((turns[k + 1]["value"].get<std::string>().size() + 3) / 4));
+    if (i) CHECK((*sg)[i].arrival_s > (*sg)[i - 1].arrival_s);
+  }
+  arrivals.num_requests = 5;
+  auto five = read_sharegpt(path, [](std::string_view) { return 7; }, arrivals);
+  REQUIRE(five.ok());
+  REQUIRE(five->size() == 5);
+  CHECK((*five)[4].prompt_tokens == 7);
+  const std::string bad = "/tmp/troupe_sim_bad_" + std::to_string(::getpid()) + ".json";
+  for (const char* text : {"{}", "[1, 2]", "[{\"conversations\": [{\"from\": \"gpt\", \"value\": \"x\"}]}]", "[{"}) {
+    std::ofstream(bad) << text;
+    INFO(text);
+    CHECK_FALSE(read_sharegpt(bad, estimate_tokens, arrivals).ok());
+  }
+  std::remove(bad.c_str());
+  // The 2024 Azure release: timestamps with a UTC offset.
+  auto az = read_trace(test::source_dir() + "/sim/examples/azure_llm_inference_2024.csv");
+  REQUIRE(az.ok());
+  REQUIRE(az->size() == 10);
+  CHECK(az->back().arrival_s == Approx(3.107472).margin(1e-5));
+  CHECK((*az)[3].prompt_tokens == 4621);
+  // trace:FILE draws lengths from a trace's own.
+  auto pl = parse_length("trace:" + test::source_dir() + "/sim/examples/validate-cpu.csv", false);
+  auto ol = parse_length("trace:" + test::source_dir() + "/sim/examples/validate-cpu.csv", true);
+  REQUIRE(pl.ok());
+  REQUIRE(ol.ok());
+  SyntheticSpec s;
+  s.num_requests = 300;
+  s.prompt = *pl;
+  s.output = *ol;
+  auto w = synthetic(s);
+  REQUIRE(w.ok());
+  std::set<int32_t> prompts(pl->samples.begin(), pl->samples.end()), outputs(ol->samples.begin(), ol->samples.end());
+  std::set<int32_t> drawn;
+  for (const auto& r : *w) {
+    CHECK(prompts.count(r.prompt_tokens) == 1);
+    CHECK(outputs.count(r.output_tokens) == 1);
+    drawn.insert(r.prompt_tokens);
+  }
+  CHECK(drawn.size() > prompts.size() / 2);
+  CHECK_FALSE(parse_length("trace:/nonexistent.csv").ok());
+}
+
+TEST_CASE("sim layouts: pipeline stages with plans in flight, experts over devices", "[sim]") {
+  const ModelConfig m = smollm2();
+  HardwareProfile hw = profile("h200");
+  hw.step_overhead_s = 0;
+  const std::vector<SeqShape> decode(64, SeqShape{500, 1, true});
+  const std::vector<SeqShape> prefill(4, SeqShape{0, 4096, true});
+  const CostModel one(m, hw);
+  // P stages, one plan in flight, free links: the same work one stage after another.
+  Layout pp;
+  pp.pipeline_stages = 5;
+  REQUIRE(check_layout(pp, m).ok());
+  CHECK(CostModel(m, hw, pp).step_seconds(decode) == Approx(one.step_seconds(decode)));
+  // Links cost tokens x hidden x 2 bytes per stage.
+  pp.stage_bandwidth = 1e9;
+  CHECK(CostModel(m, hw, pp).step_seconds(decode) ==
+        Approx(one.step_seconds(decode) + 5 * 64.0 * m.hidden * 2 / 1e9));
+  // Compute-bound prefill: micro-batches overlap the stages and finish sooner.
+  pp.stage_bandwidth = 0;
+  pp.micro_batches = 4;
+  const double piped = CostModel(m, hw, pp).step_seconds(prefill);
+  CHECK(piped < 0.6 * one.step_seconds(prefill));
+  CHECK(piped == Approx(one.step_seconds(prefill) / 5 * (4 + 4) / 4));  // (M + P - 1) / (M P)
+  pp.pipeline_stages = 31;
+  CHECK_FALSE(check_layout(pp, m).ok());
+
+  // Mixtral 8x7B: the experts come from the config; EP shards them.
+  auto mix = read_hf_config(test::source_dir() + "/configs/mixtral-8x7b.json", true);
+  REQUIRE(mix.ok());
+  Layout ep;
+  REQUIRE(read_moe_fields(test::source_dir() + "/configs/mixtral-8x7b.json", ep).ok());
+  CHECK(ep.num_experts == 8);
+  CHECK(ep.experts_per_token == 2);
+  CHECK(ep.expert_ffn == 14336);
+  REQUIRE(check_layout(ep, *mix).ok());
+  const CostModel dense_ep(*mix, hw, ep);
+  CHECK(dense_ep.weight_bytes() / 2 == Approx(46.7e9).epsilon(0.02));  // Mixtral's 46.7B parameters
+  const double t1 = dense_ep.step_seconds(prefill);
+  ep.ep_degree = 4;
+  REQUIRE(check_layout(ep, *mix).ok());
+  const double t4 = CostModel(*mix, hw, ep).step_seconds(prefill);
+  CHECK(t4 < 0.3 * t1);
+  ep.expert_imbalance = 2;
+  const double skewed = CostModel(*mix, hw, ep).step_seconds(prefill);
+  CHECK(skewed > t4);
+  ep.all_to_all_bandwidth = 1e11;
+  CHECK(CostModel(*mix, hw, ep).step_seconds(prefill) > skewed);
+  ep.ep_degree = 3;
+  CHECK_FALSE(check_layout(ep, *mix).ok());
+  Layout dense;
+  dense.ep_degree = 2;
+  CHECK_FALSE(check_layout(dense, m).ok());
 }

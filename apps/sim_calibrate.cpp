@@ -1,0 +1,272 @@
+// `troupe sim calibrate`: runs the real engine (the model, backend, scheduler and KV-block
+// manager that `troupe serve` drives) over a fixed set of step shapes -- single prefills,
+// decode batches of growing size with their mixed prefill steps, long-context decode -- times
+// every step, and fits the hardware profile's efficiency factors and overheads to them
+// (sim/calibrate.h). Writes the profile JSON and the measured steps as CSV.
+#include <spdlog/spdlog.h>
+
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <random>
+#include <thread>
+
+#include "apps/serve_client.h"
+#include "apps/sim_common.h"
+#include "apps/subcommands.h"
+#include "runtime/engine.h"
+#include "sim/calibrate.h"
+
+namespace troupe::app {
+namespace {
+
+struct CalibrateFlags {
+  ModelFlags model;
+  std::string base = sim_source_path("sim/profiles/cpu-local.json");
+  std::string out;
+  std::string samples_out;
+  std::string name;
+  int repetitions = 1;
+  float temperature = 0;
+  bool no_serve = false;
+};
+
+struct Scenario {
+  const char* what;
+  int requests, prompt, output;
+};
+
+// Shapes the serving steps take: prefills of several lengths, decode batches from 1 to
+// 48 sequences (their first steps are packed prefill chunks), decode over long contexts.
+constexpr Scenario kScenarios[] = {
+    {"prefill 32", 1, 32, 1},         {"prefill 128", 1, 128, 1},     {"prefill 256", 1, 256, 1},
+    {"prefill 512", 1, 512, 1},       {"decode x1", 1, 32, 24},       {"decode x4", 4, 32, 24},
+    {"decode x16", 16, 32, 16},       {"decode x48", 48, 24, 12},     {"long-context x2", 2, 900, 12},
+};
+
+double median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+// What serving adds to an engine step (actor messages, detokenization, HTTP streaming):
+// decode steps of 1 and of 16 sequences are timed through a real `troupe serve` (the gaps
+// between a request's streamed tokens) and compared with the fitted engine profile. The
+// difference becomes extra per-step and per-sampled-row overhead.
+Status add_serving_overhead(const ServeSpec& spec, const ModelConfig& mc, sim::HardwareProfile& hw, const std::string& log) {
+  ServerProcess server;
+  TROUPE_TRY(server.start(spec, log));
+  const sim::CostModel cm(mc, hw);
+  constexpr int kPrompt = 32, kOutput = 40;
+  std::mt19937 rng(11);
+  std::uniform_int_distribution<int32_t> tok(1000, std::min(mc.vocab, 32000) - 1);
+  // Median over every decode gap of (measured - predicted), for `batch` requests at once.
+  auto residual = [&](int batch, int rounds) -> Result<double> {
+    std::vector<double> diffs;
+    for (int round = 0; round < rounds; ++round) {
+      std::vector<sim::RequestRecord> recs(static_cast<size_t>(batch));
+      std::vector<std::string> errs(static_cast<size_t>(batch));
+      std::vector<std::vector<int32_t>> prompts(static_cast<size_t>(batch));
+      for (auto& p : prompts) {
+        p.resize(kPrompt);
+        for (auto& t : p) t = tok(rng);
+      }
+      const auto t0 = std::chrono::steady_clock::now();
+      std::vector<std::thread> threads;
+      for (int i = 0; i < batch; ++i)
+        threads.emplace_back([&, i] { errs[i] = stream_completion(server.port(), prompts[i], kOutput, t0, recs[i]); });
+      for (auto& t : threads) t.join();
+      for (int i = 0; i < batch; ++i) {
+        if (!errs[i].empty()) return make_error("through troupe serve: " + errs[i]);
+        const auto& tt = recs[i].token_times;
+        for (size_t k = 1; k < tt.size(); ++k) {
+          std::vector<sim::SeqShape> step(static_cast<size_t>(batch), sim::SeqShape{static_cast<int32_t>(kPrompt + k - 1), 1, true});
+          diffs.push_back(tt[k] - tt[k - 1] - cm.step_seconds(step));
+        }
+      }
+    }
+    return median(diffs);
+  };
+  // A line through the residuals at 1, 16 and 48 sequences: its intercept is per step, its
+  // slope per sampled row (serving work grows with the streams: on a small machine it competes
+  // with the engine's threads for the cores).
+  const std::pair<int, int> batches[] = {{1, 3}, {16, 2}, {48, 1}};
+  double sx = 0, sy = 0, sxx = 0, sxy = 0;
+  std::string seen;
+  for (auto [b, rounds] : batches) {
+    auto r = residual(b, rounds);
+    if (!r) return r.error();
+    sx += b;
+    sy += *r;
+    sxx += double(b) * b;
+    sxy += b * *r;
+    seen += fmt::format("{}batch {} {:+.3f} ms", seen.empty() ? "" : ", ", b, *r * 1e3);
+  }
+  const double n = std::size(batches);
+  const double slope = (n * sxy - sx * sy) / (n * sxx - sx * sx);
+  const double per_row = std::max(0.0, slope);
+  const double per_step = std::max(0.0, (sy - per_row * sx) / n);
+  spdlog::info("serving adds {:.3f} ms per step and {:.3f} ms per sampled row (median decode gaps through troupe serve "
+               "against the engine fit: {})",
+               per_step * 1e3, per_row * 1e3, seen);
+  hw.step_overhead_s += per_step;
+  hw.sample_overhead_s += per_row;
+  server.stop();
+  return {};
+}
+
+int calibrate(CalibrateFlags f) {
+  if (f.out.empty()) {
+    spdlog::error("--out FILE is required");
+    return 2;
+  }
+  if (f.repetitions < 1 || f.repetitions > 20 || !(f.temperature >= 0 && f.temperature <= 100)) {
+    spdlog::error("--repetitions must be 1..20 and --temperature 0..100");
+    return 2;
+  }
+  auto base = sim::load_profile(f.base);
+  if (!base) {
+    spdlog::error("{}", base.error().message);
+    return 2;
+  }
+  f.model.ctx = std::max(f.model.ctx, 1024);
+  auto engine = load_engine(f.model);
+  if (!engine) {
+    spdlog::error("{}", engine.error().message);
+    return 1;
+  }
+  const ModelConfig mc = engine->files.config;
+  const std::string backend_name = backend_name, model_path = engine->files.path;
+  EngineConfig ec;
+  ec.scheduler = {f.model.batch, 64};
+  ec.kv = kv_config_for_tokens(16384, 16, false);  // random prompts: nothing to share
+  auto eng = Engine::create(*engine->model, *engine->backend, ec, SchedulingPolicy::fcfs(), nullptr);
+  if (!eng) {
+    spdlog::error("{}", eng.error().message);
+    return 2;
+  }
+  std::mt19937 rng(7);
+  std::uniform_int_distribution<int32_t> tok(0, mc.vocab - 1);
+  int64_t next_id = 0;
+  std::vector<sim::StepSample> samples;
+  std::vector<std::string> labels;
+  // Runs one scenario to completion; records its steps when `keep`.
+  auto run = [&](const Scenario& s, bool keep) -> Status {
+    for (int i = 0; i < s.requests; ++i) {
+      EngineRequest r;
+      r.id = next_id++;
+      r.prompt.resize(static_cast<size_t>(s.prompt));
+      for (auto& t : r.prompt) t = tok(rng);
+      r.max_new_tokens = s.output;
+      r.sampling.temperature = f.temperature;
+      TROUPE_TRY((*eng)->add(std::move(r)));
+    }
+    while ((*eng)->has_work()) {
+      const auto t0 = std::chrono::steady_clock::now();
+      auto ev = (*eng)->step();
+      const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      if (!ev) return ev.error();
+      const StepPlan& plan = (*eng)->last_plan();
+      if (!keep || plan.seqs.empty()) continue;
+      sim::StepSample smp;
+      for (const auto& q : plan.seqs) smp.seqs.push_back({q.num_computed, q.num_new, q.samples});
+      smp.seconds = dt;
+      samples.push_back(std::move(smp));
+      labels.push_back(s.what);
+    }
+    return {};
+  };
+  spdlog::info("calibrating on {} ({}): {} scenarios x {} repetition(s) after a warm-up", mc.name,
+               backend_name, std::size(kScenarios), f.repetitions);
+  if (auto w = run({"warm-up", 2, 64, 4}, false); !w) {
+    spdlog::error("{}", w.error().message);
+    return 1;
+  }
+  for (int rep = 0; rep < f.repetitions; ++rep)
+    for (const auto& s : kScenarios) {
+      const size_t before = samples.size();
+      const auto t0 = std::chrono::steady_clock::now();
+      if (auto st = run(s, true); !st) {
+        spdlog::error("{}: {}", s.what, st.error().message);
+        return 1;
+      }
+      spdlog::info("{:<16} {:3} steps in {:.2f} s", s.what, samples.size() - before,
+                   std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    }
+  auto fit = sim::fit_profile(mc, *base, samples);
+  if (!fit) {
+    spdlog::error("{}", fit.error().message);
+    return 1;
+  }
+  const sim::HardwareProfile engine_only = fit->profile;
+  if (!f.no_serve) {
+    ServeSpec spec;
+    spec.model = f.model;
+    spec.model.model = model_path;
+    spec.max_num_batched_tokens = f.model.batch;
+    spec.prefix_caching = false;
+    const std::string log = f.out + ".serve.log";
+    eng->reset();  // the server gets the cores and the memory
+    engine = make_error("released");
+    if (auto st = add_serving_overhead(spec, mc, fit->profile, log); !st) {
+      spdlog::error("{} (skip this part with --no-serve)", st.error().message);
+      return 1;
+    }
+  }
+  fit->profile.name = !f.name.empty() ? f.name
+                                      : base->name.substr(0, base->name.find(' ')) + " calibrated (" + mc.name + ", " +
+                                            backend_name + ")";
+  std::ofstream(f.out) << sim::profile_json(fit->profile);
+  if (!f.samples_out.empty()) {
+    std::ofstream csv(f.samples_out);
+    csv << "scenario,seqs,tokens,samples,context_tokens,measured_s,predicted_s\n";
+    const sim::CostModel cm(mc, engine_only);
+    for (size_t i = 0; i < samples.size(); ++i) {
+      int64_t tokens = 0, rows = 0, ctx = 0;
+      for (const auto& q : samples[i].seqs) {
+        tokens += q.num_new;
+        rows += q.samples;
+        ctx += q.num_computed + q.num_new;
+      }
+      char line[256];
+      std::snprintf(line, sizeof line, "%s,%zu,%lld,%lld,%lld,%.6f,%.6f\n", labels[i].c_str(), samples[i].seqs.size(),
+                    static_cast<long long>(tokens), static_cast<long long>(rows), static_cast<long long>(ctx),
+                    samples[i].seconds, cm.step_seconds(samples[i].seqs));
+      csv << line;
+    }
+  }
+  const auto& p = fit->profile;
+  std::printf("fitted on %zu steps: matmul efficiency %.3f, attention %.3f, bandwidth %.3f, step overhead %.3f ms, "
+              "per sampled row %.3f ms\n",
+              fit->samples, p.flops_efficiency, p.attention_efficiency, p.bw_efficiency, p.step_overhead_s * 1e3,
+              p.sample_overhead_s * 1e3);
+  std::printf("step-time error |predicted/measured - 1|: median %.1f%%, p90 %.1f%%, max %.1f%%\n",
+              100 * fit->median_abs_error, 100 * fit->p90_abs_error, 100 * fit->max_abs_error);
+  std::printf("wrote %s%s%s\n", f.out.c_str(), f.samples_out.empty() ? "" : " and ", f.samples_out.c_str());
+  return 0;
+}
+
+}  // namespace
+
+void add_sim_calibrate(CLI::App& sim) {
+  auto f = std::make_shared<CalibrateFlags>();
+  auto* cmd = sim.add_subcommand("calibrate", "Time the real engine over a fixed set of step shapes on this machine and "
+                                               "fit a hardware profile's efficiencies and overheads to them");
+  f->model.add_to(*cmd);
+  cmd->add_option("--hardware", f->base, "base profile: peak rates and byte sizes kept, efficiencies and overheads fitted")
+      ->capture_default_str();
+  cmd->add_option("--out", f->out, "where to write the fitted profile JSON")->required();
+  cmd->add_option("--samples-out", f->samples_out, "also write every measured step (shape, measured and predicted s) as CSV");
+  cmd->add_option("--name", f->name, "profile name (default: the base's, marked calibrated)");
+  cmd->add_option("--temperature", f->temperature,
+                  "sampling temperature of the measured steps (0: greedy, as `sim validate` sends; above 0 sorts the vocabulary)")
+      ->capture_default_str();
+  cmd->add_flag("--no-serve", f->no_serve,
+                "fit the engine's steps only; by default decode steps are also timed through a real troupe serve and "
+                "what serving adds becomes extra per-step and per-row overhead");
+  cmd->add_option("--repetitions", f->repetitions, "passes over the scenarios (every step is a sample)")->capture_default_str();
+  cmd->callback([f] { set_exit_code(calibrate(*f)); });
+}
+
+}  // namespace troupe::app
