@@ -10,6 +10,7 @@
 #include "apps/sim_common.h"
 #include "apps/subcommands.h"
 #include "runtime/model_files.h"
+#include "sim/cluster.h"
 #include "sim/plot.h"
 #include "sim/simulator.h"
 
@@ -34,7 +35,15 @@ struct SimFlags {
   std::string metric = "ttft";          // sweep: ttft | itl | e2el
   double slo_ttft_ms = 0, slo_itl_ms = 0;
   sim::Layout layout;  // parallel layout (cost model); experts filled from the model config
+  sim::ClusterConfig cluster;  // replicas or prefill/decode disaggregation
 };
+
+// One instance: the plain simulator (its decisions are a bare Scheduler's); more: the cluster.
+Result<sim::SimResult> run_workload(const std::vector<sim::SimRequest>& reqs, const sim::SimConfig& sc,
+                                    const sim::CostModel& cost, const sim::ClusterConfig& cc) {
+  if (cc.instances == 1 && cc.prefill_instances == 0) return sim::simulate(reqs, sc, cost);
+  return sim::simulate_cluster(reqs, sc, cost, cc);
+}
 
 struct Prepared {
   ModelConfig model;
@@ -123,7 +132,11 @@ int run_sim(const SimFlags& f) {
   }
   const sim::SimConfig sc = sim_config(f, f.policy);
   const sim::CostModel cost(*cfg, *hw, prep->layout);
-  auto r = sim::simulate(*reqs, sc, cost);
+  if (auto st = sim::check_cluster(f.cluster); !st) {
+    spdlog::error("{}", st.error().message);
+    return 2;
+  }
+  auto r = run_workload(*reqs, sc, cost, f.cluster);
   if (!r) {
     spdlog::error("{}", r.error().message);
     return 1;
@@ -156,7 +169,8 @@ int run_sim(const SimFlags& f) {
 
 // The flags `sim sweep --param` can vary; value 0/1 turns the two switches off/on.
 const char* kSweepParams[] = {"max-num-batched-tokens", "max-num-seqs", "kv-cache-tokens", "block-size",
-                              "chunked-prefill", "prefix-caching", "pipeline-stages", "micro-batches", "ep-degree"};
+                              "chunked-prefill", "prefix-caching", "pipeline-stages", "micro-batches", "ep-degree",
+                              "instances", "prefill-instances", "decode-instances"};
 
 Status set_param(SimFlags& f, const std::string& name, double v) {
   const int i = static_cast<int>(v);
@@ -168,6 +182,9 @@ Status set_param(SimFlags& f, const std::string& name, double v) {
   else if (name == "pipeline-stages") f.layout.pipeline_stages = i;
   else if (name == "micro-batches") f.layout.micro_batches = i;
   else if (name == "ep-degree") f.layout.ep_degree = i;
+  else if (name == "instances") f.cluster.instances = i;
+  else if (name == "prefill-instances") f.cluster.prefill_instances = i;
+  else if (name == "decode-instances") f.cluster.decode_instances = i;
   else if (name == "chunked-prefill" || name == "prefix-caching") {
     if (i != 0 && i != 1) return make_error("--values for " + name + " must be 0 (off) or 1 (on)");
     (name == "chunked-prefill" ? f.no_chunked_prefill : f.no_prefix_caching) = i == 0;
@@ -245,7 +262,11 @@ int run_sweep(const SimFlags& f) {
           return 2;
         }
         const sim::CostModel cost(prep->model, prep->hw, layout);
-        auto r = sim::simulate(*reqs, sim_config(g, policy), cost);
+        if (auto st = sim::check_cluster(g.cluster); !st) {
+          spdlog::error("{}", st.error().message);
+          return 2;
+        }
+        auto r = run_workload(*reqs, sim_config(g, policy), cost, g.cluster);
         if (!r) {
           spdlog::error("{}", r.error().message);
           return r.error().message.find("policy") != std::string::npos ? 2 : 1;
@@ -329,6 +350,21 @@ void add_common(CLI::App* cmd, SimFlags& f) {
   cmd->add_option("--expert-imbalance", f.layout.expert_imbalance,
                   "layout: routed tokens on the busiest expert device over the mean (>= 1)")
       ->capture_default_str();
+  cmd->add_option("--instances", f.cluster.instances,
+                  "serving instances, each with its own scheduler and KV pool; requests go to the least loaded")
+      ->capture_default_str();
+  cmd->add_option("--prefill-instances", f.cluster.prefill_instances,
+                  "disaggregation: instances that compute prompts and first tokens (with --decode-instances)")
+      ->capture_default_str();
+  cmd->add_option("--decode-instances", f.cluster.decode_instances,
+                  "disaggregation: instances that receive the KV cache and generate the rest")
+      ->capture_default_str();
+  cmd->add_option("--kv-transfer-bandwidth", f.cluster.kv_transfer_bandwidth,
+                  "disaggregation: bytes/s of one KV-cache transfer from prefill to decode (0: instant)")
+      ->capture_default_str();
+  cmd->add_option("--kv-transfer-latency-s", f.cluster.kv_transfer_latency_s,
+                  "disaggregation: fixed seconds per KV-cache transfer")
+      ->capture_default_str();
   cmd->add_option("--slo-ttft-ms", f.slo_ttft_ms, "SLO on time to first token for goodput (0: none)")->capture_default_str();
   cmd->add_option("--slo-itl-ms", f.slo_itl_ms, "SLO on the worst inter-token latency (0: none)")->capture_default_str();
 }
@@ -352,8 +388,8 @@ void add_sim_command(CLI::App& app) {
   sweep->add_option("--policies", sf->policies, "policies, comma-separated")->delimiter(',')->capture_default_str();
   sweep->add_option("--param", sf->param,
                     "also vary one flag: max-num-batched-tokens, max-num-seqs, kv-cache-tokens, block-size, "
-                    "chunked-prefill or prefix-caching (0 off, 1 on), pipeline-stages, micro-batches or ep-degree; "
-                    "one line per value");
+                    "chunked-prefill or prefix-caching (0 off, 1 on), pipeline-stages, micro-batches, ep-degree, "
+                    "instances, prefill-instances or decode-instances; one line per value");
   sweep->add_option("--values", sf->values, "the values of --param, comma-separated")->delimiter(',');
   sweep->add_option("--metric", sf->metric, "latency to plot: ttft, itl or e2el")->capture_default_str();
   sweep->add_option("--out", sf->out, "output folder")->required();

@@ -76,6 +76,11 @@ expect "sim lengths from a trace" 0 "simulated 30 requests" -- sim --requests 30
 expect "sim chunked prefill off refuses long prompts" 0 "simulated 20 requests" -- sim --requests 20 --no-chunked-prefill --prompt-len uniform:100:900 --out "$TMP/nc"
 expect "sweep over a scheduler flag" 0 "wrote .*sweep.svg" -- sim sweep --rates 1,2 --policies fcfs --param chunked-prefill --values 0,1 --requests 40 --out "$TMP/sw"
 grep -q "fcfs chunked-prefill=0 p99" "$TMP/sw/sweep.svg" || { echo "FAIL sweep legend names the flag value"; fails=$((fails + 1)); }
+expect "sim disaggregation" 0 "simulated 50 requests" -- sim --requests 50 --rate 5 --prefill-instances 1 --decode-instances 2 --kv-transfer-bandwidth 1e9 --out "$TMP/pd"
+expect "sim half a disaggregation" 2 "go together" -- sim --requests 5 --prefill-instances 1 --out "$TMP/pd2"
+expect "sim expert parallel" 0 "simulated 50 requests" -- sim --requests 50 --model-config "$SRC/configs/mixtral-8x7b.json" --hardware "$SRC/sim/profiles/h200.json" --ep-degree 4 --all-to-all-bandwidth 4e11 --expert-imbalance 1.2 --out "$TMP/ep"
+expect "sim ep on a dense model" 2 "mixture-of-experts" -- sim --requests 5 --ep-degree 2 --out "$TMP/ep2"
+expect "sim pipeline" 0 "simulated 50 requests" -- sim --requests 50 --pipeline-stages 3 --micro-batches 2 --stage-bandwidth 1e10 --out "$TMP/pp"
 expect "sweep unknown flag" 2 "is not one of" -- sim sweep --rates 1 --param warp-speed --values 1 --out "$TMP/sw2"
 expect "sweep values without param" 2 "go together" -- sim sweep --rates 1 --values 1 --out "$TMP/sw3"
 expect "sweep bad metric" 2 "metric" -- sim sweep --rates 1 --metric joy --out "$TMP/sw4"

@@ -11,6 +11,7 @@
 
 #include "runtime/model_files.h"
 #include "sim/calibrate.h"
+#include "sim/cluster.h"
 #include "sim/simulator.h"
 #include "tests/test_util.h"
 
@@ -390,4 +391,51 @@ TEST_CASE("sim layouts: pipeline stages with plans in flight, experts over devic
   Layout dense;
   dense.ep_degree = 2;
   CHECK_FALSE(check_layout(dense, m).ok());
+}
+
+TEST_CASE("sim cluster: replicas and prefill/decode disaggregation", "[sim]") {
+  const ModelConfig m = smollm2();
+  const CostModel cost(m, profile("h200"));
+  SimConfig cfg = config(512, 1 << 15);
+  cfg.log_decisions = false;
+  const auto reqs = workload(9, 300, 2000);
+  // One colocated instance is the plain simulator.
+  auto plain = simulate(reqs, cfg, cost);
+  auto one = simulate_cluster(reqs, cfg, cost, {});
+  REQUIRE(plain.ok());
+  REQUIRE(one.ok());
+  REQUIRE(plain->requests.size() == one->requests.size());
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    CHECK(one->requests[i].first_token == Approx(plain->requests[i].first_token));
+    CHECK(one->requests[i].finish == Approx(plain->requests[i].finish));
+  }
+  CHECK(one->steps == plain->steps);
+  // Two replicas finish a long overload in about half the time.
+  ClusterConfig two;
+  two.instances = 2;
+  const auto many = workload(10, 2000, 5000);
+  auto r1 = simulate_cluster(many, cfg, cost, {});
+  auto r2 = simulate_cluster(many, cfg, cost, two);
+  REQUIRE(r1.ok());
+  REQUIRE(r2.ok());
+  CHECK(r2->duration_s < 0.6 * r1->duration_s);
+  // Disaggregated: the first token comes from the prefill instance, the second only after
+  // the KV cache crossed over at 1 GB/s.
+  ClusterConfig pd;
+  pd.prefill_instances = 1;
+  pd.decode_instances = 1;
+  pd.kv_transfer_bandwidth = 1e9;
+  auto d = simulate_cluster(reqs, cfg, cost, pd);
+  REQUIRE(d.ok());
+  const double per_token = cost.kv_bytes({{0, 1, false}}) / 2;
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    const auto& r = d->requests[i];
+    REQUIRE(r.finish > 0);
+    CHECK(r.generated == reqs[i].output_tokens);
+    if (r.token_times.size() > 1)
+      CHECK(r.token_times[1] - r.token_times[0] >= per_token * (reqs[i].prompt_tokens + 1) / 1e9 - 1e-9);
+  }
+  CHECK_FALSE(check_cluster({1, 2, 0, 0, 0}).ok());
+  CHECK_FALSE(check_cluster({0, 0, 0, 0, 0}).ok());
+  CHECK_FALSE(check_cluster({1, 1, 1, -5, 0}).ok());
 }
