@@ -54,40 +54,17 @@ int http_get_status(unsigned short port, const std::string& path) {
 Status ServerProcess::start(const ServeSpec& sp, const std::string& log_path, double timeout_s) {
   stop();
   port_ = free_port();
-  std::vector<std::string> args = {"troupe",
-                                   "serve",
-                                   "--model",
-                                   sp.model.model,
-                                   "--host",
-                                   "127.0.0.1",
-                                   "--port",
-                                   std::to_string(port_),
-                                   "--served-model-name",
-                                   "troupe-sim",
-                                   "-t",
-                                   std::to_string(sp.model.threads),
-                                   "-b",
-                                   std::to_string(sp.model.batch),
-                                   "-c",
-                                   std::to_string(sp.model.ctx),
-                                   "--device",
-                                   sp.model.device,
-                                   "--load-format",
-                                   sp.model.load_format,
-                                   "--dtype",
-                                   sp.model.dtype,
-                                   "--max-num-seqs",
-                                   std::to_string(sp.max_num_seqs),
-                                   "--max-num-batched-tokens",
-                                   std::to_string(sp.max_num_batched_tokens),
-                                   "--kv-cache-tokens",
-                                   std::to_string(sp.kv_cache_tokens),
-                                   "--block-size",
-                                   std::to_string(sp.block_size),
-                                   "--scheduling-policy",
-                                   sp.policy,
-                                   "--max-queue",
-                                   std::to_string(sp.max_queue)};
+  // clang-format off
+  std::vector<std::string> args = {
+      "troupe", "serve", "--model", sp.model.model, "--host", "127.0.0.1", "--port", std::to_string(port_),
+      "--served-model-name", "troupe-sim", "-t", std::to_string(sp.model.threads),
+      "-b", std::to_string(sp.model.batch), "-c", std::to_string(sp.model.ctx), "--device", sp.model.device,
+      "--load-format", sp.model.load_format, "--dtype", sp.model.dtype,
+      "--max-num-seqs", std::to_string(sp.max_num_seqs),
+      "--max-num-batched-tokens", std::to_string(sp.max_num_batched_tokens),
+      "--kv-cache-tokens", std::to_string(sp.kv_cache_tokens), "--block-size", std::to_string(sp.block_size),
+      "--scheduling-policy", sp.policy, "--max-queue", std::to_string(sp.max_queue)};
+  // clang-format on
   if (!sp.prefix_caching) args.push_back("--no-prefix-caching");
   if (!sp.chunked_prefill) args.push_back("--no-chunked-prefill");
   std::vector<char*> argv;

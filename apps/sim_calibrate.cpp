@@ -34,14 +34,17 @@ struct CalibrateFlags {
 struct Scenario {
   const char* what;
   int requests, prompt, output;
+  int stagger = 0;  // > 0: one request joins every `stagger` steps (decodes mixed with prefills)
 };
 
 // Shapes the serving steps take: prefills of several lengths, decode batches from 1 to
-// 48 sequences (their first steps are packed prefill chunks), decode over long contexts.
+// 48 sequences (their first steps are packed prefill chunks), decode over long contexts,
+// and a stream of arrivals whose prompts share steps with the others' decodes.
 constexpr Scenario kScenarios[] = {
     {"prefill 32", 1, 32, 1},         {"prefill 128", 1, 128, 1},     {"prefill 256", 1, 256, 1},
     {"prefill 512", 1, 512, 1},       {"decode x1", 1, 32, 24},       {"decode x4", 4, 32, 24},
     {"decode x16", 16, 32, 16},       {"decode x48", 48, 24, 12},     {"long-context x2", 2, 900, 12},
+    {"mixed", 14, 160, 40, 5},
 };
 
 double median(std::vector<double> v) {
@@ -137,7 +140,7 @@ int calibrate(CalibrateFlags f) {
     return 1;
   }
   const ModelConfig mc = engine->files.config;
-  const std::string backend_name = backend_name, model_path = engine->files.path;
+  const std::string backend_name = engine->backend->name(), model_path = engine->files.path;
   EngineConfig ec;
   ec.scheduler = {f.model.batch, 64};
   ec.kv = kv_config_for_tokens(16384, 16, false);  // random prompts: nothing to share
@@ -153,16 +156,20 @@ int calibrate(CalibrateFlags f) {
   std::vector<std::string> labels;
   // Runs one scenario to completion; records its steps when `keep`.
   auto run = [&](const Scenario& s, bool keep) -> Status {
-    for (int i = 0; i < s.requests; ++i) {
+    int added = 0, steps = 0;
+    auto add_one = [&]() -> Status {
       EngineRequest r;
       r.id = next_id++;
       r.prompt.resize(static_cast<size_t>(s.prompt));
       for (auto& t : r.prompt) t = tok(rng);
       r.max_new_tokens = s.output;
       r.sampling.temperature = f.temperature;
-      TROUPE_TRY((*eng)->add(std::move(r)));
-    }
+      ++added;
+      return (*eng)->add(std::move(r));
+    };
+    for (int i = 0; i < (s.stagger > 0 ? 1 : s.requests); ++i) TROUPE_TRY(add_one());
     while ((*eng)->has_work()) {
+      if (s.stagger > 0 && added < s.requests && ++steps % s.stagger == 0) TROUPE_TRY(add_one());
       const auto t0 = std::chrono::steady_clock::now();
       auto ev = (*eng)->step();
       const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

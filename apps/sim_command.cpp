@@ -238,7 +238,8 @@ int run_sweep(const SimFlags& f) {
                     "rate,request_throughput,output_throughput,ttft_p50_ms,ttft_p90_ms,ttft_p99_ms,itl_p50_ms,itl_p99_ms,"
                     "e2el_p50_ms,e2el_p99_ms,preemptions,slo_attainment,goodput\n";
   std::vector<sim::Series> series;
-  std::printf("%-10s %-10s %8s %10s %12s %12s %12s %10s\n", "policy", f.param.empty() ? "" : "value", "rate", "req/s",
+  const int vw = f.param.empty() ? 0 : 10;  // the value column only when a flag varies
+  std::printf("%-10s %-*s %8s %10s %12s %12s %12s %10s\n", "policy", vw, f.param.empty() ? "" : "value", "rate", "req/s",
               (f.metric + " p50 ms").c_str(), (f.metric + " p99 ms").c_str(), "ITL p99 ms", "preempt");
   for (const auto& policy : f.policies) {
     for (size_t vi = 0; vi < variants.size(); ++vi) {
@@ -282,7 +283,7 @@ int run_sweep(const SimFlags& f) {
                       static_cast<unsigned long long>(r->preemptions), j["slo_attainment"].get<double>(),
                       j["goodput"].get<double>());
         csv += line;
-        std::printf("%-10s %-10s %8g %10.3f %12.1f %12.1f %12.1f %10llu\n", policy.c_str(), vtext, rate,
+        std::printf("%-10s %-*s %8g %10.3f %12.1f %12.1f %12.1f %10llu\n", policy.c_str(), vw, vtext, rate,
                     j["request_throughput"].get<double>(), j[m]["p50"].get<double>(), j[m]["p99"].get<double>(),
                     j["itl_ms"]["p99"].get<double>(), static_cast<unsigned long long>(r->preemptions));
         p50.x.push_back(rate);
