@@ -54,7 +54,7 @@ SampleResult Sampler::sample(const float* logits) {
   float mx = neg_inf;
   for (int32_t i = 0; i < n; ++i) mx = std::max(mx, raw(i));
   double z = 0;
-  for (int32_t i = 0; i < n; ++i) z += std::exp(static_cast<double>(raw(i) - mx));
+  for (int32_t i = 0; i < n; ++i) z += std::exp(raw(i) - mx);  // float exp, double sum: ample for a log-probability
   const float log_z = mx + static_cast<float>(std::log(z));
 
   work_.resize(static_cast<size_t>(n));
@@ -73,46 +73,82 @@ SampleResult Sampler::sample(const float* logits) {
   if (p_.temperature == 0.0f) {
     chosen = static_cast<int32_t>(std::max_element(work_.begin(), work_.end()) - work_.begin());
   } else {
+    // Candidates in logit order (ties by id, so the order is fully deterministic): the
+    // top-k, else the whole vocabulary. Only the head of that order is ever walked (top-p,
+    // min-p and the draw stop early), so it is sorted in stages: the best 64 first, more
+    // only when the walk runs past them. Sorting all 49k candidates for every token would
+    // cost more than a small model's whole decode step.
+    auto better = [&](int32_t a, int32_t b) { return work_[a] > work_[b] || (work_[a] == work_[b] && a < b); };
+    const int32_t k0 = p_.top_k > 0 && p_.top_k < n ? p_.top_k : n;
     idx_.resize(static_cast<size_t>(n));
     std::iota(idx_.begin(), idx_.end(), 0);
-    // Sort candidates by logit (ties by id, so the order is fully deterministic).
-    auto better = [&](int32_t a, int32_t b) { return work_[a] > work_[b] || (work_[a] == work_[b] && a < b); };
-    int32_t k = n;
-    if (p_.top_k > 0 && p_.top_k < n) {
-      k = p_.top_k;
-      std::partial_sort(idx_.begin(), idx_.begin() + k, idx_.end(), better);
-    } else {
-      std::sort(idx_.begin(), idx_.end(), better);
-    }
-    std::vector<double> probs(static_cast<size_t>(k));
-    const float top = work_[idx_[0]];
+    const float top = *std::max_element(work_.begin(), work_.end());
+    const double inv_t = 1.0 / p_.temperature;
+    auto weight = [&](int32_t i) { return static_cast<double>(std::exp(static_cast<float>((work_[i] - top) * inv_t))); };
+    // The normaliser over the candidates: all of them, or (top-k) the k best.
     double sum = 0;
-    for (int32_t i = 0; i < k; ++i) {
-      probs[i] = std::exp(static_cast<double>(work_[idx_[i]] - top) / p_.temperature);
-      sum += probs[i];
+    if (k0 == n) {
+      for (int32_t i = 0; i < n; ++i) sum += weight(i);
+    } else if (k0 <= 256) {  // a small top-k: sort it whole at once
+      std::partial_sort(idx_.begin(), idx_.begin() + k0, idx_.end(), better);
+      for (int32_t i = 0; i < k0; ++i) sum += weight(idx_[i]);
+    } else {
+      std::nth_element(idx_.begin(), idx_.begin() + (k0 - 1), idx_.end(), better);
+      for (int32_t i = 0; i < k0; ++i) sum += weight(idx_[i]);
     }
-    for (auto& p : probs) p /= sum;
+    const double u01 = static_cast<double>(rng_() >> 11) * (1.0 / 9007199254740992.0);  // 53 random bits
+    std::vector<double> probs;
+    int32_t sorted = 0;
+    // Sorts positions [sorted, m) of the candidates into order.
+    auto sort_to = [&](int32_t m) {
+      if (m <= sorted) return;
+      const auto last = idx_.begin() + k0;
+      std::partial_sort(idx_.begin() + sorted, idx_.begin() + m, last, better);
+      for (int32_t i = sorted; i < m; ++i) probs.push_back(weight(idx_[i]) / sum);
+      sorted = m;
+    };
+    auto grow = [&] { sort_to(std::min(k0, std::max<int32_t>(64, sorted * 4))); };
+    grow();
+    int32_t k = k0;
     if (p_.min_p > 0) {
       const double cut = probs[0] * p_.min_p;
       int32_t keep = 1;
-      while (keep < k && probs[keep] >= cut) ++keep;
+      while (true) {
+        while (keep < sorted && probs[keep] >= cut) ++keep;
+        if (keep < sorted || sorted == k0) break;
+        grow();
+      }
       k = keep;
     }
     if (p_.top_p < 1.0f) {
       double c = 0;
       int32_t keep = 0;
-      while (keep < k) { c += probs[keep++]; if (c >= p_.top_p) break; }
+      while (keep < k) {
+        if (keep == sorted) grow();
+        c += probs[keep++];
+        if (c >= p_.top_p) break;
+      }
       k = std::max(1, keep);
     }
+    // The draw over the kept mass: when nothing was cut it is 1 (up to rounding), so walk
+    // the order until the draw falls in a token's share, sorting further only if needed.
     double total = 0;
-    for (int32_t i = 0; i < k; ++i) total += probs[i];
-    // 53 random bits -> uniform double in [0, 1): the same on every platform for a seed.
-    const double u = static_cast<double>(rng_() >> 11) * (1.0 / 9007199254740992.0) * total;
+    if (k == k0) {
+      total = 1.0;  // sum / sum
+    } else {
+      for (int32_t i = 0; i < k; ++i) total += probs[i];
+    }
+    const double u = u01 * total;
     double acc = 0;
-    chosen = idx_[k - 1];
+    chosen = -1;
     for (int32_t i = 0; i < k; ++i) {
+      if (i == sorted) grow();
       acc += probs[i];
       if (u < acc) { chosen = idx_[i]; break; }
+    }
+    if (chosen < 0) {  // rounding left u at the very end
+      sort_to(k);
+      chosen = idx_[k - 1];
     }
   }
   res.token = chosen;
