@@ -1,5 +1,7 @@
 #include "actors/tokenizer_actor.h"
 
+#include "runtime/chat_encode.h"
+
 namespace troupe::actors {
 
 tokenizer_actor::behavior_type tokenizer_fn(tokenizer_actor::stateful_pointer<TokenizerState> self,
@@ -17,13 +19,9 @@ tokenizer_actor::behavior_type tokenizer_fn(tokenizer_actor::stateful_pointer<To
         if (e.roles.size() != e.contents.size()) return {{}, "chat roles and contents differ in count"};
         std::vector<ChatMessage> msgs;
         for (size_t i = 0; i < e.roles.size(); ++i) msgs.push_back({e.roles[i], e.contents[i]});
-        const Tokenizer& t = *st.tok;
-        const std::string bos = t.bos_id() >= 0 ? t.token_text(t.bos_id()) : "";
-        const std::string eos = t.eos_id() >= 0 ? t.token_text(t.eos_id()) : "";
-        auto text = st.tmpl->render(msgs, e.add_generation_prompt, bos, eos);
-        if (!text) return {{}, "chat template: " + text.error().message};
-        // The rendered text holds the template's special tokens, so they are parsed here.
-        return {t.encode(*text, true, true), {}};
+        auto ids = encode_chat(*st.tok, *st.tmpl, msgs, e.add_generation_prompt);
+        if (!ids) return {{}, ids.error().message};
+        return {std::move(*ids), {}};
       },
       [=](const DecodeTokens& d) -> std::string { return self->state.tok->decode(d.ids, false); },
   };
