@@ -340,6 +340,7 @@ Bytes encode(const actors::EngineStats& x) {
   msg.setGenerationTokens(x.generation_tokens);
   msg.setComputedPromptTokens(x.computed_prompt_tokens);
   msg.setPreemptions(x.preemptions);
+  msg.setMostPlansInFlight(x.most_plans_in_flight);
   msg.setSteps(x.steps);
   msg.setHeartbeatAgeSeconds(x.heartbeat_age_seconds);
   msg.setFailure(x.failure);
@@ -359,6 +360,7 @@ Result<actors::EngineStats> decode_engine_stats(const Bytes& b) {
     x.generation_tokens = msg.getGenerationTokens();
     x.computed_prompt_tokens = msg.getComputedPromptTokens();
     x.preemptions = msg.getPreemptions();
+    x.most_plans_in_flight = msg.getMostPlansInFlight();
     x.steps = msg.getSteps();
     x.heartbeat_age_seconds = msg.getHeartbeatAgeSeconds();
     x.failure = msg.getFailure();

@@ -46,6 +46,7 @@ Result<LocalNode> spawn_local_node(caf::actor_system& sys, const ModelFiles& fil
     next = node.stages[i];
   }
   auto tok = std::make_shared<const Tokenizer>(*files.tokenizer);
+  if (opt.scheduler.max_plans_in_flight <= 0) opt.scheduler.max_plans_in_flight = opt.num_stages;
   opt.scheduler.vocab_size = c.vocab;
   opt.scheduler.max_context = c.max_context;
   opt.scheduler.is_eog = [tok](int32_t t) { return tok->is_eog(t); };

@@ -88,6 +88,7 @@ struct EngineStats {
   uint64_t prefix_queries = 0, prefix_hits = 0;  // in blocks
   uint64_t prompt_tokens = 0, generation_tokens = 0, computed_prompt_tokens = 0;
   uint64_t preemptions = 0, steps = 0;
+  uint64_t most_plans_in_flight = 0;  // pipeline: the most step plans in flight at once so far
   double heartbeat_age_seconds = 0;
   std::string failure;  // non-empty once a step has failed
 };

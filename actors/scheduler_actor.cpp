@@ -1,6 +1,7 @@
 #include "actors/scheduler_actor.h"
 
 #include <algorithm>
+#include <set>
 
 namespace troupe::actors {
 namespace {
@@ -17,6 +18,7 @@ void publish(SchedulerState& st) {
   s.prefix_queries = ks.prefix_queries;
   s.prefix_hits = ks.prefix_hits;
   s.preemptions = st.sched->num_preemptions();
+  s.most_plans_in_flight = st.most_in_flight;
   if (st.board) st.board->publish(s);
 }
 
@@ -42,59 +44,68 @@ Status check_submit(const SchedulerState& st, const SubmitSeq& s) {
   return s.sampling.validate(st.cfg.vocab_size);
 }
 
-// Plans and sends the next step when none is in flight.
+// Plans and sends steps while fewer than max_plans_in_flight are in flight; each new plan
+// leaves out the sequences the plans in flight hold. (Stages take plans in order, so a
+// later plan at a stage always sees the KV an earlier one wrote there.)
 void maybe_step(self_ptr self) {
   auto& st = self->state;
-  if (st.in_flight || !st.stats.failure.empty()) return;
-  if (st.sched->num_running() + st.sched->num_waiting() == 0) return;
-  st.plan = st.sched->schedule();
-  if (st.plan.seqs.empty()) return;
-  if (!st.plan.copies.empty()) {
-    // The scheduler never forks, so copy-on-write cannot arise; refuse rather than corrupt.
-    st.stats.failure = "a step plan asked for block copies, which no worker performs yet";
-    return;
-  }
-  auto ps = plan_step(st.plan, *st.sched, *st.kv);
-  if (!ps) {
-    st.stats.failure = ps.error().message;
-    return;
-  }
-  StageStep step;
-  step.step_no = ++st.step_no;
-  step.token_ids = std::move(ps->token_ids);
-  step.positions = std::move(ps->positions);
-  step.query_start = std::move(ps->query_start);
-  step.context_lens = std::move(ps->context_lens);
-  step.slot_mapping = std::move(ps->slot_mapping);
-  step.block_tables = std::move(ps->block_tables);
-  step.logit_rows = std::move(ps->logit_rows);
-  step.logit_seq = std::move(ps->logit_seq);
-  step.max_blocks_per_seq = ps->max_blocks_per_seq;
-  step.released = std::move(st.released);
-  st.released.clear();
-  for (int64_t id : step.logit_seq) {
-    SeqInfo& info = st.seqs.at(id);
-    if (!info.known_to_worker) {
-      step.new_seqs.push_back(std::move(info.sampling));
-      info.known_to_worker = true;
+  while (st.plans.size() < static_cast<size_t>(std::max(1, st.cfg.max_plans_in_flight)) && st.stats.failure.empty()) {
+    if (st.sched->num_running() + st.sched->num_waiting() == 0) return;
+    std::set<int64_t> busy;
+    for (const auto& [no, p] : st.plans)
+      for (const auto& q : p.seqs) busy.insert(q.id);
+    StepPlan plan = st.sched->schedule(busy.empty() ? nullptr : &busy);
+    if (plan.seqs.empty()) return;
+    if (!plan.copies.empty()) {
+      // The scheduler never forks, so copy-on-write cannot arise; refuse rather than corrupt.
+      st.stats.failure = "a step plan asked for block copies, which no worker performs yet";
+      return;
     }
+    auto ps = plan_step(plan, *st.sched, *st.kv);
+    if (!ps) {
+      st.stats.failure = ps.error().message;
+      return;
+    }
+    StageStep step;
+    step.step_no = ++st.step_no;
+    step.token_ids = std::move(ps->token_ids);
+    step.positions = std::move(ps->positions);
+    step.query_start = std::move(ps->query_start);
+    step.context_lens = std::move(ps->context_lens);
+    step.slot_mapping = std::move(ps->slot_mapping);
+    step.block_tables = std::move(ps->block_tables);
+    step.logit_rows = std::move(ps->logit_rows);
+    step.logit_seq = std::move(ps->logit_seq);
+    step.max_blocks_per_seq = ps->max_blocks_per_seq;
+    step.released = std::move(st.released);
+    st.released.clear();
+    for (int64_t id : step.logit_seq) {
+      SeqInfo& info = st.seqs.at(id);
+      if (!info.known_to_worker) {
+        step.new_seqs.push_back(std::move(info.sampling));
+        info.known_to_worker = true;
+      }
+    }
+    const auto now = std::chrono::steady_clock::now();
+    for (const auto& q : plan.seqs) {
+      SeqInfo& info = st.seqs.at(q.id);
+      if (info.queue_seconds < 0) info.queue_seconds = std::chrono::duration<double>(now - info.submitted).count();
+      const SchedState* s = st.sched->state(q.id);
+      const int32_t prompt_len = s ? static_cast<int32_t>(s->req.prompt.size()) : 0;
+      st.stats.computed_prompt_tokens += std::max(0, std::min(q.num_computed + q.num_new, prompt_len) - q.num_computed);
+    }
+    st.plans.emplace(step.step_no, std::move(plan));
+    st.most_in_flight = std::max(st.most_in_flight, st.plans.size());
+    self->send(st.first_stage, std::move(step), actor_cast<step_sink_actor>(self));
   }
-  const auto now = std::chrono::steady_clock::now();
-  for (const auto& q : st.plan.seqs) {
-    SeqInfo& info = st.seqs.at(q.id);
-    if (info.queue_seconds < 0) info.queue_seconds = std::chrono::duration<double>(now - info.submitted).count();
-    const SchedState* s = st.sched->state(q.id);
-    const int32_t prompt_len = s ? static_cast<int32_t>(s->req.prompt.size()) : 0;
-    st.stats.computed_prompt_tokens += std::max(0, std::min(q.num_computed + q.num_new, prompt_len) - q.num_computed);
-  }
-  st.in_flight = true;
-  self->send(st.first_stage, std::move(step), actor_cast<step_sink_actor>(self));
 }
 
 void on_step_done(self_ptr self, StepDone& done) {
   auto& st = self->state;
-  if (!st.in_flight || done.step_no != st.step_no) return;  // stale
-  st.in_flight = false;
+  auto pit = st.plans.find(done.step_no);
+  if (pit == st.plans.end()) return;  // stale (the engine failed meanwhile)
+  const StepPlan plan = std::move(pit->second);
+  st.plans.erase(pit);
   ++st.stats.steps;
   std::vector<int32_t> sampled;
   sampled.reserve(done.sampled.size());
@@ -106,7 +117,7 @@ void on_step_done(self_ptr self, StepDone& done) {
     const auto& ids = it->second.stop_ids;
     return std::find(ids.begin(), ids.end(), tok) != ids.end();
   };
-  const auto finished = st.sched->update(st.plan, sampled, is_stop);
+  const auto finished = st.sched->update(plan, sampled, is_stop);
   for (auto& s : done.sampled) {
     auto it = st.seqs.find(s.seq_id);
     if (it == st.seqs.end()) continue;  // cancelled while the step ran
@@ -135,8 +146,8 @@ void on_step_done(self_ptr self, StepDone& done) {
 
 void on_step_failed(self_ptr self, const StepFailed& f) {
   auto& st = self->state;
-  if (!st.in_flight || f.step_no != st.step_no) return;
-  st.in_flight = false;
+  if (!st.plans.count(f.step_no)) return;
+  st.plans.clear();  // results of the others are ignored
   st.stats.failure = f.error;
   // Every sequence ends with the error; their blocks return to the pool.
   for (auto& [id, info] : st.seqs) {

@@ -30,6 +30,9 @@ struct SchedulerActorConfig {
   int32_t max_context = 0;
   std::function<bool(int32_t)> is_eog;                // the model's end-of-generation tokens
   std::chrono::milliseconds heartbeat{1000};          // 0: no heartbeat (tests)
+  // Step plans in flight at once (each over sequences no other in-flight plan holds): with N
+  // pipeline stages, N plans keep every stage busy. 0: one per pipeline stage.
+  int32_t max_plans_in_flight = 0;
 };
 
 // The latest engine stats, published by the scheduler actor after every step and heartbeat
@@ -77,9 +80,9 @@ struct SchedulerState {
   std::shared_ptr<StatsBoard> board;
   std::map<int64_t, SeqInfo> seqs;
   std::vector<int64_t> released;
-  StepPlan plan;                 // the plan in flight
+  std::map<uint64_t, StepPlan> plans;  // the plans in flight, by step number
   uint64_t step_no = 0;
-  bool in_flight = false;
+  size_t most_in_flight = 0;           // the largest number of plans in flight so far
   EngineStats stats;
   static inline const char* name = "scheduler";
 };

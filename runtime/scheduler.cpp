@@ -74,13 +74,15 @@ bool Scheduler::may_split(int32_t left, int32_t n) const {
   return cfg_.chunked_prefill || n == left || left > cfg_.max_batched_tokens;
 }
 
-StepPlan Scheduler::schedule() {
+StepPlan Scheduler::schedule(const std::set<int64_t>* busy) {
   StepPlan plan;
+  auto is_busy = [&](int64_t id) { return busy && busy->count(id) > 0; };
   int32_t budget = cfg_.max_batched_tokens;
   std::sort(running_.begin(), running_.end(), [&](int64_t a, int64_t b) { return policy_.before(states_.at(a), states_.at(b)); });
   // Running requests first, in policy order; the last in order is preempted for room.
   for (size_t i = 0; i < running_.size() && budget > 0;) {
     const int64_t id = running_[i];
+    if (is_busy(id)) { ++i; continue; }
     SchedState& s = states_.at(id);
     const int32_t left = static_cast<int32_t>(s.tokens.size()) - s.num_computed;
     const int32_t n = std::min(left, budget);
@@ -91,7 +93,9 @@ StepPlan Scheduler::schedule() {
       ++i;
       continue;
     }
-    const int64_t victim = running_.back();
+    int64_t victim = id;  // the last in policy order that is not in flight (at worst this one)
+    for (auto r = running_.rbegin(); r != running_.rend(); ++r)
+      if (!is_busy(*r)) { victim = *r; break; }
     plan.preempted.push_back(victim);
     // A victim already planned this step is taken out of the plan.
     for (auto p = plan.seqs.begin(); p != plan.seqs.end(); ++p)

@@ -11,6 +11,7 @@
 #include <deque>
 #include <functional>
 #include <map>
+#include <set>
 #include <vector>
 
 #include "kernels/result.h"
@@ -79,7 +80,9 @@ class Scheduler {
   Status add(SchedRequest r);
   // Drops a request wherever it is; its blocks return to the pool at once.
   void abort(int64_t id);
-  StepPlan schedule();
+  // `busy`: sequences inside plans still in flight (a pipeline with several plans in
+  // flight); they are neither scheduled nor chosen as preemption victims.
+  StepPlan schedule(const std::set<int64_t>* busy = nullptr);
   // Applies one sampled token per `samples` entry of the plan, in plan order;
   // is_stop(id, token) says whether a token ends its request.
   std::vector<FinishedRequest> update(const StepPlan& plan, const std::vector<int32_t>& sampled,

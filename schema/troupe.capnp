@@ -149,6 +149,7 @@ struct EngineStats {
   steps @10 :UInt64;
   heartbeatAgeSeconds @11 :Float64;
   failure @12 :Text;
+  mostPlansInFlight @13 :UInt64;
 }
 
 struct KvStats {

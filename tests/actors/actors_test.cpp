@@ -121,7 +121,7 @@ std::vector<int32_t> prompt_of(int i, int len) {
 
 }  // namespace
 
-TEST_CASE("actors: concurrent requests through 1, 2 and 3 pipeline stages equal solo greedy runs", "[actors]") {
+TEST_CASE("actors: concurrent requests through 1, 2 and 3 pipeline stages (a plan in flight per stage) equal solo greedy runs", "[actors]") {
   TinyFiles tf;
   const int n_new = 8;
   std::vector<std::vector<int32_t>> prompts;
@@ -145,6 +145,11 @@ TEST_CASE("actors: concurrent requests through 1, 2 and 3 pipeline stages equal 
       REQUIRE(s.num_running + s.num_waiting == 0);
       REQUIRE(s.generation_tokens == 5u * n_new);
       if (blocks == 10) REQUIRE(s.preemptions > 0);
+      // One plan per stage in flight at once: later plans leave out the sequences the
+      // earlier ones hold, and the tokens above are still the solo ones.
+      CHECK(s.most_plans_in_flight <= static_cast<uint64_t>(stages));
+      if (stages > 1) CHECK(s.most_plans_in_flight >= 2);
+      else CHECK(s.most_plans_in_flight == 1);
     }
   }
 }

@@ -153,7 +153,7 @@ TEST_CASE("codec: StepDone, StepFailed and EngineStats round-trip", "[codec]") {
   REQUIRE(std::holds_alternative<StepFailed>(*f));
   REQUIRE(std::get<StepFailed>(*f).error == "KV slot out of range");
   REQUIRE(std::get<StepFailed>(*f).step_no == 6);
-  EngineStats s{3, 4, 100, 55, 1000, 600, 12345, 678, 9000, 2, 77, 0.25, "boom"};
+  EngineStats s{3, 4, 100, 55, 1000, 600, 12345, 678, 9000, 2, 77, 3, 0.25, "boom"};
   auto e = codec::decode_engine_stats(codec::encode(s));
   REQUIRE(e.ok());
   REQUIRE(e->num_running == 3);
@@ -167,6 +167,7 @@ TEST_CASE("codec: StepDone, StepFailed and EngineStats round-trip", "[codec]") {
   REQUIRE(e->computed_prompt_tokens == 9000);
   REQUIRE(e->preemptions == 2);
   REQUIRE(e->steps == 77);
+  REQUIRE(e->most_plans_in_flight == 3);
   REQUIRE(e->heartbeat_age_seconds == 0.25);
   REQUIRE(e->failure == "boom");
 }

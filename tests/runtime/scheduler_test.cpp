@@ -5,6 +5,7 @@
 #include <catch2/catch.hpp>
 #include <map>
 #include <random>
+#include <set>
 
 #include "runtime/scheduler.h"
 
@@ -184,4 +185,41 @@ TEST_CASE("chunked prefill on or off gives the same outputs, in different steps"
     steps.push_back(plans.size());
   }
   CHECK(steps[0] != steps[1]);
+}
+
+TEST_CASE("plans in flight: busy sequences are neither scheduled nor preempted", "[scheduler]") {
+  KvBlockManager kv({5, 4, false});  // 20 tokens of KV: not enough for both to finish
+  Scheduler s({16, 8}, kv, SchedulingPolicy::fcfs());
+  REQUIRE(s.add({1, prompt(7, 1), 9, 0}).ok());
+  REQUIRE(s.add({2, prompt(7, 2), 9, 0}).ok());
+  StepPlan p1 = s.schedule();
+  REQUIRE(p1.seqs.size() == 2);
+  s.update(p1, {fake_next(s.state(1)->tokens), fake_next(s.state(2)->tokens)}, nullptr);
+  // Request 1's next step is in flight: a second plan takes only request 2.
+  std::set<int64_t> busy = {1};
+  StepPlan p2 = s.schedule(&busy);
+  REQUIRE(p2.seqs.size() == 1);
+  CHECK(p2.seqs[0].id == 2);
+  // Request 2 (last in FCFS order, the usual victim) is now in flight while request 1
+  // grows past the pool: 1 itself must make room, not 2.
+  s.update(p2, {fake_next(s.state(2)->tokens)}, nullptr);
+  busy = {2};
+  int preempted = 0;
+  for (int i = 0; i < 12; ++i) {
+    StepPlan p = s.schedule(&busy);
+    for (int64_t v : p.preempted) {
+      CHECK(v == 1);
+      ++preempted;
+    }
+    if (p.seqs.empty()) break;
+    std::vector<int32_t> sampled;
+    for (const auto& q : p.seqs) {
+      CHECK(q.id != 2);
+      if (q.samples) sampled.push_back(fake_next(s.state(q.id)->tokens));
+    }
+    s.update(p, sampled, nullptr);
+    auto st = kv.check_invariants();
+    if (!st.ok()) FAIL(st.error().message);
+  }
+  CHECK(preempted > 0);
 }
