@@ -96,6 +96,8 @@ std::string Metrics::render(const actors::EngineStats& s, const std::string& mod
   counter("troupe:num_preemptions_total", "Sequences preempted (recomputed later) for KV space.",
           static_cast<double>(s.preemptions));
   counter("troupe:engine_steps_total", "Forward steps run.", static_cast<double>(s.steps));
+  gauge("troupe:step_plans_in_flight_max", "Most step plans in flight at once so far (up to one per pipeline stage).",
+        static_cast<double>(s.most_plans_in_flight));
   {
     std::lock_guard<std::mutex> l(mu_);
     out += "# HELP troupe:request_success_total Finished requests by finish reason.\n# TYPE troupe:request_success_total counter\n";

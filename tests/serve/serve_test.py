@@ -529,6 +529,14 @@ def t_batch_invariance():
               f"C: {m['troupe:kv_cache_free_blocks']:.0f} free blocks after, {m0['troupe:kv_cache_free_blocks']:.0f} before")
         notes.append(f"C: {elapsed:.1f}s, {pre:.0f} preemptions, computed {m['troupe:prompt_tokens_computed_total']:.0f}"
                      f"/{m['troupe:prompt_tokens_total']:.0f} prompt tok, max|dlogprob| {lp:.2g}")
+    with Server("--pipeline-stages", 3, "--max-num-batched-tokens", 64, name="D (3 pipeline stages)") as d:
+        t0 = time.time()
+        conc = bi_run(d.port, prompts, concurrent=True, what="D (--pipeline-stages 3)")
+        lp = bi_compare(solo, conc, "D pipeline concurrent")
+        m = metrics(d.port)
+        inflight = m["troupe:step_plans_in_flight_max"]
+        check(2 <= inflight <= 3, f"D: at most {inflight:.0f} step plans were in flight through 3 stages")
+        notes.append(f"D: {time.time() - t0:.1f}s, up to {inflight:.0f} plans in flight, max|dlogprob| {lp:.2g}")
     return f"18 prompts of {min(counts)}..{max(counts)} tokens identical in all runs; " + "; ".join(notes)
 
 
