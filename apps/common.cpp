@@ -42,13 +42,17 @@ void progress_bar(const char* what, size_t done, size_t total) {
   std::fflush(stderr);
 }
 
-Result<LoadedEngine> load_engine(const ModelFlags& flags) {
-  LoadedEngine e;
+Result<ModelFiles> open_model_files(const ModelFlags& flags) {
   OpenOptions oo;
   oo.load_format = flags.load_format;
   oo.dummy_dtype = flags.dtype;
+  return open_model(flags.model, oo);
+}
+
+Result<LoadedEngine> load_engine(const ModelFlags& flags) {
+  LoadedEngine e;
   const auto t0 = std::chrono::steady_clock::now();
-  auto files = open_model(flags.model, oo);
+  auto files = open_model_files(flags);
   if (!files) return files.error();
   e.files = std::move(*files);
   if (flags.threads < 0 || flags.threads > 1024) return make_error("--threads must be 0..1024");

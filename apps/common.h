@@ -29,6 +29,9 @@ struct LoadedEngine {
   std::unique_ptr<Model> model;
 };
 
+// Opens the model files the flags name (path or 'default', load format, dummy dtype).
+Result<ModelFiles> open_model_files(const ModelFlags& flags);
+
 // Opens the files, builds the backend and the model with a progress bar on stderr.
 Result<LoadedEngine> load_engine(const ModelFlags& flags);
 

@@ -112,10 +112,7 @@ int serve(ServeFlags f) {
   };
 
   // Load the model and build the node.
-  OpenOptions oo;
-  oo.load_format = f.model.load_format;
-  oo.dummy_dtype = f.model.dtype;
-  auto files = open_model(f.model.model, oo);
+  auto files = open_model_files(f.model);
   if (!files) {
     spdlog::error("{}", files.error().message);
     return finish(1);

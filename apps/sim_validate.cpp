@@ -63,10 +63,7 @@ int validate(ValidateFlags f) {
       spdlog::error("--loads and --rates must be > 0");
       return 2;
     }
-  OpenOptions oo;
-  oo.load_format = f.model.load_format;
-  oo.dummy_dtype = f.model.dtype;
-  auto files = open_model(f.model.model, oo);
+  auto files = open_model_files(f.model);
   if (!files) {
     spdlog::error("{}", files.error().message);
     return 1;

@@ -66,18 +66,9 @@ Result<SimResult> simulate_cluster(const std::vector<SimRequest>& reqs, const Si
     add_instances(cc.instances, Role::both);
   }
   SimResult out;
-  out.requests.resize(reqs.size());
-  std::map<int64_t, size_t> index;
-  for (size_t i = 0; i < reqs.size(); ++i) {
-    RequestRecord& r = out.requests[i];
-    r.id = reqs[i].id;
-    r.arrival = reqs[i].arrival_s;
-    r.prompt_tokens = reqs[i].prompt_tokens;
-    r.output_tokens = reqs[i].output_tokens;
-    r.priority = reqs[i].priority;
-    if (i && reqs[i].arrival_s < reqs[i - 1].arrival_s) return make_error("requests must be sorted by arrival");
-    if (!index.emplace(reqs[i].id, i).second) return make_error("duplicate request id " + std::to_string(reqs[i].id));
-  }
+  auto index_or = init_records(reqs, out);
+  if (!index_or) return index_or.error();
+  const std::map<int64_t, size_t> index = std::move(*index_or);
   // The KV bytes of a prompt, for the transfer.
   const double kv_bytes_per_token = cost.kv_bytes({{0, 1, false}}) / 2;
   auto route = [&](Role role) {

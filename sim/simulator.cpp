@@ -44,16 +44,9 @@ std::vector<int32_t> prompt_tokens_of(const SimRequest& r) {
   return t;
 }
 
-Result<SimResult> simulate(const std::vector<SimRequest>& reqs, const SimConfig& cfg, const CostModel& cost) {
-  if (cfg.policy != "fcfs" && cfg.policy != "priority") return make_error("--policy must be fcfs or priority");
-  if (cfg.kv.num_blocks <= 0 || cfg.kv.block_size <= 0) return make_error("the KV pool needs at least one block");
-  if (cfg.scheduler.max_batched_tokens <= 0 || cfg.scheduler.max_running <= 0)
-    return make_error("the token budget and the running cap must be positive");
-  KvBlockManager kv(cfg.kv);
-  Scheduler sched(cfg.scheduler, kv, cfg.policy == "priority" ? SchedulingPolicy::priority() : SchedulingPolicy::fcfs());
-  SimResult out;
+Result<std::map<int64_t, size_t>> init_records(const std::vector<SimRequest>& reqs, SimResult& out) {
   out.requests.resize(reqs.size());
-  std::map<int64_t, size_t> index;  // request id -> record
+  std::map<int64_t, size_t> index;
   for (size_t i = 0; i < reqs.size(); ++i) {
     RequestRecord& r = out.requests[i];
     r.id = reqs[i].id;
@@ -62,8 +55,22 @@ Result<SimResult> simulate(const std::vector<SimRequest>& reqs, const SimConfig&
     r.output_tokens = reqs[i].output_tokens;
     r.priority = reqs[i].priority;
     if (i && reqs[i].arrival_s < reqs[i - 1].arrival_s) return make_error("requests must be sorted by arrival");
-    index[reqs[i].id] = i;
+    if (!index.emplace(reqs[i].id, i).second) return make_error("duplicate request id " + std::to_string(reqs[i].id));
   }
+  return index;
+}
+
+Result<SimResult> simulate(const std::vector<SimRequest>& reqs, const SimConfig& cfg, const CostModel& cost) {
+  if (cfg.policy != "fcfs" && cfg.policy != "priority") return make_error("--policy must be fcfs or priority");
+  if (cfg.kv.num_blocks <= 0 || cfg.kv.block_size <= 0) return make_error("the KV pool needs at least one block");
+  if (cfg.scheduler.max_batched_tokens <= 0 || cfg.scheduler.max_running <= 0)
+    return make_error("the token budget and the running cap must be positive");
+  KvBlockManager kv(cfg.kv);
+  Scheduler sched(cfg.scheduler, kv, cfg.policy == "priority" ? SchedulingPolicy::priority() : SchedulingPolicy::fcfs());
+  SimResult out;
+  auto index_or = init_records(reqs, out);
+  if (!index_or) return index_or.error();
+  const std::map<int64_t, size_t> index = std::move(*index_or);  // request id -> record
   const auto never_stop = [](int64_t, int32_t) { return false; };
   double now = 0, usage_time = 0;
   size_t next = 0;

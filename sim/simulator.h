@@ -4,6 +4,7 @@
 // request (arrival, first token, each token's time, finish, preemptions) and can log each
 // scheduling decision. Deterministic: no wall clock, no unordered iteration.
 #pragma once
+#include <map>
 #include <string>
 #include <vector>
 
@@ -38,6 +39,10 @@ struct SimResult {
 };
 
 Result<SimResult> simulate(const std::vector<SimRequest>& requests, const SimConfig& cfg, const CostModel& cost);
+
+// One record per request (arrival, lengths, priority) in `out`, and the index of each
+// request id; refuses requests out of arrival order or with duplicate ids.
+Result<std::map<int64_t, size_t>> init_records(const std::vector<SimRequest>& requests, SimResult& out);
 
 // Token ids a request's prompt holds: its prefix group's shared tokens, then its own.
 std::vector<int32_t> prompt_tokens_of(const SimRequest& r);
