@@ -3,6 +3,8 @@
 #include <fcntl.h>
 #include <signal.h>
 #include <spawn.h>
+#include <sys/socket.h>
+#include <sys/time.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -25,6 +27,14 @@ using tcp = boost::asio::ip::tcp;
 using nlohmann::json;
 using Clock = std::chrono::steady_clock;
 
+// A blocking socket's reads and writes give up after `seconds` (a hung server must not hang
+// calibrate or validate).
+void set_timeout(tcp::socket& s, int seconds) {
+  timeval tv{seconds, 0};
+  ::setsockopt(s.native_handle(), SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  ::setsockopt(s.native_handle(), SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
+}
+
 unsigned short free_port() {
   boost::asio::io_context io;
   tcp::acceptor a(io, tcp::endpoint(boost::asio::ip::address_v4::loopback(), 0));
@@ -37,6 +47,7 @@ int http_get_status(unsigned short port, const std::string& path) {
     boost::asio::io_context io;
     tcp::socket s(io);
     s.connect({boost::asio::ip::address_v4::loopback(), port});
+    set_timeout(s, 5);
     http::request<http::empty_body> req{http::verb::get, path, 11};
     req.set(http::field::host, "127.0.0.1");
     http::write(s, req);
@@ -125,6 +136,7 @@ std::string stream_completion(unsigned short port, const std::vector<int32_t>& p
     boost::asio::io_context io;
     tcp::socket s(io);
     s.connect({boost::asio::ip::address_v4::loopback(), port});
+    set_timeout(s, 600);  // a step of an overloaded 2-core server can take seconds
     // logprobs 0: every sampled token arrives as its own entry (text alone may hold back
     // an incomplete character), so each token gets its own time.
     json body = {{"model", "troupe-sim"},    {"prompt", prompt},
@@ -163,8 +175,10 @@ std::string stream_completion(unsigned short port, const std::vector<int32_t>& p
         if (j.contains("error")) return j["error"].value("message", "error event");
         if (j.contains("usage") && j["usage"].is_object()) usage_tokens = j["usage"].value("completion_tokens", -1);
         if (!j.contains("choices") || j["choices"].empty()) continue;
-        const json& lp = j["choices"][0]["logprobs"];
-        if (!lp.is_object() || !lp.contains("tokens")) continue;
+        const json& c0 = j["choices"][0];
+        const auto lpit = c0.is_object() ? c0.find("logprobs") : c0.end();
+        if (lpit == c0.end() || !lpit->is_object() || !lpit->contains("tokens") || !(*lpit)["tokens"].is_array()) continue;
+        const json& lp = *lpit;
         for (size_t k = 0; k < lp["tokens"].size(); ++k) {
           if (rec.first_token < 0) rec.first_token = now;
           rec.token_times.push_back(now);

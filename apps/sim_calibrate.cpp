@@ -63,7 +63,7 @@ Status add_serving_overhead(const ServeSpec& spec, const ModelConfig& mc, sim::H
   const sim::CostModel cm(mc, hw);
   constexpr int kPrompt = 32, kOutput = 40;
   std::mt19937 rng(11);
-  std::uniform_int_distribution<int32_t> tok(1000, std::min(mc.vocab, 32000) - 1);
+  std::uniform_int_distribution<int32_t> tok(std::min(1000, mc.vocab / 2), std::min(mc.vocab, 32000) - 1);
   // Median over every decode gap of (measured - predicted), for `batch` requests at once.
   auto residual = [&](int batch, int rounds) -> Result<double> {
     std::vector<double> diffs;
@@ -267,7 +267,7 @@ void add_sim_calibrate(CLI::App& sim) {
   cmd->add_option("--samples-out", f->samples_out, "also write every measured step (shape, measured and predicted s) as CSV");
   cmd->add_option("--name", f->name, "profile name (default: the base's, marked calibrated)");
   cmd->add_option("--temperature", f->temperature,
-                  "sampling temperature of the measured steps (0: greedy, as `sim validate` sends; above 0 sorts the vocabulary)")
+                  "sampling temperature of the measured steps (0: greedy, as `sim validate` sends; the profile's per-row cost is for this setting)")
       ->capture_default_str();
   cmd->add_flag("--no-serve", f->no_serve,
                 "fit the engine's steps only; by default decode steps are also timed through a real troupe serve and "

@@ -173,6 +173,7 @@ const char* kSweepParams[] = {"max-num-batched-tokens", "max-num-seqs", "kv-cach
                               "instances", "prefill-instances", "decode-instances"};
 
 Status set_param(SimFlags& f, const std::string& name, double v) {
+  if (!(v >= 0 && v <= 1e9)) return make_error("--values for " + name + " must be 0..1000000000");
   const int i = static_cast<int>(v);
   if (v != i) return make_error("--values for " + name + " must be integers");
   if (name == "max-num-batched-tokens") f.max_num_batched_tokens = i;

@@ -13,7 +13,7 @@
 namespace troupe {
 
 // When no content holds special-token text, the whole rendered prompt is tokenized at once
-// (exactly what HF's apply_chat_template(tokenize=True) does). Otherwise the template is
+// with special tokens parsed (as before this function existed; the model's BOS rule applies). Otherwise the template is
 // rendered with an unguessable placeholder per content, the template's own text is
 // tokenized with special tokens and each content without; the placeholders must come back
 // where the contents would have been (checked against a plain render), else -- and for

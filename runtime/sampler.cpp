@@ -87,11 +87,13 @@ SampleResult Sampler::sample(const float* logits) {
     auto weight = [&](int32_t i) { return static_cast<double>(std::exp(static_cast<float>((work_[i] - top) * inv_t))); };
     // The normaliser over the candidates: all of them, or (top-k) the k best.
     double sum = 0;
+    bool small_topk = false;
     if (k0 == n) {
       for (int32_t i = 0; i < n; ++i) sum += weight(i);
     } else if (k0 <= 256) {  // a small top-k: sort it whole at once
       std::partial_sort(idx_.begin(), idx_.begin() + k0, idx_.end(), better);
       for (int32_t i = 0; i < k0; ++i) sum += weight(idx_[i]);
+      small_topk = true;
     } else {
       std::nth_element(idx_.begin(), idx_.begin() + (k0 - 1), idx_.end(), better);
       for (int32_t i = 0; i < k0; ++i) sum += weight(idx_[i]);
@@ -108,6 +110,10 @@ SampleResult Sampler::sample(const float* logits) {
       sorted = m;
     };
     auto grow = [&] { sort_to(std::min(k0, std::max<int32_t>(64, sorted * 4))); };
+    if (small_topk) {  // already in order
+      for (int32_t i = 0; i < k0; ++i) probs.push_back(weight(idx_[i]) / sum);
+      sorted = k0;
+    }
     grow();
     int32_t k = k0;
     if (p_.min_p > 0) {
@@ -146,9 +152,11 @@ SampleResult Sampler::sample(const float* logits) {
       acc += probs[i];
       if (u < acc) { chosen = idx_[i]; break; }
     }
-    if (chosen < 0) {  // rounding left u at the very end
+    if (chosen < 0) {  // rounding left u past the last share: the last token with any weight
       sort_to(k);
-      chosen = idx_[k - 1];
+      int32_t i = k - 1;
+      while (i > 0 && !(probs[i] > 0)) --i;
+      chosen = idx_[i];
     }
   }
   res.token = chosen;

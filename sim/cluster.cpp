@@ -182,6 +182,12 @@ Result<SimResult> simulate_cluster(const std::vector<SimRequest>& reqs, const Si
     } else {
       const size_t i = next++;
       const int32_t max_new = disagg ? 1 : reqs[i].output_tokens;
+      // The decode instance admits the prompt and the first token as its prompt; without
+      // chunked prefill that must fit its budget too, so refuse it up front.
+      if (disagg && !cfg.scheduler.chunked_prefill && reqs[i].prompt_tokens + 1 > cfg.scheduler.max_batched_tokens) {
+        out.requests[i].rejected = true;
+        continue;
+      }
       TROUPE_TRY(admit(i, disagg ? Role::prefill : Role::both, prompt_tokens_of(reqs[i]), max_new));
     }
   }

@@ -95,7 +95,9 @@ Status check_layout(const Layout& l, const ModelConfig& c) {
   if (l.ep_degree > 1 && (l.num_experts == 0 || l.num_experts % l.ep_degree != 0))
     return make_error("--ep-degree " + std::to_string(l.ep_degree) + " needs a mixture-of-experts model whose " +
                       std::to_string(l.num_experts) + " experts it divides");
-  if (l.ep_degree > 1 && l.pipeline_stages > 1) return make_error("combine --ep-degree with --pipeline-stages 1 only");
+  if (l.num_experts > 0 && l.pipeline_stages > 1)
+    return make_error("pipeline stages are modelled for dense models only; use --pipeline-stages 1 with a "
+                      "mixture-of-experts config");
   return {};
 }
 
@@ -206,7 +208,8 @@ double CostModel::step_seconds(const std::vector<SeqShape>& seqs) const {
     for (const auto& s : g) tokens += s.num_new;
     const double hop = (l.stage_bandwidth > 0 ? tokens * cfg_.hidden * l.activation_bytes / l.stage_bandwidth : 0) +
                        l.stage_latency_s;
-    const double t = device_seconds(g, 1.0 / P) + hop;
+    // P - 1 boundary crossings per micro-batch, spread over its P stage slots.
+    const double t = device_seconds(g, 1.0 / P) + hop * (P - 1) / P;
     sum += t;
     worst = std::max(worst, t);
   }

@@ -153,9 +153,12 @@ Result<std::vector<SimRequest>> read_sharegpt(const std::string& path, const Tok
     for (size_t k = 0; k + 1 < turns.size(); ++k) {
       const auto& a = turns[k];
       const auto& b = turns[k + 1];
-      if (!a.is_object() || !b.is_object() || !a.contains("value") || !b.contains("value") || !a["value"].is_string() ||
-          !b["value"].is_string() || a.value("from", "") != "human" || b.value("from", "") != "gpt")
-        continue;
+      auto is = [](const nlohmann::json& t, const char* from) {
+        const auto f = t.find("from");
+        const auto v = t.find("value");
+        return f != t.end() && f->is_string() && *f == from && v != t.end() && v->is_string();
+      };
+      if (!a.is_object() || !b.is_object() || !is(a, "human") || !is(b, "gpt")) continue;
       SimRequest r;
       r.arrival_s = (*when)[out.size()].arrival_s;
       r.prompt_tokens = std::max<int32_t>(1, count(a["value"].get<std::string>()));
