@@ -78,6 +78,7 @@ Result<SimResult> simulate_cluster(const std::vector<SimRequest>& reqs, const Si
     return best;
   };
   std::priority_queue<Transfer, std::vector<Transfer>, std::greater<Transfer>> transfers;
+  std::vector<bool> recompute(reqs.size(), false);  // preempted on a decode instance: its KV is gone
   const auto never_stop = [](int64_t, int32_t) { return false; };
   std::vector<int32_t> sampled;
   std::vector<SeqShape> shapes;
@@ -92,9 +93,9 @@ Result<SimResult> simulate_cluster(const std::vector<SimRequest>& reqs, const Si
     shapes.clear();
     for (const auto& s : x.plan.seqs) {
       SeqShape sh{s.num_computed, s.num_new, s.samples};
-      if (x.role == Role::decode) {
+      if (x.role == Role::decode && !recompute[index.at(s.id)]) {
         // The prompt (and the first token) arrived with the KV transfer: only tokens past
-        // them are computed.
+        // them are computed (until a preemption drops that KV: then it is recomputed).
         const size_t i = index.at(s.id);
         const int32_t received = reqs[i].prompt_tokens + 1;
         const int32_t end = s.num_computed + s.num_new;
@@ -110,6 +111,7 @@ Result<SimResult> simulate_cluster(const std::vector<SimRequest>& reqs, const Si
     for (int64_t id : x.plan.preempted) {
       ++out.requests[index.at(id)].preemptions;
       ++out.preemptions;
+      if (x.role == Role::decode) recompute[index.at(id)] = true;
     }
     if (cfg.log_decisions) {
       std::ostringstream line;

@@ -22,7 +22,8 @@ Status check_cluster(const ClusterConfig& c);
 // Runs `requests` over the cluster; every instance uses `cfg`'s scheduler, KV pool and
 // policy and `cost`. On a decode instance the transferred prompt is planned by the
 // production scheduler like a prefill (it takes token budget and KV blocks) but priced as
-// received, not computed: only the token after it is computed. TTFT is the prefill
+// received, not computed: only the token after it is computed (unless the decode instance
+// preempted it: then the recompute is priced in full). TTFT is the prefill
 // instance's first token; the decode instance streams the rest.
 Result<SimResult> simulate_cluster(const std::vector<SimRequest>& requests, const SimConfig& cfg, const CostModel& cost,
                                    const ClusterConfig& cluster);
