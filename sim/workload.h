@@ -33,7 +33,7 @@ struct SyntheticSpec {
   int64_t num_requests = 100;
   double rate = 1.0;  // requests per second
   double cv = 1.0;    // inter-arrival coefficient of variation: 1 = Poisson, else gamma
-  LengthDist prompt{"fixed", 256, 0}, output{"fixed", 64, 0};
+  LengthDist prompt{"fixed", 256, 0, {}}, output{"fixed", 64, 0, {}};
   int32_t num_prefix_groups = 0, prefix_tokens = 0;
   int32_t priority_levels = 1;  // priorities drawn uniformly from 0 .. levels - 1
   uint64_t seed = 0;

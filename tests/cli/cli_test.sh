@@ -11,16 +11,17 @@ fails=0
 
 # expect NAME WANT_EXIT PATTERN -- ARGS...: runs troupe, checks the exit code (0, or any
 # non-zero for "nz") and that stdout+stderr match PATTERN; a crash (signal) always fails.
+# EXPECT_TIMEOUT (seconds, default 120) bounds one run.
 expect() {
   local name="$1" want="$2" pattern="$3"
   shift 4
   local out rc
-  out="$(timeout 120 "$TROUPE" "$@" 2>&1 </dev/null)"
+  out="$(timeout "${EXPECT_TIMEOUT:-120}" "$TROUPE" "$@" 2>&1 </dev/null)"
   rc=$?
   local ok=1
   if [ $rc -ge 124 ]; then ok=0; fi
   if [ "$want" = "nz" ]; then [ $rc -ne 0 ] || ok=0; else [ $rc -eq "$want" ] || ok=0; fi
-  printf '%s' "$out" | grep -qE -- "$pattern" || ok=0
+  grep -qE -- "$pattern" <<<"$out" || ok=0  # not a pipe: with pipefail, grep -q's early exit would fail printf
   if [ $ok -eq 1 ]; then
     echo "ok   $name (exit $rc)"
   else
@@ -88,10 +89,10 @@ expect "validate bad trace" 2 "cannot open" -- sim validate -m "$MODEL" --trace 
 expect "calibrate needs out" nz "out" -- sim calibrate -m "$MODEL"
 # The real commands, briefly: calibrate on this machine (engine steps, then through a real
 # troupe serve), then validate a 6-request trace at one rate against a real troupe serve.
-expect "sim calibrate" 0 "step-time error" -- sim calibrate -m "$MODEL" --out "$TMP/cal.json" --samples-out "$TMP/cal.csv"
+EXPECT_TIMEOUT=900 expect "sim calibrate" 0 "step-time error" -- sim calibrate -m "$MODEL" --out "$TMP/cal.json" --samples-out "$TMP/cal.csv"
 grep -q '"step_overhead_s"' "$TMP/cal.json" || { echo "FAIL calibrate wrote no profile"; fails=$((fails + 1)); }
 printf 'arrival_s,prompt_tokens,output_tokens,prefix_group,prefix_tokens\n0,40,12,0,32\n0.3,60,8,-1,0\n0.5,36,16,0,32\n0.9,80,10,-1,0\n1.2,20,12,-1,0\n1.4,50,6,-1,0\n' > "$TMP/mini.csv"
-expect "sim validate" 0 "TTFT p50 .*%" -- sim validate -m "$MODEL" --trace "$TMP/mini.csv" --hardware "$TMP/cal.json" --rates 2 --out "$TMP/val"
+EXPECT_TIMEOUT=600 expect "sim validate" 0 "TTFT p50 .*%" -- sim validate -m "$MODEL" --trace "$TMP/mini.csv" --hardware "$TMP/cal.json" --rates 2 --out "$TMP/val"
 grep -q '"real"' "$TMP/val/validation.json" || { echo "FAIL validate wrote no JSON"; fails=$((fails + 1)); }
 
 echo "$fails failure(s)"

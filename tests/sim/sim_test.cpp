@@ -45,8 +45,8 @@ std::vector<SimRequest> workload(uint64_t seed, int64_t n = 200, double rate = 2
   s.num_requests = n;
   s.rate = rate;
   s.seed = seed;
-  s.prompt = {"uniform", 16, 400};
-  s.output = {"uniform", 4, 60};
+  s.prompt = {"uniform", 16, 400, {}};
+  s.output = {"uniform", 4, 60, {}};
   auto r = synthetic(s);
   REQUIRE(r.ok());
   return *r;
@@ -137,8 +137,8 @@ TEST_CASE("sim: prefix caching and KV pressure show in the results", "[sim]") {
   s.num_requests = 100;
   s.rate = 50;
   s.seed = 1;
-  s.prompt = {"fixed", 600, 0};
-  s.output = {"fixed", 8, 0};
+  s.prompt = {"fixed", 600, 0, {}};
+  s.output = {"fixed", 8, 0, {}};
   s.num_prefix_groups = 2;
   s.prefix_tokens = 512;
   auto reqs = synthetic(s);
@@ -154,7 +154,7 @@ TEST_CASE("sim: prefix caching and KV pressure show in the results", "[sim]") {
   CHECK(jon["ttft_ms"]["p50"].get<double>() < joff["ttft_ms"]["p50"].get<double>());
   // Two prompts fit the pool but not their outputs: preemption, yet everyone finishes.
   s.num_requests = 20;
-  s.output = {"fixed", 200, 0};
+  s.output = {"fixed", 200, 0, {}};
   auto grow = synthetic(s);
   REQUIRE(grow.ok());
   auto tight = simulate(*grow, config(512, 1280, false), cost);
