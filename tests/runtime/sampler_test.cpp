@@ -2,6 +2,7 @@
 // determinism, the temperature distribution against softmax (chi-square over many draws
 // with a fixed seed), logprobs, and validate() on hostile parameters.
 #include "runtime/sampler.h"
+#include "tests/runtime/sampler_reference.h"
 
 #include <algorithm>
 #include <catch2/catch.hpp>
@@ -372,41 +373,8 @@ TEST_CASE("validate rejects out-of-range, NaN and infinite parameters, naming th
 }
 
 // The sampler sorts only the head of the candidate order it walks; a full sort (the
-// straightforward algorithm, written out here) must pick the same token for the same draw.
-namespace {
-int32_t full_sort_reference(const std::vector<float>& w, const SamplingParams& p, double u01) {
-  const int32_t n = static_cast<int32_t>(w.size());
-  std::vector<int32_t> idx(static_cast<size_t>(n));
-  std::iota(idx.begin(), idx.end(), 0);
-  std::sort(idx.begin(), idx.end(), [&](int32_t a, int32_t b) { return w[a] > w[b] || (w[a] == w[b] && a < b); });
-  const int32_t k0 = p.top_k > 0 && p.top_k < n ? p.top_k : n;
-  std::vector<double> probs(static_cast<size_t>(k0));
-  double sum = 0;
-  for (int32_t i = 0; i < k0; ++i) sum += probs[i] = std::exp(static_cast<double>(w[idx[i]] - w[idx[0]]) / p.temperature);
-  for (auto& x : probs) x /= sum;
-  int32_t k = k0;
-  if (p.min_p > 0) {
-    int32_t keep = 1;
-    while (keep < k && probs[keep] >= probs[0] * p.min_p) ++keep;
-    k = keep;
-  }
-  if (p.top_p < 1) {
-    double c = 0;
-    int32_t keep = 0;
-    while (keep < k) { c += probs[keep++]; if (c >= p.top_p) break; }
-    k = std::max(1, keep);
-  }
-  double total = 0;
-  for (int32_t i = 0; i < k; ++i) total += probs[i];
-  double acc = 0;
-  for (int32_t i = 0; i < k; ++i) {
-    acc += probs[i];
-    if (u01 * total < acc) return idx[i];
-  }
-  return idx[k - 1];
-}
-}  // namespace
-
+// straightforward algorithm, tests/runtime/sampler_reference.h) must pick the same token
+// for the same draw.
 TEST_CASE("staged sorting samples what a full sort would", "[sampler]") {
   std::mt19937 g(3);
   int checked = 0, differ = 0;
@@ -427,7 +395,7 @@ TEST_CASE("staged sorting samples what a full sort would", "[sampler]") {
     std::mt19937_64 twin(p.seed);  // the sampler's own generator, drawn the same way
     for (int draw = 0; draw < 4; ++draw) {
       const double u01 = static_cast<double>(twin() >> 11) * (1.0 / 9007199254740992.0);
-      const int32_t want = full_sort_reference(logits, p, u01);
+      const int32_t want = test::full_sort_reference(logits, p, u01);
       const int32_t got = s.sample(logits.data()).token;
       ++checked;
       // Both sum the same terms in a different order or precision, so a draw within
