@@ -9,7 +9,6 @@
 #include <cstdio>
 #include <fstream>
 #include <random>
-#include <thread>
 
 #include "apps/serve_client.h"
 #include "apps/sim_common.h"
@@ -62,27 +61,17 @@ Status add_serving_overhead(const ServeSpec& spec, const ModelConfig& mc, sim::H
   TROUPE_TRY(server.start(spec, log));
   const sim::CostModel cm(mc, hw);
   constexpr int kPrompt = 32, kOutput = 40;
-  std::mt19937 rng(11);
-  std::uniform_int_distribution<int32_t> tok(std::min(1000, mc.vocab / 2), std::min(mc.vocab, 32000) - 1);
+  int64_t next_id = 1'000'000;  // distinct prompts (sim::prompt_tokens_of hashes the id)
   // Median over every decode gap of (measured - predicted), for `batch` requests at once.
   auto residual = [&](int batch, int rounds) -> Result<double> {
     std::vector<double> diffs;
     for (int round = 0; round < rounds; ++round) {
-      std::vector<sim::RequestRecord> recs(static_cast<size_t>(batch));
-      std::vector<std::string> errs(static_cast<size_t>(batch));
-      std::vector<std::vector<int32_t>> prompts(static_cast<size_t>(batch));
-      for (auto& p : prompts) {
-        p.resize(kPrompt);
-        for (auto& t : p) t = tok(rng);
-      }
-      const auto t0 = std::chrono::steady_clock::now();
-      std::vector<std::thread> threads;
-      for (int i = 0; i < batch; ++i)
-        threads.emplace_back([&, i] { errs[i] = stream_completion(server.port(), prompts[i], kOutput, t0, recs[i]); });
-      for (auto& t : threads) t.join();
-      for (int i = 0; i < batch; ++i) {
-        if (!errs[i].empty()) return make_error("through troupe serve: " + errs[i]);
-        const auto& tt = recs[i].token_times;
+      std::vector<sim::SimRequest> reqs(static_cast<size_t>(batch));
+      for (auto& q : reqs) q = {next_id++, 0.0, kPrompt, kOutput, 0, -1, 0};
+      const Replay rp = replay(server.port(), reqs);
+      if (rp.failed) return make_error("through troupe serve: " + rp.first_error);
+      for (const auto& rec : rp.records) {
+        const auto& tt = rec.token_times;
         for (size_t k = 1; k < tt.size(); ++k) {
           std::vector<sim::SeqShape> step(static_cast<size_t>(batch), sim::SeqShape{static_cast<int32_t>(kPrompt + k - 1), 1, true});
           diffs.push_back(tt[k] - tt[k - 1] - cm.step_seconds(step));

@@ -4,6 +4,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
 
@@ -84,8 +85,15 @@ Result<sim::TokenCounter> token_counter(const SimFlags& f) {
 Result<std::vector<sim::SimRequest>> make_workload(const SimFlags& f, double rate) {
   sim::SyntheticSpec s;
   if (!f.trace.empty() && f.trace.size() >= 5 && f.trace.substr(f.trace.size() - 5) == ".json") {
-    auto count = token_counter(f);
-    if (!count) return count.error();
+    // One tokenizer load per command, however many rates and variants a sweep runs.
+    static std::map<std::string, sim::TokenCounter> counters;
+    auto it = counters.find(f.tokenizer);
+    if (it == counters.end()) {
+      auto made = token_counter(f);
+      if (!made) return made.error();
+      it = counters.emplace(f.tokenizer, std::move(*made)).first;
+    }
+    const sim::TokenCounter* count = &it->second;
     s.num_requests = f.requests;
     s.rate = rate;
     s.cv = f.cv;
