@@ -5,12 +5,21 @@
 #include <limits>
 #include <vector>
 
+#include "kernels/cpu/matmul.h"
 #include "kernels/cpu/ops.h"
 #include "kernels/fp16.h"
 
 namespace troupe::cpu {
 
+void attention_tile_avx2(const AttentionTile& a);  // attention_avx2.cpp: same bits, head_dim % 64 == 0
+
 void attention_tile(const AttentionTile& a) {
+  static const bool has_avx2 = detect_isa() != Isa::Scalar;
+  if (has_avx2 && a.head_dim % 64 == 0) return attention_tile_avx2(a);
+  attention_tile_portable(a);
+}
+
+void attention_tile_portable(const AttentionTile& a) {
   thread_local std::vector<float> qr, scores, row;
   thread_local std::vector<uint16_t> qh;
   const int32_t hd = a.head_dim, G = a.group, nq = a.num * G;

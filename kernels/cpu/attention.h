@@ -24,5 +24,8 @@ struct AttentionTile {
 };
 
 void attention_tile(const AttentionTile& a);
+// One key and one query at a time through dot_f32/axpy_f32; attention_tile gives the same
+// bits (its AVX2 body is a blocked form of this), which a test checks.
+void attention_tile_portable(const AttentionTile& a);
 
 }  // namespace troupe::cpu

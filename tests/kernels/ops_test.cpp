@@ -6,7 +6,9 @@
 #include <numeric>
 #include <random>
 
+#include <cstring>
 #include "kernels/backend.h"
+#include "kernels/cpu/attention.h"
 #include "kernels/cpu/ops.h"
 #include "kernels/fp16.h"
 #include "tests/kernels/kernel_test_util.h"
@@ -97,7 +99,8 @@ TEST_CASE("f16 row helpers agree with the scalar conversions", "[kernels][ops]")
 TEST_CASE("paged attention matches naive causal attention", "[kernels][ops][attention]") {
   std::mt19937 rng(5);
   auto be = make_cpu_backend({2});
-  const int32_t nkv = 3, group = 3, nh = nkv * group, hd = 24, bs = 4, nblocks = 40;
+  const int32_t hd = GENERATE(24, 64);  // 64: the blocked AVX2 body where the CPU has it
+  const int32_t nkv = 3, group = 3, nh = nkv * group, bs = 4, nblocks = 40;
   KvCacheShape ks{1, nblocks, bs, nkv, hd};
   auto cache = be->make_kv_cache(ks);
   REQUIRE(cache.ok());
@@ -179,6 +182,52 @@ TEST_CASE("paged attention matches naive causal attention", "[kernels][ops][atte
         for (int j = 0; j <= p; ++j) o += w[j] / z * V[s][(j * nkv + kh) * hd + i];
         // Queries and weights are rounded to f16 (as GGML): 2^-11 relative each.
         REQUIRE(std::fabs(out[t * nh * hd + h * hd + i] - o) < 5e-3 * (1 + std::fabs(o)));
+      }
+    }
+  }
+}
+
+TEST_CASE("blocked attention gives the bits of the one-key-at-a-time path", "[kernels][ops][attention]") {
+  std::mt19937 rng(11);
+  for (int32_t hd : {64, 128}) {
+    for (int32_t group : {1, 3, 4}) {
+      const int32_t nkv = 2, bs = 16, nblocks = 24, nh = nkv * group;
+      const int64_t row = int64_t{nkv} * hd;
+      std::vector<uint16_t> k(static_cast<size_t>(nblocks * bs * row)), v(k.size());
+      for (auto& x : k) x = f32_to_f16(std::uniform_real_distribution<float>(-2, 2)(rng));
+      for (auto& x : v) x = f32_to_f16(std::uniform_real_distribution<float>(-2, 2)(rng));
+      std::vector<int32_t> table(nblocks);
+      std::iota(table.begin(), table.end(), 0);
+      std::shuffle(table.begin(), table.end(), rng);
+      for (int32_t num : {1, 3, 4}) {
+        const int32_t first = std::uniform_int_distribution<int32_t>(0, 300)(rng);  // odd lengths
+        std::vector<int32_t> pos(static_cast<size_t>(num));
+        std::iota(pos.begin(), pos.end(), first);
+        const auto q = test::random_floats(static_cast<size_t>(num * nh * hd), rng);
+        std::vector<float> fast(q.size(), 7.0f), slow(q.size(), -7.0f);
+        for (int32_t h = 0; h < nkv; ++h) {
+          cpu::AttentionTile at;
+          at.k = k.data();
+          at.v = v.data();
+          at.row = row;
+          at.head_dim = hd;
+          at.block_size = bs;
+          at.group = group;
+          at.kv_head = h;
+          at.block_table = table.data();
+          at.scale = 1.0f / std::sqrt(float(hd));
+          at.q = q.data();
+          at.ld_q = int64_t{nh} * hd;
+          at.positions = pos.data();
+          at.num = num;
+          at.ld_out = at.ld_q;
+          at.out = fast.data();
+          cpu::attention_tile(at);
+          at.out = slow.data();
+          cpu::attention_tile_portable(at);
+        }
+        INFO("hd " << hd << " group " << group << " num " << num << " first " << first);
+        for (size_t i = 0; i < q.size(); ++i) REQUIRE(std::memcmp(&fast[i], &slow[i], sizeof(float)) == 0);
       }
     }
   }

@@ -1,0 +1,142 @@
+// AVX2/FMA/F16C body of attention_tile (kernels/cpu/attention.h) for head_dim % 64 == 0.
+//
+// Same bits as the portable path in attention.cpp, which runs dot_f32 per (key, query) and
+// axpy_f32 per (key, query): here eight keys are scored at once against a transposed block
+// of K, with eight accumulators that hold exactly the lanes dot_f32's single 8-lane
+// accumulator holds (lane j sums dims j, j+8, ...), reduced in dot_f32's order
+// ((a0+a4)+(a2+a6)) + ((a1+a5)+(a3+a7)); and P·V keeps 64 output dims in registers while
+// it walks the keys in order, the same fused multiply-adds axpy_f32 does through memory.
+// So a query's result still depends only on its own row and the cache, never on its tile.
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "kernels/cpu/attention.h"
+#include "kernels/cpu/ops.h"
+
+namespace troupe::cpu {
+namespace {
+
+constexpr int kKeys = 8;    // keys scored at once (one __m256 lane each)
+constexpr int kVBlock = 32; // V rows converted at once for P·V
+
+// In-place 8x8 transpose of r[0..7].
+inline void transpose8(__m256 r[8]) {
+  const __m256 t0 = _mm256_unpacklo_ps(r[0], r[1]), t1 = _mm256_unpackhi_ps(r[0], r[1]);
+  const __m256 t2 = _mm256_unpacklo_ps(r[2], r[3]), t3 = _mm256_unpackhi_ps(r[2], r[3]);
+  const __m256 t4 = _mm256_unpacklo_ps(r[4], r[5]), t5 = _mm256_unpackhi_ps(r[4], r[5]);
+  const __m256 t6 = _mm256_unpacklo_ps(r[6], r[7]), t7 = _mm256_unpackhi_ps(r[6], r[7]);
+  const __m256 s0 = _mm256_shuffle_ps(t0, t2, 0x44), s1 = _mm256_shuffle_ps(t0, t2, 0xEE);
+  const __m256 s2 = _mm256_shuffle_ps(t1, t3, 0x44), s3 = _mm256_shuffle_ps(t1, t3, 0xEE);
+  const __m256 s4 = _mm256_shuffle_ps(t4, t6, 0x44), s5 = _mm256_shuffle_ps(t4, t6, 0xEE);
+  const __m256 s6 = _mm256_shuffle_ps(t5, t7, 0x44), s7 = _mm256_shuffle_ps(t5, t7, 0xEE);
+  r[0] = _mm256_permute2f128_ps(s0, s4, 0x20);
+  r[1] = _mm256_permute2f128_ps(s1, s5, 0x20);
+  r[2] = _mm256_permute2f128_ps(s2, s6, 0x20);
+  r[3] = _mm256_permute2f128_ps(s3, s7, 0x20);
+  r[4] = _mm256_permute2f128_ps(s0, s4, 0x31);
+  r[5] = _mm256_permute2f128_ps(s1, s5, 0x31);
+  r[6] = _mm256_permute2f128_ps(s2, s6, 0x31);
+  r[7] = _mm256_permute2f128_ps(s3, s7, 0x31);
+}
+
+inline __m256 load_f16x8(const uint16_t* p) {
+  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+}
+
+}  // namespace
+
+void attention_tile_avx2(const AttentionTile& a) {
+  thread_local std::vector<float> qr, scores, kt, vf;
+  thread_local std::vector<uint16_t> qh;
+  const int32_t hd = a.head_dim, G = a.group, nq = a.num * G;
+  int32_t len = 0;
+  for (int32_t i = 0; i < a.num; ++i) len = std::max(len, a.positions[i] + 1);
+  const int32_t len8 = (len + kKeys - 1) / kKeys * kKeys;
+  // Queries rounded to f16 like the f16 keys they meet (as GGML does).
+  qh.resize(std::max<size_t>(static_cast<size_t>(nq) * hd, static_cast<size_t>(len8)));
+  qr.resize(static_cast<size_t>(nq) * hd);
+  for (int32_t i = 0; i < a.num; ++i)
+    f32_to_f16_row(a.q + i * a.ld_q + int64_t{a.kv_head} * G * hd, qh.data() + int64_t{i} * G * hd, int64_t{G} * hd);
+  f16_to_f32_row(qh.data(), qr.data(), static_cast<int64_t>(qr.size()));
+  scores.resize(static_cast<size_t>(nq) * len8);
+  kt.resize(static_cast<size_t>(hd) * kKeys);
+  vf.resize(static_cast<size_t>(kVBlock) * hd);
+  auto slot_of = [&](int32_t p) { return static_cast<int64_t>(a.block_table[p / a.block_size]) * a.block_size + p % a.block_size; };
+  const uint16_t* k_head = a.k + int64_t{a.kv_head} * hd;
+  const uint16_t* v_head = a.v + int64_t{a.kv_head} * hd;
+
+  // Scores: kt[d][j] = K[p0 + j][d], eight keys per pass.
+  for (int32_t p0 = 0; p0 < len; p0 += kKeys) {
+    const int32_t nk = std::min(kKeys, len - p0);
+    const uint16_t* krow[kKeys];
+    for (int32_t j = 0; j < kKeys; ++j) krow[j] = j < nk ? k_head + slot_of(p0 + j) * a.row : nullptr;
+    for (int32_t c = 0; c < hd; c += 8) {
+      __m256 r[8];
+      for (int32_t j = 0; j < kKeys; ++j) r[j] = krow[j] ? load_f16x8(krow[j] + c) : _mm256_setzero_ps();
+      transpose8(r);
+      for (int32_t i = 0; i < 8; ++i) _mm256_storeu_ps(kt.data() + (c + i) * kKeys, r[i]);
+    }
+    const __m256 scale = _mm256_set1_ps(a.scale);
+    for (int32_t i = 0; i < a.num; ++i) {
+      if (a.positions[i] < p0) continue;
+      for (int32_t g = 0; g < G; ++g) {
+        const float* qv = qr.data() + (int64_t{i} * G + g) * hd;
+        __m256 acc[8];
+        for (int32_t l = 0; l < 8; ++l) acc[l] = _mm256_setzero_ps();
+        for (int32_t d = 0; d < hd; d += 8)
+          for (int32_t l = 0; l < 8; ++l)
+            acc[l] = _mm256_fmadd_ps(_mm256_loadu_ps(kt.data() + (d + l) * kKeys), _mm256_set1_ps(qv[d + l]), acc[l]);
+        const __m256 sum = _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(acc[0], acc[4]), _mm256_add_ps(acc[2], acc[6])),
+                                         _mm256_add_ps(_mm256_add_ps(acc[1], acc[5]), _mm256_add_ps(acc[3], acc[7])));
+        _mm256_storeu_ps(scores.data() + static_cast<size_t>(i * G + g) * len8 + p0, _mm256_mul_ps(sum, scale));
+      }
+    }
+  }
+
+  // Softmax per query row, weights rounded to f16 like the f16 values they scale (as GGML does).
+  for (int32_t i = 0; i < a.num; ++i) {
+    const int32_t n = a.positions[i] + 1;
+    for (int32_t g = 0; g < G; ++g) {
+      float* sc = scores.data() + static_cast<size_t>(i * G + g) * len8;
+      float mx = -std::numeric_limits<float>::infinity();
+      for (int32_t p = 0; p < n; ++p) mx = std::max(mx, sc[p]);
+      double sum = 0;
+      for (int32_t p = 0; p < n; ++p) { sc[p] = std::exp(sc[p] - mx); sum += sc[p]; }
+      const float inv = static_cast<float>(1.0 / sum);
+      for (int32_t p = 0; p < n; ++p) sc[p] *= inv;
+      f32_to_f16_row(sc, qh.data(), n);
+      f16_to_f32_row(qh.data(), sc, n);
+      std::fill_n(a.out + i * a.ld_out + (int64_t{a.kv_head} * G + g) * hd, hd, 0.0f);
+    }
+  }
+
+  // P·V: 64 output dims in registers, keys in order.
+  for (int32_t p0 = 0; p0 < len; p0 += kVBlock) {
+    const int32_t nv = std::min(kVBlock, len - p0);
+    for (int32_t j = 0; j < nv; ++j) f16_to_f32_row(v_head + slot_of(p0 + j) * a.row, vf.data() + int64_t{j} * hd, hd);
+    for (int32_t i = 0; i < a.num; ++i) {
+      const int32_t end = std::min(nv, a.positions[i] + 1 - p0);
+      if (end <= 0) continue;
+      for (int32_t g = 0; g < G; ++g) {
+        const float* w = scores.data() + static_cast<size_t>(i * G + g) * len8 + p0;
+        float* o = a.out + i * a.ld_out + (int64_t{a.kv_head} * G + g) * hd;
+        for (int32_t d0 = 0; d0 < hd; d0 += 64) {
+          __m256 acc[8];
+          for (int32_t l = 0; l < 8; ++l) acc[l] = _mm256_loadu_ps(o + d0 + 8 * l);
+          for (int32_t j = 0; j < end; ++j) {
+            const __m256 wj = _mm256_set1_ps(w[j]);
+            const float* vr = vf.data() + int64_t{j} * hd + d0;
+            for (int32_t l = 0; l < 8; ++l) acc[l] = _mm256_fmadd_ps(wj, _mm256_loadu_ps(vr + 8 * l), acc[l]);
+          }
+          for (int32_t l = 0; l < 8; ++l) _mm256_storeu_ps(o + d0 + 8 * l, acc[l]);
+        }
+      }
+    }
+  }
+}
+
+}  // namespace troupe::cpu
