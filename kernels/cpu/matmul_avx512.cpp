@@ -1,7 +1,8 @@
-// AVX-512 (F/BW/VL/VNNI) kernels: u8 x s8 dot products with vpdpbusd.
+// AVX-512 (F/BW/VL/DQ/VNNI) kernels: u8 x s8 dot products with vpdpbusd.
 #include <immintrin.h>
 
 #include <cstring>
+#include <vector>
 
 #include "kernels/cpu/matmul.h"
 #include "kernels/fp16.h"
@@ -9,60 +10,120 @@
 namespace troupe::cpu {
 namespace {
 
-template <bool kRQ4, int kNT>
-void rq_rows(const uint8_t* w, size_t row_stride, int64_t np, const int8_t* xq, const float* xs,
-             int64_t r0, int64_t r1, float* y, int64_t ldy) {
+inline float hsum8(__m256 v) {  // the AVX2 kernels' horizontal sum, same order
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+
+// Two rows per zmm: lanes 0-7 belong to row a, lanes 8-15 to row b, and each half does
+// exactly what the AVX2 kernel's 8-lane accumulator does for one row (the same int32 lane
+// sums, by vpdpbusd instead of maddubs+madd; the same fused multiply-adds in the same
+// order; the same offset sums and final horizontal sum), so results are bit-identical to
+// the AVX2 kernels, whose order is GGML's (llama.cpp uses that order on AVX-512 VNNI too).
+// Q8_0 (RqLayout::Eight) needs sum((u - 128) x): vpdpbusd starts from -128 * sum(x).
+template <RqLayout kL, int kNT>
+void rq_row_pair(const uint8_t* w, size_t row_stride, int64_t np, const int8_t* xq, const float* xs,
+                 const int32_t* neg_xsum, int64_t ra, int64_t rb, bool store_b, float* y, int64_t ldy) {
+  constexpr bool kRQ4 = kL == RqLayout::Four;
   constexpr size_t kPair = kRQ4 ? kRQ4PairBytes : kRQ8PairBytes;
-  const __m512i idx = _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
-  const __m256i m4 = _mm256_set1_epi8(0x0F);
-  for (int64_t r = r0; r < r1; ++r) {
-    const uint8_t* row = w + r * row_stride;
-    __m512 acc[kNT];
-    __m128 accm[kNT];
-    for (int t = 0; t < kNT; ++t) { acc[t] = _mm512_setzero_ps(); accm[t] = _mm_setzero_ps(); }
-    for (int64_t p = 0; p < np; ++p) {
-      const uint8_t* pp = row + p * kPair;
-      const __m128 w4 = _mm_cvtph_ps(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(pp)));
-      __m512i wq;
-      if constexpr (kRQ4) {
-        const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(pp + 8));
-        wq = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_and_si256(v, m4)),
-                                _mm256_and_si256(_mm256_srli_epi16(v, 4), m4), 1);
-      } else {
-        wq = _mm512_loadu_si512(pp + 8);
-      }
-      for (int t = 0; t < kNT; ++t) {
-        const __m128 prod = _mm_mul_ps(w4, _mm_loadu_ps(xs + (t * np + p) * 4));
-        accm[t] = _mm_add_ps(accm[t], prod);
-        const __m512 sc = _mm512_permutexvar_ps(idx, _mm512_castps128_ps512(prod));
-        const __m512i d = _mm512_dpbusd_epi32(_mm512_setzero_si512(), wq,
-                                              _mm512_loadu_si512(xq + (t * np + p) * 64));
-        acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d), sc, acc[t]);
-      }
+  const __m512i idx_a = _mm512_set_epi32(4, 4, 4, 4, 4, 4, 4, 4, 0, 0, 0, 0, 0, 0, 0, 0);
+  const __m512i idx_b = _mm512_set_epi32(5, 5, 5, 5, 5, 5, 5, 5, 1, 1, 1, 1, 1, 1, 1, 1);
+  const __m512i m4 = _mm512_set1_epi8(0x0F);
+  __m512 acc[kNT];
+  __m256 summs[kNT];
+  for (int t = 0; t < kNT; ++t) { acc[t] = _mm512_setzero_ps(); summs[t] = _mm256_setzero_ps(); }
+  const uint8_t* row_a = w + ra * row_stride;
+  const uint8_t* row_b = w + rb * row_stride;
+  for (int64_t p = 0; p < np; ++p) {
+    const uint8_t* pa = row_a + p * kPair;
+    const uint8_t* pb = row_b + p * kPair;
+    // [dA dB mA mB] of row a | of row b, and dA (dB) of row a in lanes 0-7, of row b in 8-15
+    const __m256 w8 = _mm256_cvtph_ps(_mm_unpacklo_epi64(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(pa)),
+                                                         _mm_loadl_epi64(reinterpret_cast<const __m128i*>(pb))));
+    const __m512 ws_a = _mm512_permutexvar_ps(idx_a, _mm512_castps256_ps512(w8));
+    const __m512 ws_b = _mm512_permutexvar_ps(idx_b, _mm512_castps256_ps512(w8));
+    __m512i wa, wb;
+    if constexpr (kRQ4) {
+      const __m512i v = _mm512_inserti64x4(
+          _mm512_castsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(pa + 8))),
+          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(pb + 8)), 1);
+      wa = _mm512_and_si512(v, m4);
+      wb = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
+    } else {
+      wa = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(pa + 8))),
+                              _mm256_loadu_si256(reinterpret_cast<const __m256i*>(pb + 8)), 1);
+      wb = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(pa + 40))),
+                              _mm256_loadu_si256(reinterpret_cast<const __m256i*>(pb + 40)), 1);
     }
     for (int t = 0; t < kNT; ++t) {
-      alignas(16) float m[4];
-      _mm_store_ps(m, accm[t]);
-      y[t * ldy + r] = _mm512_reduce_add_ps(acc[t]) + (m[2] + m[3]);
+      const float* x4 = xs + (t * np + p) * 4;  // dxA dxB sA sB
+      const int8_t* xp = xq + (t * np + p) * 64;
+      const __m512i xa = _mm512_broadcast_i64x4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(xp)));
+      const __m512i xb = _mm512_broadcast_i64x4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(xp + 32)));
+      __m512i ia, ib;
+      if constexpr (kL == RqLayout::Eight) {
+        const int32_t* ns = neg_xsum + (t * np + p) * 16;
+        ia = _mm512_dpbusd_epi32(_mm512_broadcast_i64x4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(ns))), wa, xa);
+        ib = _mm512_dpbusd_epi32(_mm512_broadcast_i64x4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(ns + 8))), wb, xb);
+      } else {
+        ia = _mm512_dpbusd_epi32(_mm512_setzero_si512(), wa, xa);
+        ib = _mm512_dpbusd_epi32(_mm512_setzero_si512(), wb, xb);
+      }
+      // dA * dxA is the same product the AVX2 kernel forms in its 4-lane prod.
+      acc[t] = _mm512_fmadd_ps(_mm512_mul_ps(ws_a, _mm512_set1_ps(x4[0])), _mm512_cvtepi32_ps(ia), acc[t]);
+      acc[t] = _mm512_fmadd_ps(_mm512_mul_ps(ws_b, _mm512_set1_ps(x4[1])), _mm512_cvtepi32_ps(ib), acc[t]);
+      if constexpr (kL != RqLayout::Eight) {
+        const __m256 prod = _mm256_mul_ps(w8, _mm256_broadcast_ps(reinterpret_cast<const __m128*>(x4)));
+        summs[t] = _mm256_add_ps(summs[t], _mm256_permute_ps(prod, 0xAA));  // + mA sA
+        summs[t] = _mm256_add_ps(summs[t], _mm256_permute_ps(prod, 0xFF));  // + mB sB
+      }
     }
+  }
+  for (int t = 0; t < kNT; ++t) {
+    y[t * ldy + ra] = hsum8(_mm512_castps512_ps256(acc[t])) + _mm256_cvtss_f32(summs[t]);
+    if (store_b)
+      y[t * ldy + rb] = hsum8(_mm512_extractf32x8_ps(acc[t], 1)) +
+                        _mm_cvtss_f32(_mm256_extractf128_ps(summs[t], 1));
   }
 }
 
-template <bool kRQ4>
+template <RqLayout kL, int kNT>
+void rq_rows(const uint8_t* w, size_t rs, int64_t np, const int8_t* xq, const float* xs, int64_t r0, int64_t r1,
+             float* y, int64_t ldy) {
+  thread_local std::vector<int32_t> neg_xsum;  // Eight: -128 * (4-byte group sums of x), 16 per (token, pair)
+  if constexpr (kL == RqLayout::Eight) {
+    neg_xsum.resize(static_cast<size_t>(kNT * np * 16));
+    const __m512i ones = _mm512_set1_epi8(1);
+    for (int64_t i = 0; i < kNT * np; ++i) {
+      const __m512i s = _mm512_dpbusd_epi32(_mm512_setzero_si512(), ones, _mm512_loadu_si512(xq + i * 64));
+      _mm512_storeu_si512(neg_xsum.data() + i * 16, _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_slli_epi32(s, 7)));
+    }
+  }
+  int64_t r = r0;
+  for (; r + 2 <= r1; r += 2) rq_row_pair<kL, kNT>(w, rs, np, xq, xs, neg_xsum.data(), r, r + 1, true, y, ldy);
+  if (r < r1) rq_row_pair<kL, kNT>(w, rs, np, xq, xs, neg_xsum.data(), r, r, false, y, ldy);
+}
+
+template <RqLayout kL>
 void rq_dispatch(const uint8_t* w, size_t rs, int64_t np, const int8_t* xq, const float* xs, int nt,
                  int64_t r0, int64_t r1, float* y, int64_t ldy) {
   switch (nt) {
-    case 1: rq_rows<kRQ4, 1>(w, rs, np, xq, xs, r0, r1, y, ldy); break;
-    case 2: rq_rows<kRQ4, 2>(w, rs, np, xq, xs, r0, r1, y, ldy); break;
-    case 3: rq_rows<kRQ4, 3>(w, rs, np, xq, xs, r0, r1, y, ldy); break;
-    default: rq_rows<kRQ4, 4>(w, rs, np, xq, xs, r0, r1, y, ldy); break;
+    case 1: rq_rows<kL, 1>(w, rs, np, xq, xs, r0, r1, y, ldy); break;
+    case 2: rq_rows<kL, 2>(w, rs, np, xq, xs, r0, r1, y, ldy); break;
+    case 3: rq_rows<kL, 3>(w, rs, np, xq, xs, r0, r1, y, ldy); break;
+    default: rq_rows<kL, 4>(w, rs, np, xq, xs, r0, r1, y, ldy); break;
   }
 }
 
 void rq_avx512(RqLayout layout, const uint8_t* w, size_t rs, int64_t np, const int8_t* xq, const float* xs,
                int nt, int64_t r0, int64_t r1, float* y, int64_t ldy) {
-  if (layout == RqLayout::Four) rq_dispatch<true>(w, rs, np, xq, xs, nt, r0, r1, y, ldy);
-  else rq_dispatch<false>(w, rs, np, xq, xs, nt, r0, r1, y, ldy);
+  switch (layout) {
+    case RqLayout::Four: rq_dispatch<RqLayout::Four>(w, rs, np, xq, xs, nt, r0, r1, y, ldy); break;
+    case RqLayout::EightSmall: rq_dispatch<RqLayout::EightSmall>(w, rs, np, xq, xs, nt, r0, r1, y, ldy); break;
+    case RqLayout::Eight: rq_dispatch<RqLayout::Eight>(w, rs, np, xq, xs, nt, r0, r1, y, ldy); break;
+  }
 }
 
 // Q6_K x Q8_K: per 16-element group, sum((q6) * x) via u8 x s8 with q6 in 0..63, minus
