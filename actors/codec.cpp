@@ -241,9 +241,7 @@ Result<actors::SeqEvent> decode_seq_event(const Bytes& b) {
   });
 }
 
-Bytes encode(const actors::StageStep& x) {
-  capnp::MallocMessageBuilder m;
-  auto msg = m.initRoot<schema::StageStep>();
+void write_stage_step(schema::StageStep::Builder msg, const actors::StageStep& x) {
   msg.setStepNo(x.step_no);
   put(msg.initTokenIds(n(x.token_ids.size())), x.token_ids);
   put(msg.initPositions(n(x.positions.size())), x.positions);
@@ -262,26 +260,55 @@ Bytes encode(const actors::StageStep& x) {
   }
   put(msg.initReleased(n(x.released.size())), x.released);
   put(msg.initHidden(n(x.hidden.size())), x.hidden);
+}
+
+actors::StageStep read_stage_step(schema::StageStep::Reader msg) {
+  actors::StageStep x;
+  x.step_no = msg.getStepNo();
+  x.token_ids = get<int32_t>(msg.getTokenIds());
+  x.positions = get<int32_t>(msg.getPositions());
+  x.query_start = get<int32_t>(msg.getQueryStart());
+  x.context_lens = get<int32_t>(msg.getContextLens());
+  x.slot_mapping = get<int32_t>(msg.getSlotMapping());
+  x.block_tables = get<int32_t>(msg.getBlockTables());
+  x.logit_rows = get<int32_t>(msg.getLogitRows());
+  x.logit_seq = get<int64_t>(msg.getLogitSeq());
+  x.max_blocks_per_seq = msg.getMaxBlocksPerSeq();
+  for (auto s : msg.getNewSeqs())
+    x.new_seqs.push_back({s.getSeqId(), read_sampling(s.getSampling()), get<int32_t>(s.getPrompt())});
+  x.released = get<int64_t>(msg.getReleased());
+  x.hidden = get<float>(msg.getHidden());
+  return x;
+}
+
+Bytes encode(const actors::StageStep& x) {
+  capnp::MallocMessageBuilder m;
+  write_stage_step(m.initRoot<schema::StageStep>(), x);
   return to_bytes(m);
 }
 
 Result<actors::StageStep> decode_stage_step(const Bytes& b) {
-  return read<schema::StageStep>(b, "StageStep", [](schema::StageStep::Reader msg) -> Result<actors::StageStep> {
-    actors::StageStep x;
-    x.step_no = msg.getStepNo();
-    x.token_ids = get<int32_t>(msg.getTokenIds());
-    x.positions = get<int32_t>(msg.getPositions());
-    x.query_start = get<int32_t>(msg.getQueryStart());
-    x.context_lens = get<int32_t>(msg.getContextLens());
-    x.slot_mapping = get<int32_t>(msg.getSlotMapping());
-    x.block_tables = get<int32_t>(msg.getBlockTables());
-    x.logit_rows = get<int32_t>(msg.getLogitRows());
-    x.logit_seq = get<int64_t>(msg.getLogitSeq());
-    x.max_blocks_per_seq = msg.getMaxBlocksPerSeq();
-    for (auto s : msg.getNewSeqs())
-      x.new_seqs.push_back({s.getSeqId(), read_sampling(s.getSampling()), get<int32_t>(s.getPrompt())});
-    x.released = get<int64_t>(msg.getReleased());
-    x.hidden = get<float>(msg.getHidden());
+  return read<schema::StageStep>(b, "StageStep",
+                                 [](schema::StageStep::Reader msg) -> Result<actors::StageStep> { return read_stage_step(msg); });
+}
+
+Bytes encode(const actors::LayersDone& x) {
+  capnp::MallocMessageBuilder m;
+  auto msg = m.initRoot<schema::LayersDone>();
+  write_stage_step(msg.initStep(), x.step);
+  put(msg.initLogits(n(x.logits.size())), x.logits);
+  msg.setComputeSeconds(x.compute_seconds);
+  msg.setError(x.error);
+  return to_bytes(m);
+}
+
+Result<actors::LayersDone> decode_layers_done(const Bytes& b) {
+  return read<schema::LayersDone>(b, "LayersDone", [](schema::LayersDone::Reader msg) -> Result<actors::LayersDone> {
+    actors::LayersDone x;
+    x.step = read_stage_step(msg.getStep());
+    x.logits = get<float>(msg.getLogits());
+    x.compute_seconds = msg.getComputeSeconds();
+    x.error = msg.getError();
     return x;
   });
 }

@@ -35,6 +35,8 @@ Bytes encode(const actors::SeqEvent& m);
 Result<actors::SeqEvent> decode_seq_event(const Bytes& b);
 Bytes encode(const actors::StageStep& m);
 Result<actors::StageStep> decode_stage_step(const Bytes& b);
+Bytes encode(const actors::LayersDone& m);
+Result<actors::LayersDone> decode_layers_done(const Bytes& b);
 Bytes encode(const actors::StepDone& m);
 Bytes encode(const actors::StepFailed& m);
 Result<std::variant<actors::StepDone, actors::StepFailed>> decode_step_result(const Bytes& b);

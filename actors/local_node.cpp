@@ -5,6 +5,7 @@ namespace troupe::actors {
 void LocalNode::stop() {
   caf::anon_send_exit(scheduler, caf::exit_reason::user_shutdown);
   for (auto& s : stages) caf::anon_send_exit(s, caf::exit_reason::user_shutdown);
+  for (auto& w : workers) caf::anon_send_exit(w, caf::exit_reason::user_shutdown);
   if (tokenizers)
     for (auto& t : tokenizers->actors()) caf::anon_send_exit(t, caf::exit_reason::user_shutdown);
 }
@@ -19,7 +20,7 @@ Result<LocalNode> spawn_local_node(caf::actor_system& sys, const ModelFiles& fil
   if (opt.scheduler.scheduler.max_batched_tokens > opt.max_batch_tokens)
     return make_error("the token budget per step exceeds the model's max batch");
   // Build every stage's worker first (the slow part), then spawn from the last stage back.
-  std::vector<std::shared_ptr<StageWorker>> workers;
+  std::vector<std::shared_ptr<StageWorker>> devices;
   size_t done_layers = 0;
   for (int32_t s = 0; s < opt.num_stages; ++s) {
     LayerRange r{c.num_layers * s / opt.num_stages, c.num_layers * (s + 1) / opt.num_stages};
@@ -35,14 +36,15 @@ Result<LocalNode> spawn_local_node(caf::actor_system& sys, const ModelFiles& fil
     done_layers += static_cast<size_t>(r.last - r.first);
     auto w = StageWorker::create(std::move(backend), std::move(*model), opt.scheduler.kv);
     if (!w) return w.error();
-    workers.push_back(std::move(*w));
+    devices.push_back(std::move(*w));
   }
   LocalNode node;
-  node.stages.resize(workers.size());
+  for (auto& d : devices)
+    node.workers.push_back(opt.detached_workers ? sys.spawn<caf::detached>(worker_fn, d) : sys.spawn(worker_fn, d));
+  node.stages.resize(devices.size());
   stage_actor next;
-  for (size_t i = workers.size(); i-- > 0;) {
-    node.stages[i] = opt.detached_stages ? sys.spawn<caf::detached>(stage_fn, workers[i], next)
-                                         : sys.spawn(stage_fn, workers[i], next);
+  for (size_t i = devices.size(); i-- > 0;) {
+    node.stages[i] = sys.spawn(stage_fn, node.workers[i], next, c.vocab);
     next = node.stages[i];
   }
   auto tok = std::make_shared<const Tokenizer>(*files.tokenizer);

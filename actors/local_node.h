@@ -1,5 +1,5 @@
-// The actors of one node, spawned and connected: N pipeline stages (each with its own CPU
-// worker and layer range), the scheduler actor and a tokenizer pool. `troupe serve` and the
+// The actors of one node, spawned and connected: N pipeline stages (each with its layer
+// range and its own worker actor binding a device), the scheduler actor and a tokenizer pool. `troupe serve` and the
 // actor tests build their nodes with this one function, from explicit options.
 #pragma once
 #include <string>
@@ -10,25 +10,27 @@
 #include "actors/scheduler_actor.h"
 #include "actors/stage_actor.h"
 #include "actors/tokenizer_actor.h"
+#include "actors/worker_actor.h"
 #include "runtime/model_files.h"
 
 namespace troupe::actors {
 
 struct NodeOptions {
   int32_t num_stages = 1;        // layers split evenly over the stages
-  int32_t threads = 0;           // CPU threads per stage worker (0: all cores)
+  int32_t threads = 0;           // CPU threads per worker (0: all cores)
   std::string device = "cpu";    // cpu | cuda | cuda:N (every stage on that device)
   bool batch_invariant = true;   // CUDA: batch-invariant GEMV for every batch size
   int32_t cuda_graph_max_tokens = 0;  // CUDA: graph replay for steps up to this size
   int32_t max_batch_tokens = 512;
   int32_t num_tokenizers = 1;
-  bool detached_stages = true;   // stages on their own threads (false: deterministic tests)
+  bool detached_workers = true;  // workers on their own threads (false: deterministic tests)
   SchedulerActorConfig scheduler;  // vocab, context and end-of-generation filled in from the model
 };
 
 struct LocalNode {
   scheduler_actor scheduler;
   std::vector<stage_actor> stages;
+  std::vector<worker_actor> workers;  // one per stage, in stage order
   std::shared_ptr<TokenizerPool> tokenizers;
   std::shared_ptr<StatsBoard> board;
   RequestContext request_context;

@@ -64,6 +64,15 @@ struct StageStep {
   std::vector<float> hidden;
 };
 
+// A worker's answer to a StageStep: the step back, carrying this stage's activations in
+// `hidden` (middle stages), or the logits of its logit rows (last stage), or an error.
+struct LayersDone {
+  StageStep step;
+  std::vector<float> logits;  // [logit rows, vocab], last stage only
+  double compute_seconds = 0;
+  std::string error;
+};
+
 struct SampledToken {
   int64_t seq_id = 0;
   SampleResult result;
@@ -128,6 +137,8 @@ using step_sink_actor = caf::typed_actor<caf::reacts_to<StepDone>, caf::reacts_t
 
 using stage_actor = caf::typed_actor<caf::reacts_to<StageStep, step_sink_actor>>;
 
+using worker_actor = caf::typed_actor<caf::replies_to<StageStep>::with<LayersDone>>;
+
 using scheduler_actor =
     caf::typed_actor<caf::reacts_to<SubmitSeq, request_sink_actor>, caf::reacts_to<CancelSeqs>,
                      caf::reacts_to<StepDone>, caf::reacts_to<StepFailed>,
@@ -167,6 +178,7 @@ TROUPE_INSPECT(SeqEvent, x.seq_id, x.token, x.logprob, x.top, x.finished, x.hit_
 TROUPE_INSPECT(NewSeqSampling, x.seq_id, x.sampling, x.prompt)
 TROUPE_INSPECT(StageStep, x.step_no, x.token_ids, x.positions, x.query_start, x.context_lens, x.slot_mapping,
                x.block_tables, x.logit_rows, x.logit_seq, x.max_blocks_per_seq, x.new_seqs, x.released, x.hidden)
+TROUPE_INSPECT(LayersDone, x.step, x.logits, x.compute_seconds, x.error)
 TROUPE_INSPECT(SampledToken, x.seq_id, x.result)
 TROUPE_INSPECT(StepDone, x.step_no, x.sampled, x.compute_seconds)
 TROUPE_INSPECT(StepFailed, x.step_no, x.error)

@@ -134,6 +134,15 @@ struct StageStep {
   hidden @12 :List(Float32);   # [numTokens, hidden] between stages; empty into the first
 }
 
+# A worker actor's answer to a StageStep: the step back with this stage's activations in
+# `hidden` (middle stages), or the logits of its logit rows (last stage), or an error.
+struct LayersDone {
+  step @0 :StageStep;
+  logits @1 :List(Float32);    # [logitRows, vocab]
+  computeSeconds @2 :Float64;
+  error @3 :Text;
+}
+
 # The scheduler actor's published state (health and metrics).
 struct EngineStats {
   numRunning @0 :Int64;

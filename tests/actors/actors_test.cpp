@@ -68,7 +68,7 @@ struct TestNode {
     opt.num_stages = stages;
     opt.threads = 1;
     opt.max_batch_tokens = 64;
-    opt.detached_stages = false;
+    opt.detached_workers = false;
     opt.scheduler.scheduler = {budget, 8};
     opt.scheduler.kv = {blocks, 8, true};
     opt.scheduler.heartbeat = std::chrono::milliseconds(0);
@@ -269,4 +269,59 @@ TEST_CASE("actors: stop strings are held back while they could still match", "[a
   REQUIRE(stop_holdback("ab", {"abc", "b!"}) == 2);
   REQUIRE(stop_holdback("x\n", {"\n\n"}) == 1);
   REQUIRE(stop_holdback("", {"a"}) == 0);
+}
+
+TEST_CASE("actors: a worker refuses a malformed step with an error its stage turns into StepFailed, then serves the next", "[actors]") {
+  TinyFiles tf;
+  TestNode t(tf.files, 2, 32);
+  // A sink that records what the last stage answers.
+  struct Seen {
+    std::vector<StepDone> done;
+    std::vector<StepFailed> failed;
+  };
+  auto seen = std::make_shared<Seen>();
+  step_sink_actor sink = t.sys->spawn([seen]() -> step_sink_actor::behavior_type {
+    return {[seen](StepDone& d) { seen->done.push_back(std::move(d)); },
+            [seen](StepFailed& f) { seen->failed.push_back(std::move(f)); }};
+  });
+  auto good = [](uint64_t no) {
+    StageStep s;
+    s.step_no = no;
+    s.token_ids = {1, 2, 3};
+    s.positions = {0, 1, 2};
+    s.query_start = {0, 3};
+    s.context_lens = {3};
+    s.slot_mapping = {0, 1, 2};
+    s.block_tables = {0};
+    s.max_blocks_per_seq = 1;
+    s.logit_rows = {2};
+    s.logit_seq = {7};
+    NewSeqSampling ns;
+    ns.seq_id = 7;
+    ns.sampling.temperature = 0;
+    ns.prompt = {1, 2, 3};
+    s.new_seqs.push_back(ns);
+    return s;
+  };
+  StageStep bad = good(1);
+  bad.positions.pop_back();  // inconsistent token counts
+  caf::anon_send(t.node.stages.front(), std::move(bad), sink);
+  t.coordinator().run();
+  REQUIRE(seen->failed.size() == 1);
+  CHECK(seen->failed[0].step_no == 1);
+  CHECK(seen->failed[0].error.find("inconsistent token counts") != std::string::npos);
+  StageStep mid_bad = good(2);
+  mid_bad.hidden = {1.0f, 2.0f};  // activations of the wrong size, sent straight to stage 2's worker
+  caf::anon_send(t.node.stages.back(), std::move(mid_bad), sink);
+  t.coordinator().run();
+  REQUIRE(seen->failed.size() == 2);
+  CHECK(seen->failed[1].error.find("activations have the wrong size") != std::string::npos);
+  caf::anon_send(t.node.stages.front(), good(3), sink);
+  t.coordinator().run();
+  REQUIRE(seen->done.size() == 1);
+  CHECK(seen->done[0].step_no == 3);
+  REQUIRE(seen->done[0].sampled.size() == 1);
+  // The greedy token of the 3-token prompt, as a solo run computes it.
+  CHECK(seen->done[0].sampled[0].result.token == solo_greedy(tf.files, {1, 2, 3}, 1)[0]);
+  caf::anon_send_exit(sink, caf::exit_reason::user_shutdown);
 }

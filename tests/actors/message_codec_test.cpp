@@ -126,6 +126,26 @@ TEST_CASE("codec: StageStep with activations round-trips", "[codec]") {
   REQUIRE(d->released == s.released);
   REQUIRE(d->hidden == s.hidden);  // bit-exact activations
   truncations_fail(codec::encode(s), codec::decode_stage_step);
+
+  // The worker's answer carries the step back, plus logits or an error.
+  LayersDone done;
+  done.step = s;
+  done.logits = {0.5f, -1.25f, 3.0f, 1e-7f};
+  done.compute_seconds = 0.0125;
+  auto dd = codec::decode_layers_done(codec::encode(done));
+  REQUIRE(dd.ok());
+  REQUIRE(dd->step.step_no == 77);
+  REQUIRE(dd->step.hidden == s.hidden);
+  REQUIRE(dd->step.new_seqs.size() == 1);
+  REQUIRE(dd->step.logit_seq == s.logit_seq);
+  REQUIRE(dd->logits == done.logits);
+  REQUIRE(dd->compute_seconds == 0.0125);
+  REQUIRE(dd->error.empty());
+  done.error = "step block tables have the wrong size";
+  auto de = codec::decode_layers_done(codec::encode(done));
+  REQUIRE(de.ok());
+  REQUIRE(de->error == done.error);
+  truncations_fail(codec::encode(done), codec::decode_layers_done);
 }
 
 TEST_CASE("codec: StepDone, StepFailed and EngineStats round-trip", "[codec]") {

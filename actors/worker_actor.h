@@ -1,0 +1,42 @@
+// Worker actor: binds one device (the CPU backend's threads, or one CUDA device and its
+// stream, through the same Backend interface) and runs one pipeline stage's layers. It owns
+// the backend, the stage's weights and the stage's KV layers; nothing else touches them.
+// Its stage actor sends it the flat step (with the previous stage's activations) and gets
+// back the same step carrying this stage's activations, or, on the last stage, the logits
+// of the step's logit rows. Blocking compute: spawn it `detached` in a server (its own
+// thread); tests spawn it plainly under the test coordinator.
+#pragma once
+#include <memory>
+
+#include "actors/messages.h"
+#include "kernels/backend.h"
+#include "runtime/kv_block_manager.h"
+#include "runtime/model.h"
+
+namespace troupe::actors {
+
+// What a worker binds: one device with the stage's weights and KV.
+struct StageWorker {
+  std::unique_ptr<Backend> backend;
+  std::unique_ptr<Model> model;
+  std::unique_ptr<KvCache> cache;
+  // Makes the stage's KV cache (its layers only) for the block pool the scheduler manages.
+  static Result<std::shared_ptr<StageWorker>> create(std::unique_ptr<Backend> backend, std::unique_ptr<Model> model,
+                                                     const KvBlockConfig& kv);
+};
+
+struct WorkerState {
+  WorkerState() = default;  // not an aggregate: CAF would try to build it from the actor pointer
+  std::shared_ptr<StageWorker> device;
+  std::vector<float> out;  // this stage's activations [num_tokens, hidden] (swapped into the reply)
+  static inline const char* name = "worker";
+};
+
+worker_actor::behavior_type worker_fn(worker_actor::stateful_pointer<WorkerState> self,
+                                      std::shared_ptr<StageWorker> device);
+
+// Checks that the flat arrays of a step are consistent in size (before any pointer is made
+// from them); the model then checks values (ids, positions, blocks).
+Status check_step_shape(const StageStep& s, int32_t hidden, bool needs_hidden);
+
+}  // namespace troupe::actors
