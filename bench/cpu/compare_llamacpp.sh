@@ -193,7 +193,7 @@ L.append(f"- Peer: llama-cpp-python {os.environ['LLCPP_VERSION']} vendored llama
          f"n_batch {rows[0]['llama_cpp']['n_batch']}, n_ubatch {rows[0]['llama_cpp']['n_ubatch']}, "
          f"KV {rows[0]['llama_cpp']['type_k']}")
 L.append(f"- Weights: {weight_bytes/1e6:.2f} MB of tensors ("
-         + ", ".join(f"{k} {v/1e6:.2f} MB" for k, v in by_type.items()) + ")")
+         + ", ".join(f"{k} {v/1e6:.2f} MB" if isinstance(v, (int, float)) else f"{k}: {v}" for k, v in by_type.items()) + ")")
 L.append(f"- pp{pp} / tg{tg}, {reps} repetitions each, mean tok/s (llama-bench ± stddev)")
 L.append(f"- Load around the runs (1/5/15-min load average; other processes over 15% CPU by ps, a lifetime average): "
          + " | ".join(contention))
