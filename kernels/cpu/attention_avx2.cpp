@@ -1,11 +1,11 @@
 // AVX2/FMA/F16C body of attention_tile (kernels/cpu/attention.h) for head_dim % 64 == 0.
 //
 // Same bits as the portable path in attention.cpp, which runs dot_f32 per (key, query) and
-// axpy_f32 per (key, query): here eight keys are scored at once against a transposed block
-// of K, with eight accumulators that hold exactly the lanes dot_f32's single 8-lane
-// accumulator holds (lane j sums dims j, j+8, ...), reduced in dot_f32's order
-// ((a0+a4)+(a2+a6)) + ((a1+a5)+(a3+a7)); and P·V keeps 64 output dims in registers while
-// it walks the keys in order, the same fused multiply-adds axpy_f32 does through memory.
+// axpy_f32 per (key, query): here a query row is scored against eight keys at once, with
+// one accumulator per key holding exactly the lanes of dot_f32's 8-lane accumulator, and
+// the eight reductions done together after a transpose, in dot_f32's order; P·V keeps 64
+// output dims in registers while it walks the keys in order, the same fused multiply-adds
+// axpy_f32 does through memory. K and V rows are converted from f16 once per tile.
 // So a query's result still depends only on its own row and the cache, never on its tile.
 #include <immintrin.h>
 
@@ -20,7 +20,7 @@
 namespace troupe::cpu {
 namespace {
 
-constexpr int kKeys = 8;    // keys scored at once (one __m256 lane each)
+constexpr int kKeys = 8;    // keys scored at once (one lane each after the transpose)
 constexpr int kVBlock = 32; // V rows converted at once for P·V
 
 // In-place 8x8 transpose of r[0..7].
@@ -50,7 +50,7 @@ inline __m256 load_f16x8(const uint16_t* p) {
 }  // namespace
 
 void attention_tile_avx2(const AttentionTile& a) {
-  thread_local std::vector<float> qr, scores, kt, vf;
+  thread_local std::vector<float> qr, scores, kt, vf;  // kt: 8 K rows as f32
   thread_local std::vector<uint16_t> qh;
   const int32_t hd = a.head_dim, G = a.group, nq = a.num * G;
   int32_t len = 0;
@@ -69,16 +69,19 @@ void attention_tile_avx2(const AttentionTile& a) {
   const uint16_t* k_head = a.k + int64_t{a.kv_head} * hd;
   const uint16_t* v_head = a.v + int64_t{a.kv_head} * hd;
 
-  // Scores: kt[d][j] = K[p0 + j][d], eight keys per pass.
+  // Scores, eight keys per pass: per query row one 8-lane accumulator per key (lane l sums
+  // dims l, l+8, ... like dot_f32's), then an 8x8 transpose so that dot_f32's reduction
+  // ((a0+a4)+(a2+a6)) + ((a1+a5)+(a3+a7)) runs for the eight keys at once.
   for (int32_t p0 = 0; p0 < len; p0 += kKeys) {
     const int32_t nk = std::min(kKeys, len - p0);
-    const uint16_t* krow[kKeys];
-    for (int32_t j = 0; j < kKeys; ++j) krow[j] = j < nk ? k_head + slot_of(p0 + j) * a.row : nullptr;
-    for (int32_t c = 0; c < hd; c += 8) {
-      __m256 r[8];
-      for (int32_t j = 0; j < kKeys; ++j) r[j] = krow[j] ? load_f16x8(krow[j] + c) : _mm256_setzero_ps();
-      transpose8(r);
-      for (int32_t i = 0; i < 8; ++i) _mm256_storeu_ps(kt.data() + (c + i) * kKeys, r[i]);
+    for (int32_t j = 0; j < kKeys; ++j) {
+      float* dst = kt.data() + int64_t{j} * hd;
+      if (j < nk) {
+        const uint16_t* src = k_head + slot_of(p0 + j) * a.row;
+        for (int32_t c = 0; c < hd; c += 8) _mm256_storeu_ps(dst + c, load_f16x8(src + c));
+      } else {
+        for (int32_t c = 0; c < hd; c += 8) _mm256_storeu_ps(dst + c, _mm256_setzero_ps());
+      }
     }
     const __m256 scale = _mm256_set1_ps(a.scale);
     for (int32_t i = 0; i < a.num; ++i) {
@@ -86,10 +89,13 @@ void attention_tile_avx2(const AttentionTile& a) {
       for (int32_t g = 0; g < G; ++g) {
         const float* qv = qr.data() + (int64_t{i} * G + g) * hd;
         __m256 acc[8];
-        for (int32_t l = 0; l < 8; ++l) acc[l] = _mm256_setzero_ps();
-        for (int32_t d = 0; d < hd; d += 8)
-          for (int32_t l = 0; l < 8; ++l)
-            acc[l] = _mm256_fmadd_ps(_mm256_loadu_ps(kt.data() + (d + l) * kKeys), _mm256_set1_ps(qv[d + l]), acc[l]);
+        for (int32_t j = 0; j < kKeys; ++j) acc[j] = _mm256_setzero_ps();
+        for (int32_t c = 0; c < hd; c += 8) {
+          const __m256 qc = _mm256_loadu_ps(qv + c);
+          for (int32_t j = 0; j < kKeys; ++j)
+            acc[j] = _mm256_fmadd_ps(_mm256_loadu_ps(kt.data() + int64_t{j} * hd + c), qc, acc[j]);
+        }
+        transpose8(acc);  // acc[l] = lane l of every key's accumulator
         const __m256 sum = _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(acc[0], acc[4]), _mm256_add_ps(acc[2], acc[6])),
                                          _mm256_add_ps(_mm256_add_ps(acc[1], acc[5]), _mm256_add_ps(acc[3], acc[7])));
         _mm256_storeu_ps(scores.data() + static_cast<size_t>(i * G + g) * len8 + p0, _mm256_mul_ps(sum, scale));
@@ -117,7 +123,10 @@ void attention_tile_avx2(const AttentionTile& a) {
   // P·V: 64 output dims in registers, keys in order.
   for (int32_t p0 = 0; p0 < len; p0 += kVBlock) {
     const int32_t nv = std::min(kVBlock, len - p0);
-    for (int32_t j = 0; j < nv; ++j) f16_to_f32_row(v_head + slot_of(p0 + j) * a.row, vf.data() + int64_t{j} * hd, hd);
+    for (int32_t j = 0; j < nv; ++j) {
+      const uint16_t* src = v_head + slot_of(p0 + j) * a.row;
+      for (int32_t c = 0; c < hd; c += 8) _mm256_storeu_ps(vf.data() + int64_t{j} * hd + c, load_f16x8(src + c));
+    }
     for (int32_t i = 0; i < a.num; ++i) {
       const int32_t end = std::min(nv, a.positions[i] + 1 - p0);
       if (end <= 0) continue;
