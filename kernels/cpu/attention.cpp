@@ -12,6 +12,13 @@
 namespace troupe::cpu {
 
 void attention_tile_avx2(const AttentionTile& a);  // attention_avx2.cpp: same bits, head_dim % 64 == 0
+void exp_sub_row_avx2(float* x, int32_t n, float sub);
+
+void exp_sub_row(float* x, int32_t n, float sub) {
+  static const bool has_avx2 = detect_isa() != Isa::Scalar;
+  if (has_avx2) return exp_sub_row_avx2(x, n, sub);
+  for (int32_t i = 0; i < n; ++i) x[i] = std::exp(x[i] - sub);
+}
 
 void attention_tile(const AttentionTile& a) {
   static const bool has_avx2 = detect_isa() != Isa::Scalar;

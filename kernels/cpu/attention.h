@@ -27,5 +27,8 @@ void attention_tile(const AttentionTile& a);
 // One key and one query at a time through dot_f32/axpy_f32; attention_tile gives the same
 // bits (its AVX2 body is a blocked form of this), which a test checks.
 void attention_tile_portable(const AttentionTile& a);
+// x[i] = std::exp(x[i] - sub) for i < n, bit for bit (vectorized where the CPU has AVX2 and
+// FMA: the softmax of attention_tile).
+void exp_sub_row(float* x, int32_t n, float sub);
 
 }  // namespace troupe::cpu
