@@ -1,6 +1,7 @@
 // AVX-512 (F/BW/VL/DQ/VNNI) kernels: u8 x s8 dot products with vpdpbusd.
 #include <immintrin.h>
 
+#include <algorithm>
 #include <cstring>
 #include <vector>
 
@@ -10,6 +11,13 @@
 namespace troupe::cpu {
 namespace {
 
+// The 32-block types (RQ layouts) give the AVX2 kernels' bits, whose order is GGML's
+// (llama.cpp runs that order on AVX-512 VNNI too): per (row, token) one 8-lane accumulator,
+// acc = fma(dA dxA, A lanes, acc) then fma(dB dxB, B lanes, acc) pair by pair, the int32
+// lane sums by vpdpbusd instead of maddubs+madd (the same values), the offsets
+// (mA sA) + (mB sB) summed separately in that order, one fixed horizontal sum.
+// Q8_0 (RqLayout::Eight) needs sum((u - 128) x): vpdpbusd starts from -128 * sum(x).
+
 inline float hsum8(__m256 v) {  // the AVX2 kernels' horizontal sum, same order
   __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
   s = _mm_add_ps(s, _mm_movehl_ps(s, s));
@@ -17,20 +25,41 @@ inline float hsum8(__m256 v) {  // the AVX2 kernels' horizontal sum, same order
   return _mm_cvtss_f32(s);
 }
 
-// Two rows per zmm: lanes 0-7 belong to row a, lanes 8-15 to row b, and each half does
-// exactly what the AVX2 kernel's 8-lane accumulator does for one row (the same int32 lane
-// sums, by vpdpbusd instead of maddubs+madd; the same fused multiply-adds in the same
-// order; the same offset sums and final horizontal sum), so results are bit-identical to
-// the AVX2 kernels, whose order is GGML's (llama.cpp uses that order on AVX-512 VNNI too).
-// Q8_0 (RqLayout::Eight) needs sum((u - 128) x): vpdpbusd starts from -128 * sum(x).
+template <RqLayout kL>
+constexpr size_t pair_bytes() { return kL == RqLayout::Four ? kRQ4PairBytes : kRQ8PairBytes; }
+
+// The 64 unsigned weight bytes of one pair, block A and block B.
+template <RqLayout kL>
+inline void load_pair_u8(const uint8_t* pp, __m256i& a, __m256i& b) {
+  if constexpr (kL == RqLayout::Four) {
+    const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(pp + 8));
+    const __m256i m4 = _mm256_set1_epi8(0x0F);
+    a = _mm256_and_si256(v, m4);
+    b = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
+  } else {
+    a = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(pp + 8));
+    b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(pp + 40));
+  }
+}
+
+// -128 * (4-byte group sums of x), 16 per (token, pair): Q8_0's dot products start there.
+void fill_neg_xsum(const int8_t* xq, int64_t count, std::vector<int32_t>& out) {
+  out.resize(static_cast<size_t>(count * 16));
+  const __m512i ones = _mm512_set1_epi8(1);
+  for (int64_t i = 0; i < count; ++i) {
+    const __m512i s = _mm512_dpbusd_epi32(_mm512_setzero_si512(), ones, _mm512_loadu_si512(xq + i * 64));
+    _mm512_storeu_si512(out.data() + i * 16, _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_slli_epi32(s, 7)));
+  }
+}
+
+// 1-2 tokens (decode), and Q8_0: two rows per zmm, lanes 0-7 row a, 8-15 row b; each half is the
+// AVX2 accumulator of its row. Scales and offsets come from one 4-lane product per row.
 template <RqLayout kL, int kNT>
 void rq_row_pair(const uint8_t* w, size_t row_stride, int64_t np, const int8_t* xq, const float* xs,
                  const int32_t* neg_xsum, int64_t ra, int64_t rb, bool store_b, float* y, int64_t ldy) {
-  constexpr bool kRQ4 = kL == RqLayout::Four;
-  constexpr size_t kPair = kRQ4 ? kRQ4PairBytes : kRQ8PairBytes;
+  constexpr size_t kPair = pair_bytes<kL>();
   const __m512i idx_a = _mm512_set_epi32(4, 4, 4, 4, 4, 4, 4, 4, 0, 0, 0, 0, 0, 0, 0, 0);
   const __m512i idx_b = _mm512_set_epi32(5, 5, 5, 5, 5, 5, 5, 5, 1, 1, 1, 1, 1, 1, 1, 1);
-  const __m512i m4 = _mm512_set1_epi8(0x0F);
   __m512 acc[kNT];
   __m256 summs[kNT];
   for (int t = 0; t < kNT; ++t) { acc[t] = _mm512_setzero_ps(); summs[t] = _mm256_setzero_ps(); }
@@ -44,19 +73,11 @@ void rq_row_pair(const uint8_t* w, size_t row_stride, int64_t np, const int8_t* 
                                                          _mm_loadl_epi64(reinterpret_cast<const __m128i*>(pb))));
     const __m512 ws_a = _mm512_permutexvar_ps(idx_a, _mm512_castps256_ps512(w8));
     const __m512 ws_b = _mm512_permutexvar_ps(idx_b, _mm512_castps256_ps512(w8));
-    __m512i wa, wb;
-    if constexpr (kRQ4) {
-      const __m512i v = _mm512_inserti64x4(
-          _mm512_castsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(pa + 8))),
-          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(pb + 8)), 1);
-      wa = _mm512_and_si512(v, m4);
-      wb = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
-    } else {
-      wa = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(pa + 8))),
-                              _mm256_loadu_si256(reinterpret_cast<const __m256i*>(pb + 8)), 1);
-      wb = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(pa + 40))),
-                              _mm256_loadu_si256(reinterpret_cast<const __m256i*>(pb + 40)), 1);
-    }
+    __m256i ua, ub, va, vb;
+    load_pair_u8<kL>(pa, ua, ub);
+    load_pair_u8<kL>(pb, va, vb);
+    const __m512i wa = _mm512_inserti64x4(_mm512_castsi256_si512(ua), va, 1);
+    const __m512i wb = _mm512_inserti64x4(_mm512_castsi256_si512(ub), vb, 1);
     for (int t = 0; t < kNT; ++t) {
       const float* x4 = xs + (t * np + p) * 4;  // dxA dxB sA sB
       const int8_t* xp = xq + (t * np + p) * 64;
@@ -84,26 +105,111 @@ void rq_row_pair(const uint8_t* w, size_t row_stride, int64_t np, const int8_t* 
   for (int t = 0; t < kNT; ++t) {
     y[t * ldy + ra] = hsum8(_mm512_castps512_ps256(acc[t])) + _mm256_cvtss_f32(summs[t]);
     if (store_b)
-      y[t * ldy + rb] = hsum8(_mm512_extractf32x8_ps(acc[t], 1)) +
-                        _mm_cvtss_f32(_mm256_extractf128_ps(summs[t], 1));
+      y[t * ldy + rb] = hsum8(_mm512_extractf32x8_ps(acc[t], 1)) + _mm_cvtss_f32(_mm256_extractf128_ps(summs[t], 1));
+  }
+}
+
+// 3-4 tokens (prefill tiles): the scale products dA dxA, dB dxB and the offsets are formed
+// 16 rows at a time (one multiply for 16 rows instead of one per row), then each row x
+// token accumulator takes its scale by an embedded broadcast. kR rows per tile.
+template <RqLayout kL, int kR, int kNT>
+inline void rq_tile_scaled(const uint8_t* w, size_t row_stride, int64_t np, const int8_t* xq, const int32_t* neg_xsum,
+                           const float* scales /* [np][kNT][2][16] */, int64_t r, int32_t lane, __m256 acc[kR][kNT]) {
+  constexpr size_t kPair = pair_bytes<kL>();
+  for (int i = 0; i < kR; ++i)
+    for (int t = 0; t < kNT; ++t) acc[i][t] = _mm256_setzero_ps();
+  for (int64_t p = 0; p < np; ++p) {
+    __m256i xa[kNT], xb[kNT];
+    for (int t = 0; t < kNT; ++t) {
+      xa[t] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + (t * np + p) * 64));
+      xb[t] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + (t * np + p) * 64 + 32));
+    }
+    const float* sp = scales + p * kNT * 32;
+    for (int i = 0; i < kR; ++i) {
+      __m256i ua, ub;
+      load_pair_u8<kL>(w + (r + i) * row_stride + p * kPair, ua, ub);
+      for (int t = 0; t < kNT; ++t) {
+        __m256i ia, ib;
+        if constexpr (kL == RqLayout::Eight) {
+          const int32_t* ns = neg_xsum + (t * np + p) * 16;
+          ia = _mm256_dpbusd_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(ns)), ua, xa[t]);
+          ib = _mm256_dpbusd_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(ns + 8)), ub, xb[t]);
+        } else {
+          ia = _mm256_dpbusd_epi32(_mm256_setzero_si256(), ua, xa[t]);
+          ib = _mm256_dpbusd_epi32(_mm256_setzero_si256(), ub, xb[t]);
+        }
+        acc[i][t] = _mm256_fmadd_ps(_mm256_set1_ps(sp[t * 32 + lane + i]), _mm256_cvtepi32_ps(ia), acc[i][t]);
+        acc[i][t] = _mm256_fmadd_ps(_mm256_set1_ps(sp[t * 32 + 16 + lane + i]), _mm256_cvtepi32_ps(ib), acc[i][t]);
+      }
+    }
+  }
+}
+
+template <RqLayout kL, int kNT>
+void rq_rows_scaled(const uint8_t* w, size_t rs, int64_t np, const int8_t* xq, const float* xs, const int32_t* neg_xsum,
+                    int64_t r0, int64_t r1, float* y, int64_t ldy) {
+  constexpr size_t kPair = pair_bytes<kL>();
+  thread_local std::vector<float> scales;
+  scales.resize(static_cast<size_t>(np * kNT * 32));
+  alignas(64) float offs[kNT * 16];
+  const __m512i row_off = _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
+                                             _mm512_set1_epi32(static_cast<int32_t>(rs)));
+  for (int64_t g0 = r0; g0 < r1; g0 += 16) {
+    const int64_t g1 = std::min(r1, g0 + 16);
+    const __mmask16 live = static_cast<__mmask16>((1u << (g1 - g0)) - 1);
+    __m512 sum[kNT];
+    for (int t = 0; t < kNT; ++t) sum[t] = _mm512_setzero_ps();
+    for (int64_t p = 0; p < np; ++p) {
+      // f16 dA | dB << 16 and mA | mB << 16 of each live row (masked: rows past r1 are never read)
+      const uint8_t* base = w + g0 * rs + p * kPair;
+      const __m512i dd = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), live, row_off, base, 1);
+      const __m512 da = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(dd));
+      const __m512 db = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(dd, 16)));
+      __m512 ma = _mm512_setzero_ps(), mb = _mm512_setzero_ps();
+      if constexpr (kL != RqLayout::Eight) {
+        const __m512i mm = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), live, row_off, base + 4, 1);
+        ma = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(mm));
+        mb = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(mm, 16)));
+      }
+      for (int t = 0; t < kNT; ++t) {
+        const float* x4 = xs + (t * np + p) * 4;
+        float* sp = scales.data() + (p * kNT + t) * 32;
+        _mm512_storeu_ps(sp, _mm512_mul_ps(da, _mm512_set1_ps(x4[0])));
+        _mm512_storeu_ps(sp + 16, _mm512_mul_ps(db, _mm512_set1_ps(x4[1])));
+        if constexpr (kL != RqLayout::Eight) {
+          sum[t] = _mm512_add_ps(sum[t], _mm512_mul_ps(ma, _mm512_set1_ps(x4[2])));
+          sum[t] = _mm512_add_ps(sum[t], _mm512_mul_ps(mb, _mm512_set1_ps(x4[3])));
+        }
+      }
+    }
+    for (int t = 0; t < kNT; ++t) _mm512_store_ps(offs + t * 16, sum[t]);
+    int64_t r = g0;
+    for (; r + 2 <= g1; r += 2) {
+      __m256 acc[2][kNT];
+      rq_tile_scaled<kL, 2, kNT>(w, rs, np, xq, neg_xsum, scales.data(), r, static_cast<int32_t>(r - g0), acc);
+      for (int i = 0; i < 2; ++i)
+        for (int t = 0; t < kNT; ++t) y[t * ldy + r + i] = hsum8(acc[i][t]) + offs[t * 16 + (r - g0) + i];
+    }
+    if (r < g1) {
+      __m256 acc[1][kNT];
+      rq_tile_scaled<kL, 1, kNT>(w, rs, np, xq, neg_xsum, scales.data(), r, static_cast<int32_t>(r - g0), acc);
+      for (int t = 0; t < kNT; ++t) y[t * ldy + r] = hsum8(acc[0][t]) + offs[t * 16 + (r - g0)];
+    }
   }
 }
 
 template <RqLayout kL, int kNT>
 void rq_rows(const uint8_t* w, size_t rs, int64_t np, const int8_t* xq, const float* xs, int64_t r0, int64_t r1,
              float* y, int64_t ldy) {
-  thread_local std::vector<int32_t> neg_xsum;  // Eight: -128 * (4-byte group sums of x), 16 per (token, pair)
-  if constexpr (kL == RqLayout::Eight) {
-    neg_xsum.resize(static_cast<size_t>(kNT * np * 16));
-    const __m512i ones = _mm512_set1_epi8(1);
-    for (int64_t i = 0; i < kNT * np; ++i) {
-      const __m512i s = _mm512_dpbusd_epi32(_mm512_setzero_si512(), ones, _mm512_loadu_si512(xq + i * 64));
-      _mm512_storeu_si512(neg_xsum.data() + i * 16, _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_slli_epi32(s, 7)));
-    }
+  thread_local std::vector<int32_t> neg_xsum;
+  if constexpr (kL == RqLayout::Eight) fill_neg_xsum(xq, kNT * np, neg_xsum);
+  if constexpr (kNT >= 3 && kL != RqLayout::Eight) {  // (Q8_0 has no offsets and runs faster in row pairs)
+    rq_rows_scaled<kL, kNT>(w, rs, np, xq, xs, neg_xsum.data(), r0, r1, y, ldy);
+  } else {
+    int64_t r = r0;
+    for (; r + 2 <= r1; r += 2) rq_row_pair<kL, kNT>(w, rs, np, xq, xs, neg_xsum.data(), r, r + 1, true, y, ldy);
+    if (r < r1) rq_row_pair<kL, kNT>(w, rs, np, xq, xs, neg_xsum.data(), r, r, false, y, ldy);
   }
-  int64_t r = r0;
-  for (; r + 2 <= r1; r += 2) rq_row_pair<kL, kNT>(w, rs, np, xq, xs, neg_xsum.data(), r, r + 1, true, y, ldy);
-  if (r < r1) rq_row_pair<kL, kNT>(w, rs, np, xq, xs, neg_xsum.data(), r, r, false, y, ldy);
 }
 
 template <RqLayout kL>

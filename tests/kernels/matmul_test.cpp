@@ -181,6 +181,8 @@ TEST_CASE("AVX-512 and AVX2 matmuls give the same bits for the 32-block types", 
         matmul(*packed, x.data(), n, y2.data(), pool, s, Isa::Avx2);
         matmul(*packed, x.data(), n, y5.data(), pool, s, Isa::Avx512);
         INFO("type " << dtype_traits(type).name << " rows " << rows << " tokens " << n);
+        for (size_t i = 0; i < y2.size(); ++i)
+          if (std::memcmp(&y2[i], &y5[i], 4)) WARN("elem " << i << " avx2 " << y2[i] << " avx512 " << y5[i]);
         REQUIRE(std::memcmp(y2.data(), y5.data(), y2.size() * sizeof(float)) == 0);
       }
     }
