@@ -1,7 +1,7 @@
 // Microbenchmark of the CPU attention tile: the blocked AVX2 body (attention_tile) beside
 // the one-key-at-a-time path it reproduces bit for bit (attention_tile_portable), for a
-// decode query (1 token, 3 query heads per KV head, as SmolLM2) and a prefill tile (4
-// tokens), over contexts of 128..2048 positions of a paged f16 cache, one thread.
+// decode query (1 token, 3 query heads per KV head, as SmolLM2) and prefill tiles (4
+// or 8 tokens), over contexts of 128..2048 positions of a paged f16 cache, one thread.
 // Usage: troupe_attention_bench
 #include <algorithm>
 #include <chrono>
@@ -29,7 +29,7 @@ int main() {
   std::iota(table.begin(), table.end(), 0);
   std::shuffle(table.begin(), table.end(), rng);
   std::printf("| queries | context | portable us/tile | blocked us/tile | speed-up | blocked GFLOP/s |\n|---:|---:|---:|---:|---:|---:|\n");
-  for (int32_t num : {1, 4}) {
+  for (int32_t num : {1, 4, 8}) {
     for (int32_t ctx : {128, 512, 2048}) {
       std::vector<int32_t> pos(static_cast<size_t>(num));
       std::iota(pos.begin(), pos.end(), ctx - num);
