@@ -81,6 +81,10 @@ void matmul(const PackedWeight& w, const float* x, int64_t n_tokens, float* y, T
   // Rows per task: small enough to balance, large enough to amortise activation reloads.
   constexpr int64_t kRowChunk = 16;
   const int64_t num_row_chunks = (w.rows + kRowChunk - 1) / kRowChunk;
+  // Batches (compute-bound) take row chunks a few at a time from a shared counter, so a
+  // thread that loses its core to another process does not hold up the whole matmul;
+  // decode (memory-bound) keeps one contiguous half per thread, which streams faster.
+  const int64_t chunks_per_task = n_tokens > kMaxTile ? 4 : (num_row_chunks + pool.size() - 1) / pool.size();
   switch (w.kind) {
     case PackKind::RQ4:
     case PackKind::RQ8: {
@@ -92,7 +96,7 @@ void matmul(const PackedWeight& w, const float* x, int64_t n_tokens, float* y, T
         a.scales.resize(static_cast<size_t>(n_tokens * w.num_pairs * 4));
       const ActQuantMode mode = ActQuantMode::for_weight(w.source_type);
       pool.parallel_for(n_tokens, [&](int64_t t0, int64_t t1) { quantize_activations(x, w.cols, a, t0, t1, mode); });
-      pool.parallel_for(num_row_chunks, [&](int64_t c0, int64_t c1) {
+      pool.parallel_for_chunks(num_row_chunks, chunks_per_task, [&](int64_t c0, int64_t c1) {
         const int64_t r0 = c0 * kRowChunk, r1 = std::min(w.rows, c1 * kRowChunk);
         for (int64_t rr = r0; rr < r1; rr += kRowChunk) {
           const int64_t re = std::min(r1, rr + kRowChunk);
@@ -112,7 +116,7 @@ void matmul(const PackedWeight& w, const float* x, int64_t n_tokens, float* y, T
       pool.parallel_for(n_tokens, [&](int64_t t0, int64_t t1) {
         for (int64_t t = t0; t < t1; ++t) quantize_row_ref(DType::Q8_K, x + t * w.cols, xa.data() + t * nb, w.cols);
       });
-      pool.parallel_for(num_row_chunks, [&](int64_t c0, int64_t c1) {
+      pool.parallel_for_chunks(num_row_chunks, chunks_per_task, [&](int64_t c0, int64_t c1) {
         const int64_t r0 = c0 * kRowChunk, r1 = std::min(w.rows, c1 * kRowChunk);
         for (int64_t t = 0; t < n_tokens; t += kMaxTile) {
           const int nt = static_cast<int>(std::min<int64_t>(kMaxTile, n_tokens - t));
@@ -122,7 +126,7 @@ void matmul(const PackedWeight& w, const float* x, int64_t n_tokens, float* y, T
       return;
     }
     default: {
-      pool.parallel_for(num_row_chunks, [&](int64_t c0, int64_t c1) {
+      pool.parallel_for_chunks(num_row_chunks, chunks_per_task, [&](int64_t c0, int64_t c1) {
         const int64_t r0 = c0 * kRowChunk, r1 = std::min(w.rows, c1 * kRowChunk);
         for (int64_t rr = r0; rr < r1; rr += kRowChunk) {
           const int64_t re = std::min(r1, rr + kRowChunk);

@@ -28,6 +28,10 @@ class ThreadPool {
   // Hands out items [0, n) one at a time from a shared counter: for items of very
   // different cost (causal attention tiles). Each item must write only its own outputs.
   void parallel_for_dynamic(int64_t n, const std::function<void(int64_t)>& fn);
+  // Hands out [0, n) in ranges of `grain` from a shared counter: fn(begin, end). For even
+  // work on a machine the pool shares with other threads (a server): a thread that loses
+  // its core for a while leaves its ranges to the others instead of stalling the region.
+  void parallel_for_chunks(int64_t n, int64_t grain, const std::function<void(int64_t, int64_t)>& fn);
 
  private:
   void worker(int index);
