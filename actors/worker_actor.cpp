@@ -1,6 +1,8 @@
 #include "actors/worker_actor.h"
 
 #include <chrono>
+#include <exception>
+#include <string>
 
 namespace troupe::actors {
 
@@ -72,11 +74,19 @@ worker_actor::behavior_type worker_fn(worker_actor::stateful_pointer<WorkerState
         auto& st = self->state;
         const auto t0 = std::chrono::steady_clock::now();
         LayersDone done;
-        if (auto ok = run_layers(st, s, done.logits); !ok) {
+        Status ok;
+        try {
+          ok = run_layers(st, s, done.logits);
+        } catch (const std::exception& e) {  // (bad_alloc, ...): this step fails, the worker lives on
+          ok = make_error(std::string("worker: ") + e.what());
+        }
+        if (!ok) {
           done.error = ok.error().message;
           done.logits.clear();
         } else if (!st.device->model->is_last_stage()) {
           s.hidden.swap(st.out);  // the step travels on with this stage's activations
+        } else {
+          s.hidden.clear();  // the last stage's answer carries logits, not the activations back
         }
         done.compute_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
         done.step = std::move(s);

@@ -13,9 +13,9 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
-#include <vector>
 
 #include "kernels/cpu/attention.h"
+#include "kernels/cpu/matmul.h"  // thread_scratch
 #include "kernels/cpu/ops.h"
 
 namespace troupe::cpu {
@@ -89,8 +89,13 @@ void exp_sub_row_avx2(float* x, int32_t n, float sub) {
   const auto* tab = reinterpret_cast<const long long*>(table.tab);
   const __m256 vs = _mm256_set1_ps(sub);
   int32_t i = 0;
+  const __m256 big = _mm256_set1_ps(88.0f);  // above this the table trick does not apply
   for (; i + 8 <= n; i += 8) {
     const __m256 v = _mm256_sub_ps(_mm256_loadu_ps(x + i), vs);
+    if (_mm256_movemask_ps(_mm256_cmp_ps(v, big, _CMP_GT_OQ))) {  // (never in a softmax: inputs <= 0)
+      for (int32_t j = i; j < i + 8; ++j) x[j] = std::exp(x[j] - sub);
+      continue;
+    }
     _mm_storeu_ps(x + i, expf4_from(_mm256_castps256_ps128(v), tab));
     _mm_storeu_ps(x + i + 4, expf4_from(_mm256_extractf128_ps(v, 1), tab));
   }
@@ -106,21 +111,26 @@ inline __m256 load_f16x8(const uint16_t* p) {
 }  // namespace
 
 void attention_tile_avx2(const AttentionTile& a) {
-  thread_local std::vector<float> qr, scores, kt, vf;  // kt: 8 K rows as f32
-  thread_local std::vector<uint16_t> qh;
   const int32_t hd = a.head_dim, G = a.group, nq = a.num * G;
   int32_t len = 0;
   for (int32_t i = 0; i < a.num; ++i) len = std::max(len, a.positions[i] + 1);
   const int32_t len8 = (len + kKeys - 1) / kKeys * kKeys;
+  // Scratch (thread_scratch: no std::vector code under AVX flags here): queries as f32 [nq, hd],
+  // scores [nq, len8], 8 K rows [8, hd], V rows [32, hd], an f16 row.
+  const size_t n_qr = static_cast<size_t>(nq) * hd, n_sc = static_cast<size_t>(nq) * len8;
+  const size_t n_kt = static_cast<size_t>(hd) * kKeys, n_vf = static_cast<size_t>(kVBlock) * hd;
+  const size_t n_qh = std::max(n_qr, static_cast<size_t>(len8));
+  auto round16 = [](size_t n) { return (n + 15) / 16 * 16; };  // floats: 64-byte boundaries
+  float* qr = static_cast<float*>(thread_scratch(2, (round16(n_qr) + round16(n_sc) + round16(n_kt) + round16(n_vf) +
+                                                     round16((n_qh + 1) / 2)) * sizeof(float)));
+  float* scores = qr + round16(n_qr);
+  float* kt = scores + round16(n_sc);
+  float* vf = kt + round16(n_kt);
+  auto* qh = reinterpret_cast<uint16_t*>(vf + round16(n_vf));
   // Queries rounded to f16 like the f16 keys they meet (as GGML does).
-  qh.resize(std::max<size_t>(static_cast<size_t>(nq) * hd, static_cast<size_t>(len8)));
-  qr.resize(static_cast<size_t>(nq) * hd);
   for (int32_t i = 0; i < a.num; ++i)
-    f32_to_f16_row(a.q + i * a.ld_q + int64_t{a.kv_head} * G * hd, qh.data() + int64_t{i} * G * hd, int64_t{G} * hd);
-  f16_to_f32_row(qh.data(), qr.data(), static_cast<int64_t>(qr.size()));
-  scores.resize(static_cast<size_t>(nq) * len8);
-  kt.resize(static_cast<size_t>(hd) * kKeys);
-  vf.resize(static_cast<size_t>(kVBlock) * hd);
+    f32_to_f16_row(a.q + i * a.ld_q + int64_t{a.kv_head} * G * hd, qh + int64_t{i} * G * hd, int64_t{G} * hd);
+  f16_to_f32_row(qh, qr, static_cast<int64_t>(n_qr));
   auto slot_of = [&](int32_t p) { return static_cast<int64_t>(a.block_table[p / a.block_size]) * a.block_size + p % a.block_size; };
   const uint16_t* k_head = a.k + int64_t{a.kv_head} * hd;
   const uint16_t* v_head = a.v + int64_t{a.kv_head} * hd;
@@ -131,7 +141,7 @@ void attention_tile_avx2(const AttentionTile& a) {
   for (int32_t p0 = 0; p0 < len; p0 += kKeys) {
     const int32_t nk = std::min(kKeys, len - p0);
     for (int32_t j = 0; j < kKeys; ++j) {
-      float* dst = kt.data() + int64_t{j} * hd;
+      float* dst = kt + int64_t{j} * hd;
       if (j < nk) {
         const uint16_t* src = k_head + slot_of(p0 + j) * a.row;
         for (int32_t c = 0; c < hd; c += 8) _mm256_storeu_ps(dst + c, load_f16x8(src + c));
@@ -143,18 +153,18 @@ void attention_tile_avx2(const AttentionTile& a) {
     for (int32_t i = 0; i < a.num; ++i) {
       if (a.positions[i] < p0) continue;
       for (int32_t g = 0; g < G; ++g) {
-        const float* qv = qr.data() + (int64_t{i} * G + g) * hd;
+        const float* qv = qr + (int64_t{i} * G + g) * hd;
         __m256 acc[8];
         for (int32_t j = 0; j < kKeys; ++j) acc[j] = _mm256_setzero_ps();
         for (int32_t c = 0; c < hd; c += 8) {
           const __m256 qc = _mm256_loadu_ps(qv + c);
           for (int32_t j = 0; j < kKeys; ++j)
-            acc[j] = _mm256_fmadd_ps(_mm256_loadu_ps(kt.data() + int64_t{j} * hd + c), qc, acc[j]);
+            acc[j] = _mm256_fmadd_ps(_mm256_loadu_ps(kt + int64_t{j} * hd + c), qc, acc[j]);
         }
         transpose8(acc);  // acc[l] = lane l of every key's accumulator
         const __m256 sum = _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(acc[0], acc[4]), _mm256_add_ps(acc[2], acc[6])),
                                          _mm256_add_ps(_mm256_add_ps(acc[1], acc[5]), _mm256_add_ps(acc[3], acc[7])));
-        _mm256_storeu_ps(scores.data() + static_cast<size_t>(i * G + g) * len8 + p0, _mm256_mul_ps(sum, scale));
+        _mm256_storeu_ps(scores + static_cast<size_t>(i * G + g) * len8 + p0, _mm256_mul_ps(sum, scale));
       }
     }
   }
@@ -163,7 +173,7 @@ void attention_tile_avx2(const AttentionTile& a) {
   for (int32_t i = 0; i < a.num; ++i) {
     const int32_t n = a.positions[i] + 1;
     for (int32_t g = 0; g < G; ++g) {
-      float* sc = scores.data() + static_cast<size_t>(i * G + g) * len8;
+      float* sc = scores + static_cast<size_t>(i * G + g) * len8;
       // The maximum, eight lanes at a time: max is exact, so the lane order cannot change it
       // (maxps keeps the running value on a NaN score, as std::max(mx, x) does).
       __m256 vmx = _mm256_set1_ps(-std::numeric_limits<float>::infinity());
@@ -179,9 +189,10 @@ void attention_tile_avx2(const AttentionTile& a) {
       for (int32_t p = 0; p < n; ++p) sum += sc[p];
       const float inv = static_cast<float>(1.0 / sum);
       for (int32_t p = 0; p < n; ++p) sc[p] *= inv;
-      f32_to_f16_row(sc, qh.data(), n);
-      f16_to_f32_row(qh.data(), sc, n);
-      std::fill_n(a.out + i * a.ld_out + (int64_t{a.kv_head} * G + g) * hd, hd, 0.0f);
+      f32_to_f16_row(sc, qh, n);
+      f16_to_f32_row(qh, sc, n);
+      float* o = a.out + i * a.ld_out + (int64_t{a.kv_head} * G + g) * hd;
+      for (int32_t c = 0; c < hd; c += 8) _mm256_storeu_ps(o + c, _mm256_setzero_ps());
     }
   }
 
@@ -190,20 +201,20 @@ void attention_tile_avx2(const AttentionTile& a) {
     const int32_t nv = std::min(kVBlock, len - p0);
     for (int32_t j = 0; j < nv; ++j) {
       const uint16_t* src = v_head + slot_of(p0 + j) * a.row;
-      for (int32_t c = 0; c < hd; c += 8) _mm256_storeu_ps(vf.data() + int64_t{j} * hd + c, load_f16x8(src + c));
+      for (int32_t c = 0; c < hd; c += 8) _mm256_storeu_ps(vf + int64_t{j} * hd + c, load_f16x8(src + c));
     }
     for (int32_t i = 0; i < a.num; ++i) {
       const int32_t end = std::min(nv, a.positions[i] + 1 - p0);
       if (end <= 0) continue;
       for (int32_t g = 0; g < G; ++g) {
-        const float* w = scores.data() + static_cast<size_t>(i * G + g) * len8 + p0;
+        const float* w = scores + static_cast<size_t>(i * G + g) * len8 + p0;
         float* o = a.out + i * a.ld_out + (int64_t{a.kv_head} * G + g) * hd;
         for (int32_t d0 = 0; d0 < hd; d0 += 64) {
           __m256 acc[8];
           for (int32_t l = 0; l < 8; ++l) acc[l] = _mm256_loadu_ps(o + d0 + 8 * l);
           for (int32_t j = 0; j < end; ++j) {
             const __m256 wj = _mm256_set1_ps(w[j]);
-            const float* vr = vf.data() + int64_t{j} * hd + d0;
+            const float* vr = vf + int64_t{j} * hd + d0;
             for (int32_t l = 0; l < 8; ++l) acc[l] = _mm256_fmadd_ps(wj, _mm256_loadu_ps(vr + 8 * l), acc[l]);
           }
           for (int32_t l = 0; l < 8; ++l) _mm256_storeu_ps(o + d0 + 8 * l, acc[l]);

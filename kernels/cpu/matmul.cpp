@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <new>
 
 #include "kernels/cpu/quant_ref.h"
 
@@ -66,6 +67,20 @@ const char* isa_name(Isa isa) {
   return "?";
 }
 
+void* thread_scratch(int slot, size_t bytes) {
+  struct Buffers {
+    AlignedBytes b[4];
+  };
+  thread_local Buffers bufs;
+  if (slot < 0 || slot >= 4) return nullptr;
+  AlignedBytes& a = bufs.b[slot];
+  if (a.size < bytes) {
+    a = AlignedBytes::allocate(std::max<size_t>(bytes, 2 * a.size));
+    if (!a.ptr) throw std::bad_alloc();  // the worker turns this into a failed step
+  }
+  return a.ptr.get();
+}
+
 const MatmulKernels& kernels_for(Isa isa) {
   switch (isa) {
     case Isa::Avx512: return avx512_kernels();
@@ -81,10 +96,14 @@ void matmul(const PackedWeight& w, const float* x, int64_t n_tokens, float* y, T
   // Rows per task: small enough to balance, large enough to amortise activation reloads.
   constexpr int64_t kRowChunk = 16;
   const int64_t num_row_chunks = (w.rows + kRowChunk - 1) / kRowChunk;
-  // Batches (compute-bound) take row chunks a few at a time from a shared counter, so a
-  // thread that loses its core to another process does not hold up the whole matmul;
-  // decode (memory-bound) keeps one contiguous half per thread, which streams faster.
-  const int64_t chunks_per_task = n_tokens > kMaxTile ? 4 : (num_row_chunks + pool.size() - 1) / pool.size();
+  // Batches (compute-bound) take row chunks a few at a time from a shared counter (at least
+  // two tasks per thread), so a thread that loses its core to another process does not hold
+  // up the whole matmul; decode (memory-bound) takes one contiguous 1/T share per task,
+  // which streams faster (a thread that finishes early may take a second share).
+  const int64_t threads = pool.size();
+  const int64_t chunks_per_task = n_tokens > kMaxTile
+                                      ? std::clamp<int64_t>(num_row_chunks / (2 * threads), 1, 4)
+                                      : (num_row_chunks + threads - 1) / threads;
   switch (w.kind) {
     case PackKind::RQ4:
     case PackKind::RQ8: {

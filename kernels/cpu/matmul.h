@@ -29,6 +29,12 @@ struct MatmulKernels {
 };
 const MatmulKernels& kernels_for(Isa isa);
 
+// Per-thread scratch for the SIMD kernels, at least `bytes` long, 64-byte aligned, valid
+// until the thread's next call (slot 0..3: independent buffers). Defined in the baseline
+// matmul.cpp so that no std::vector code is instantiated under AVX flags in the kernel
+// files (the linker could pick such a copy for code that must run on any x86-64).
+void* thread_scratch(int slot, size_t bytes);
+
 struct MatmulScratch {
   ActQ act;
   std::vector<BlockQ8_K> act_k;

@@ -1,6 +1,7 @@
 // AVX2 + FMA + F16C kernels (machines without AVX-512 VNNI).
 #include <immintrin.h>
 
+#include <cmath>
 #include <cstring>
 #include <type_traits>
 
@@ -166,7 +167,7 @@ void q6k_avx2(const uint8_t* w, size_t row_stride, int64_t nb, const BlockQ8_K* 
         int32_t corr = 0;
         for (int g = 0; g < 16; ++g) corr += b.scales[g] * xb.bsums[g];
         isum -= 32 * corr;
-        acc[t] += d * xb.d * static_cast<float>(isum);
+        acc[t] = std::fma(d * xb.d, static_cast<float>(isum), acc[t]);  // one rounding in both ISAs' files
       }
     }
     for (int t = 0; t < nt; ++t) y[t * ldy + r] = acc[t];
@@ -203,7 +204,7 @@ void flt_avx2(PackKind kind, const uint8_t* w, size_t row_stride, int64_t cols, 
         if (kind == PackKind::F16) { uint16_t h; std::memcpy(&h, row + 2 * k, 2); wk = f16_to_f32(h); }
         else if (kind == PackKind::BF16) { uint16_t h; std::memcpy(&h, row + 2 * k, 2); wk = bf16_to_f32(h); }
         else std::memcpy(&wk, row + 4 * k, 4);
-        s += wk * x[t * cols + k];
+        s = std::fma(wk, x[t * cols + k], s);
       }
       y[t * ldy + r] = s;
     }

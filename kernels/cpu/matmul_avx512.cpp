@@ -2,8 +2,8 @@
 #include <immintrin.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
-#include <vector>
 
 #include "kernels/cpu/matmul.h"
 #include "kernels/fp16.h"
@@ -43,13 +43,15 @@ inline void load_pair_u8(const uint8_t* pp, __m256i& a, __m256i& b) {
 }
 
 // -128 * (4-byte group sums of x), 16 per (token, pair): Q8_0's dot products start there.
-void fill_neg_xsum(const int8_t* xq, int64_t count, std::vector<int32_t>& out) {
-  out.resize(static_cast<size_t>(count * 16));
+// (Recomputed per call, i.e. per 16-row chunk: a few hundred instructions.)
+int32_t* fill_neg_xsum(const int8_t* xq, int64_t count) {
+  auto* out = static_cast<int32_t*>(thread_scratch(0, static_cast<size_t>(count) * 16 * sizeof(int32_t)));
   const __m512i ones = _mm512_set1_epi8(1);
   for (int64_t i = 0; i < count; ++i) {
     const __m512i s = _mm512_dpbusd_epi32(_mm512_setzero_si512(), ones, _mm512_loadu_si512(xq + i * 64));
-    _mm512_storeu_si512(out.data() + i * 16, _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_slli_epi32(s, 7)));
+    _mm512_storeu_si512(out + i * 16, _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_slli_epi32(s, 7)));
   }
+  return out;
 }
 
 // 1-2 tokens (decode), and Q8_0: two rows per zmm, lanes 0-7 row a, 8-15 row b; each half is the
@@ -149,8 +151,7 @@ template <RqLayout kL, int kNT>
 void rq_rows_scaled(const uint8_t* w, size_t rs, int64_t np, const int8_t* xq, const float* xs, const int32_t* neg_xsum,
                     int64_t r0, int64_t r1, float* y, int64_t ldy) {
   constexpr size_t kPair = pair_bytes<kL>();
-  thread_local std::vector<float> scales;
-  scales.resize(static_cast<size_t>(np * kNT * 32));
+  auto* scales = static_cast<float*>(thread_scratch(1, static_cast<size_t>(np) * kNT * 32 * sizeof(float)));
   alignas(64) float offs[kNT * 16];
   const __m512i row_off = _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
                                              _mm512_set1_epi32(static_cast<int32_t>(rs)));
@@ -173,7 +174,7 @@ void rq_rows_scaled(const uint8_t* w, size_t rs, int64_t np, const int8_t* xq, c
       }
       for (int t = 0; t < kNT; ++t) {
         const float* x4 = xs + (t * np + p) * 4;
-        float* sp = scales.data() + (p * kNT + t) * 32;
+        float* sp = scales + (p * kNT + t) * 32;
         _mm512_storeu_ps(sp, _mm512_mul_ps(da, _mm512_set1_ps(x4[0])));
         _mm512_storeu_ps(sp + 16, _mm512_mul_ps(db, _mm512_set1_ps(x4[1])));
         if constexpr (kL != RqLayout::Eight) {
@@ -186,13 +187,13 @@ void rq_rows_scaled(const uint8_t* w, size_t rs, int64_t np, const int8_t* xq, c
     int64_t r = g0;
     for (; r + 2 <= g1; r += 2) {
       __m256 acc[2][kNT];
-      rq_tile_scaled<kL, 2, kNT>(w, rs, np, xq, neg_xsum, scales.data(), r, static_cast<int32_t>(r - g0), acc);
+      rq_tile_scaled<kL, 2, kNT>(w, rs, np, xq, neg_xsum, scales, r, static_cast<int32_t>(r - g0), acc);
       for (int i = 0; i < 2; ++i)
         for (int t = 0; t < kNT; ++t) y[t * ldy + r + i] = hsum8(acc[i][t]) + offs[t * 16 + (r - g0) + i];
     }
     if (r < g1) {
       __m256 acc[1][kNT];
-      rq_tile_scaled<kL, 1, kNT>(w, rs, np, xq, neg_xsum, scales.data(), r, static_cast<int32_t>(r - g0), acc);
+      rq_tile_scaled<kL, 1, kNT>(w, rs, np, xq, neg_xsum, scales, r, static_cast<int32_t>(r - g0), acc);
       for (int t = 0; t < kNT; ++t) y[t * ldy + r] = hsum8(acc[0][t]) + offs[t * 16 + (r - g0)];
     }
   }
@@ -201,14 +202,14 @@ void rq_rows_scaled(const uint8_t* w, size_t rs, int64_t np, const int8_t* xq, c
 template <RqLayout kL, int kNT>
 void rq_rows(const uint8_t* w, size_t rs, int64_t np, const int8_t* xq, const float* xs, int64_t r0, int64_t r1,
              float* y, int64_t ldy) {
-  thread_local std::vector<int32_t> neg_xsum;
-  if constexpr (kL == RqLayout::Eight) fill_neg_xsum(xq, kNT * np, neg_xsum);
+  int32_t* neg_xsum = nullptr;
+  if constexpr (kL == RqLayout::Eight) neg_xsum = fill_neg_xsum(xq, kNT * np);
   if constexpr (kNT >= 3 && kL != RqLayout::Eight) {  // (Q8_0 has no offsets and runs faster in row pairs)
-    rq_rows_scaled<kL, kNT>(w, rs, np, xq, xs, neg_xsum.data(), r0, r1, y, ldy);
+    rq_rows_scaled<kL, kNT>(w, rs, np, xq, xs, neg_xsum, r0, r1, y, ldy);
   } else {
     int64_t r = r0;
-    for (; r + 2 <= r1; r += 2) rq_row_pair<kL, kNT>(w, rs, np, xq, xs, neg_xsum.data(), r, r + 1, true, y, ldy);
-    if (r < r1) rq_row_pair<kL, kNT>(w, rs, np, xq, xs, neg_xsum.data(), r, r, false, y, ldy);
+    for (; r + 2 <= r1; r += 2) rq_row_pair<kL, kNT>(w, rs, np, xq, xs, neg_xsum, r, r + 1, true, y, ldy);
+    if (r < r1) rq_row_pair<kL, kNT>(w, rs, np, xq, xs, neg_xsum, r, r, false, y, ldy);
   }
 }
 
@@ -280,7 +281,7 @@ void q6k_avx512(const uint8_t* w, size_t row_stride, int64_t nb, const BlockQ8_K
         int32_t corr = 0;
         for (int g = 0; g < 16; ++g) corr += b.scales[g] * xb.bsums[g];
         isum -= 32 * corr;
-        acc[t] += d * xb.d * static_cast<float>(isum);
+        acc[t] = std::fma(d * xb.d, static_cast<float>(isum), acc[t]);  // one rounding in both ISAs' files
       }
     }
     for (int t = 0; t < nt; ++t) y[t * ldy + r] = acc[t];
@@ -317,7 +318,7 @@ void flt_avx512(PackKind kind, const uint8_t* w, size_t row_stride, int64_t cols
         if (kind == PackKind::F16) { uint16_t h; std::memcpy(&h, row + 2 * k, 2); wk = f16_to_f32(h); }
         else if (kind == PackKind::BF16) { uint16_t h; std::memcpy(&h, row + 2 * k, 2); wk = bf16_to_f32(h); }
         else std::memcpy(&wk, row + 4 * k, 4);
-        s += wk * x[t * cols + k];
+        s = std::fma(wk, x[t * cols + k], s);
       }
       y[t * ldy + r] = s;
     }

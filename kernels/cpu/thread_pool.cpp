@@ -81,14 +81,8 @@ void ThreadPool::parallel_for(int64_t n, const std::function<void(int64_t, int64
 }
 
 void ThreadPool::parallel_for_dynamic(int64_t n, const std::function<void(int64_t)>& fn) {
-  if (n <= 0) return;
-  if (num_threads_ == 1 || n == 1) {
-    for (int64_t i = 0; i < n; ++i) fn(i);
-    return;
-  }
-  std::atomic<int64_t> next{0};
-  run([&](int, int) {
-    for (int64_t i = next.fetch_add(1, std::memory_order_relaxed); i < n; i = next.fetch_add(1, std::memory_order_relaxed)) fn(i);
+  parallel_for_chunks(n, 1, [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i) fn(i);
   });
 }
 

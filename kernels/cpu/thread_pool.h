@@ -1,7 +1,8 @@
 // A small fork-join pool for the CPU backend. Decode runs a few hundred parallel regions
 // per token, so workers spin briefly on an atomic generation counter before sleeping;
-// the calling thread takes part as worker 0. Work is split statically, so which thread
-// computes a row never changes a result (every row is computed the same way by anyone).
+// the calling thread takes part as worker 0. Work is split statically (parallel_for) or
+// handed out from a shared counter (parallel_for_dynamic / _chunks); either way which
+// thread computes a row never changes a result (every row is computed the same way by anyone).
 #pragma once
 #include <atomic>
 #include <condition_variable>

@@ -159,18 +159,20 @@ TEST_CASE("unpack_row reproduces the reference dequantizer", "[kernels][packed]"
   }
 }
 
-// The AVX-512 kernels for the 32-block types are the AVX2 kernels' arithmetic two rows per
-// register: the same bits, which keeps greedy output equal to llama.cpp's on either CPU.
-TEST_CASE("AVX-512 and AVX2 matmuls give the same bits for the 32-block types", "[kernels][matmul]") {
+// The AVX-512 kernels for the 32-block types are the AVX2 kernels' arithmetic (two rows per
+// register, or scales formed 16 rows at a time): the same bits, which keeps greedy output
+// equal to llama.cpp's on either CPU. Q6_K's integer sums are exact in both, then one fma.
+TEST_CASE("AVX-512 and AVX2 matmuls give the same bits for the 32-block types and Q6_K", "[kernels][matmul]") {
   if (detect_isa() < Isa::Avx512) {
     WARN("skipped: this CPU (or TROUPE_CPU_ISA) has no AVX-512 VNNI, nothing to compare");
     return;
   }
   std::mt19937 rng(23);
-  for (DType type : {DType::Q4_0, DType::Q4_1, DType::Q5_0, DType::Q5_1, DType::Q8_0}) {
+  for (DType type : {DType::Q4_0, DType::Q4_1, DType::Q5_0, DType::Q5_1, DType::Q8_0, DType::Q6_K}) {
     for (int64_t rows : {1, 2, 7, 33}) {
       for (int64_t n : {1, 2, 3, 4, 6, 9}) {
-        const int64_t cols = 32 * 11;  // an odd number of 32-blocks: the last pair is half empty
+        // 32-block types: an odd number of blocks, the last pair half empty; Q6_K: 3 super-blocks
+        const int64_t cols = type == DType::Q6_K ? 256 * 3 : 32 * 11;
         auto w = test::random_weight(type, rows, cols, rng);
         auto x = test::random_floats(static_cast<size_t>(n * cols), rng);
         auto packed = pack_weight(type, rows, cols, w.data());
