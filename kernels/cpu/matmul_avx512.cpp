@@ -67,6 +67,12 @@ void rq_row_pair(const uint8_t* w, size_t row_stride, int64_t np, const int8_t* 
   for (int t = 0; t < kNT; ++t) { acc[t] = _mm512_setzero_ps(); summs[t] = _mm256_setzero_ps(); }
   const uint8_t* row_a = w + ra * row_stride;
   const uint8_t* row_b = w + rb * row_stride;
+  // Two short rows read side by side do not look like a stream to the hardware prefetchers:
+  // fetch the pair after next explicitly (prefetches never fault, even past the last row).
+  if constexpr (kNT <= 2) {
+    const char* ahead = reinterpret_cast<const char*>(w + (ra + 4) * row_stride);
+    for (size_t o = 0; o < 2 * row_stride; o += 64) _mm_prefetch(ahead + o, _MM_HINT_T0);
+  }
   for (int64_t p = 0; p < np; ++p) {
     const uint8_t* pa = row_a + p * kPair;
     const uint8_t* pb = row_b + p * kPair;
