@@ -762,6 +762,12 @@ def t_disconnect():
                                         failures.append(f"{label}: the victim never showed up as waiting")
                                 v.close()
                                 t_close = time.time()
+                                if phase == "queued_immediate":
+                                    # The victim may not have reached the scheduler yet (still being read
+                                    # or tokenized), so "0 waiting" below could hold before it was ever
+                                    # queued; give its submission and its cancel time to land while the
+                                    # blockers still hold both slots.
+                                    time.sleep(0.3)
                                 m, gone = wait_metric(port, lambda m: m["troupe:num_requests_waiting"] == 0, 5)
                                 if not gone:
                                     failures.append(f"{label}: victim still waiting 5 s after its client left "
