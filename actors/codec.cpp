@@ -46,6 +46,7 @@ void write_sampling(schema::SamplingParams::Builder s, const SamplingParams& sp)
   s.setFrequencyPenalty(sp.frequency_penalty);
   s.setSeed(sp.seed);
   s.setLogprobs(sp.logprobs);
+  s.setReportLogprob(sp.report_logprob);
   auto lb = s.initLogitBias(static_cast<unsigned>(sp.logit_bias.size()));
   unsigned i = 0;
   for (const auto& [tok, bias] : sp.logit_bias) {
@@ -66,6 +67,7 @@ SamplingParams read_sampling(schema::SamplingParams::Reader s) {
   sp.frequency_penalty = s.getFrequencyPenalty();
   sp.seed = s.getSeed();
   sp.logprobs = s.getLogprobs();
+  sp.report_logprob = s.getReportLogprob();
   for (auto e : s.getLogitBias()) sp.logit_bias[e.getToken()] = e.getBias();
   return sp;
 }

@@ -167,7 +167,7 @@ namespace troupe {
 TROUPE_INSPECT(TokenLogprob, x.token, x.logprob)
 TROUPE_INSPECT(SampleResult, x.token, x.logprob, x.top)
 TROUPE_INSPECT(SamplingParams, x.temperature, x.top_k, x.top_p, x.min_p, x.repetition_penalty, x.presence_penalty,
-               x.frequency_penalty, x.logit_bias, x.seed, x.logprobs)
+               x.frequency_penalty, x.logit_bias, x.seed, x.logprobs, x.report_logprob)
 }  // namespace troupe
 
 namespace troupe::actors {

@@ -50,12 +50,15 @@ SampleResult Sampler::sample(const float* logits) {
   // counts as -inf everywhere.
   const float neg_inf = -std::numeric_limits<float>::infinity();
   auto raw = [&](int32_t i) { return std::isnan(logits[i]) ? neg_inf : logits[i]; };
-  // Log-softmax of the raw logits for reporting.
-  float mx = neg_inf;
-  for (int32_t i = 0; i < n; ++i) mx = std::max(mx, raw(i));
-  double z = 0;
-  for (int32_t i = 0; i < n; ++i) z += std::exp(raw(i) - mx);  // float exp, double sum: ample for a log-probability
-  const float log_z = mx + static_cast<float>(std::log(z));
+  // Log-softmax of the raw logits for reporting (only when asked for: a pass over the vocabulary).
+  float log_z = 0;
+  if (p_.report_logprob || p_.logprobs > 0) {
+    float mx = neg_inf;
+    for (int32_t i = 0; i < n; ++i) mx = std::max(mx, raw(i));
+    double z = 0;
+    for (int32_t i = 0; i < n; ++i) z += std::exp(raw(i) - mx);  // float exp, double sum: ample for a log-probability
+    log_z = mx + static_cast<float>(std::log(z));
+  }
 
   work_.resize(static_cast<size_t>(n));
   for (int32_t i = 0; i < n; ++i) work_[i] = raw(i);
@@ -160,7 +163,7 @@ SampleResult Sampler::sample(const float* logits) {
     }
   }
   res.token = chosen;
-  res.logprob = raw(chosen) - log_z;
+  res.logprob = p_.report_logprob || p_.logprobs > 0 ? raw(chosen) - log_z : 0.0f;
   if (p_.logprobs > 0) {
     std::vector<int32_t> order(static_cast<size_t>(n));
     std::iota(order.begin(), order.end(), 0);

@@ -24,6 +24,9 @@ struct SamplingParams {
   std::unordered_map<int32_t, float> logit_bias;
   uint64_t seed = 0;
   int32_t logprobs = 0;  // number of top alternatives to report (0: chosen token only)
+  // The chosen token's log-probability (a log-softmax over the whole vocabulary); off when
+  // nobody asked for logprobs: SampleResult::logprob is then 0 and the pass is skipped.
+  bool report_logprob = true;
 
   // Range, NaN and vocabulary checks; the error names the parameter.
   Status validate(int32_t vocab_size) const;

@@ -16,6 +16,7 @@ struct SamplingParams {
   seed @7 :UInt64;
   logprobs @8 :Int32;
   logitBias @9 :List(LogitBias);
+  reportLogprob @10 :Bool = true;   # the chosen token's log-probability (off: skipped, reported as 0)
   struct LogitBias {
     token @0 :Int32;
     bias @1 :Float32;

@@ -409,6 +409,7 @@ std::variant<GenerationRequest, ApiError> parse_generation(std::string_view body
     parse_sampling(o, r.sampling);
     parse_logprobs(o, lim, r);
     r.sampling.logprobs = r.top_logprobs;
+    r.sampling.report_logprob = r.logprobs;  // no log-softmax pass per token unless asked for
     parse_stop(o, lim, r);
     parse_logit_bias(o, lim, r.sampling);
     parse_seed(o, r);

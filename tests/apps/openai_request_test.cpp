@@ -264,6 +264,8 @@ TEST_CASE("logprobs: completions int, chat bool + top_logprobs", "[api]") {
   CHECK(r.logprobs);
   CHECK(r.top_logprobs == 5);
   CHECK(r.sampling.logprobs == 5);
+  CHECK(r.sampling.report_logprob);
+  CHECK(!ok(comp()).sampling.report_logprob);  // nobody asked: the sampler skips the log-softmax
   r = ok(comp(R"("logprobs":0)"));
   CHECK(r.logprobs);
   CHECK(r.top_logprobs == 0);
@@ -277,6 +279,7 @@ TEST_CASE("logprobs: completions int, chat bool + top_logprobs", "[api]") {
   CHECK(r.sampling.logprobs == 3);
   r = ok(chat(R"("logprobs":true)"), true);
   CHECK(r.logprobs);
+  CHECK(r.sampling.report_logprob);
   CHECK(r.top_logprobs == 0);
   CHECK(!ok(chat(R"("logprobs":false)"), true).logprobs);
   bad(chat(R"("logprobs":5)"), "logprobs", true);

@@ -76,6 +76,29 @@ int32_t greedy_pick(SamplingParams p, const std::vector<float>& logits, const st
 
 }  // namespace
 
+TEST_CASE("without report_logprob the same token is drawn and no log-probability is formed", "[sampler]") {
+  for (float temp : {0.0f, 0.8f}) {
+    SamplingParams with = greedy(), without = greedy();
+    with.temperature = without.temperature = temp;
+    with.seed = without.seed = 42;
+    without.report_logprob = false;
+    Sampler a(with, static_cast<int32_t>(kLogits.size())), b(without, static_cast<int32_t>(kLogits.size()));
+    for (int i = 0; i < 20; ++i) {
+      const SampleResult ra = a.sample(kLogits.data()), rb = b.sample(kLogits.data());
+      REQUIRE(ra.token == rb.token);
+      a.accept(ra.token);
+      b.accept(rb.token);
+      CHECK(ra.logprob < 0);
+      CHECK(rb.logprob == 0);
+    }
+    without.logprobs = 2;  // alternatives asked for: the log-softmax is formed anyway
+    Sampler c(without, static_cast<int32_t>(kLogits.size()));
+    const SampleResult rc = c.sample(kLogits.data());
+    CHECK(rc.logprob < 0);
+    CHECK(rc.top.size() == 2);
+  }
+}
+
 TEST_CASE("greedy picks the argmax, lowest id on ties", "[sampler]") {
   CHECK(draw(greedy(), kLogits, 5) == std::vector<int32_t>(5, 4));
   CHECK(draw(greedy(), {1.0f, 3.0f, 3.0f, 2.0f}, 1)[0] == 1);
