@@ -14,15 +14,20 @@ namespace troupe::cpu {
 void attention_tile_avx2(const AttentionTile& a);  // attention_avx2.cpp: same bits, head_dim % 64 == 0
 void exp_sub_row_avx2(float* x, int32_t n, float sub);
 
+namespace {
+bool has_avx2() {  // the AVX2 bodies also need FMA and F16C, which detect_isa() requires for avx2
+  static const bool v = detect_isa() != Isa::Scalar;
+  return v;
+}
+}  // namespace
+
 void exp_sub_row(float* x, int32_t n, float sub) {
-  static const bool has_avx2 = detect_isa() != Isa::Scalar;
-  if (has_avx2) return exp_sub_row_avx2(x, n, sub);
+  if (has_avx2()) return exp_sub_row_avx2(x, n, sub);
   for (int32_t i = 0; i < n; ++i) x[i] = std::exp(x[i] - sub);
 }
 
 void attention_tile(const AttentionTile& a) {
-  static const bool has_avx2 = detect_isa() != Isa::Scalar;
-  if (has_avx2 && a.head_dim % 64 == 0) return attention_tile_avx2(a);
+  if (has_avx2() && a.head_dim % 64 == 0) return attention_tile_avx2(a);
   attention_tile_portable(a);
 }
 
