@@ -12,11 +12,16 @@
 namespace troupe::cpu {
 
 void attention_tile_avx2(const AttentionTile& a);  // attention_avx2.cpp: same bits, head_dim % 64 == 0
+void attention_tile_avx512(const AttentionTile& a);  // attention_avx512.cpp: same bits, head_dim % 64 == 0
 void exp_sub_row_avx2(float* x, int32_t n, float sub);
 
 namespace {
 bool has_avx2() {  // the AVX2 bodies also need FMA and F16C, which detect_isa() requires for avx2
   static const bool v = detect_isa() != Isa::Scalar;
+  return v;
+}
+bool has_avx512() {
+  static const bool v = detect_isa() >= Isa::Avx512;
   return v;
 }
 }  // namespace
@@ -27,6 +32,7 @@ void exp_sub_row(float* x, int32_t n, float sub) {
 }
 
 void attention_tile(const AttentionTile& a) {
+  if (has_avx512() && a.head_dim % 64 == 0) return attention_tile_avx512(a);
   if (has_avx2() && a.head_dim % 64 == 0) return attention_tile_avx2(a);
   attention_tile_portable(a);
 }

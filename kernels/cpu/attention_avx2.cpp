@@ -15,6 +15,7 @@
 #include <limits>
 
 #include "kernels/cpu/attention.h"
+#include "kernels/cpu/attention_simd.h"
 #include "kernels/cpu/matmul.h"  // thread_scratch
 #include "kernels/cpu/ops.h"
 
@@ -23,26 +24,6 @@ namespace {
 
 constexpr int kKeys = 8;    // keys scored at once (one lane each after the transpose)
 constexpr int kVBlock = 32; // V rows converted at once for P·V
-
-// In-place 8x8 transpose of r[0..7].
-inline void transpose8(__m256 r[8]) {
-  const __m256 t0 = _mm256_unpacklo_ps(r[0], r[1]), t1 = _mm256_unpackhi_ps(r[0], r[1]);
-  const __m256 t2 = _mm256_unpacklo_ps(r[2], r[3]), t3 = _mm256_unpackhi_ps(r[2], r[3]);
-  const __m256 t4 = _mm256_unpacklo_ps(r[4], r[5]), t5 = _mm256_unpackhi_ps(r[4], r[5]);
-  const __m256 t6 = _mm256_unpacklo_ps(r[6], r[7]), t7 = _mm256_unpackhi_ps(r[6], r[7]);
-  const __m256 s0 = _mm256_shuffle_ps(t0, t2, 0x44), s1 = _mm256_shuffle_ps(t0, t2, 0xEE);
-  const __m256 s2 = _mm256_shuffle_ps(t1, t3, 0x44), s3 = _mm256_shuffle_ps(t1, t3, 0xEE);
-  const __m256 s4 = _mm256_shuffle_ps(t4, t6, 0x44), s5 = _mm256_shuffle_ps(t4, t6, 0xEE);
-  const __m256 s6 = _mm256_shuffle_ps(t5, t7, 0x44), s7 = _mm256_shuffle_ps(t5, t7, 0xEE);
-  r[0] = _mm256_permute2f128_ps(s0, s4, 0x20);
-  r[1] = _mm256_permute2f128_ps(s1, s5, 0x20);
-  r[2] = _mm256_permute2f128_ps(s2, s6, 0x20);
-  r[3] = _mm256_permute2f128_ps(s3, s7, 0x20);
-  r[4] = _mm256_permute2f128_ps(s0, s4, 0x31);
-  r[5] = _mm256_permute2f128_ps(s1, s5, 0x31);
-  r[6] = _mm256_permute2f128_ps(s2, s6, 0x31);
-  r[7] = _mm256_permute2f128_ps(s3, s7, 0x31);
-}
 
 // expf(x) for 8 floats with the same bits as glibc's expf on FMA machines (__expf_fma,
 // glibc 2.28+: the Arm optimized-routines algorithm -- k = round(x * 32 / ln 2), a 32-entry
@@ -161,10 +142,8 @@ void attention_tile_avx2(const AttentionTile& a) {
           for (int32_t j = 0; j < kKeys; ++j)
             acc[j] = _mm256_fmadd_ps(_mm256_loadu_ps(kt + int64_t{j} * hd + c), qc, acc[j]);
         }
-        transpose8(acc);  // acc[l] = lane l of every key's accumulator
-        const __m256 sum = _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(acc[0], acc[4]), _mm256_add_ps(acc[2], acc[6])),
-                                         _mm256_add_ps(_mm256_add_ps(acc[1], acc[5]), _mm256_add_ps(acc[3], acc[7])));
-        _mm256_storeu_ps(scores + static_cast<size_t>(i * G + g) * len8 + p0, _mm256_mul_ps(sum, scale));
+        simd::transpose8(acc);  // acc[l] = lane l of every key's accumulator
+        _mm256_storeu_ps(scores + static_cast<size_t>(i * G + g) * len8 + p0, _mm256_mul_ps(simd::reduce8_lanes(acc), scale));
       }
     }
   }

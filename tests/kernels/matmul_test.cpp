@@ -169,7 +169,7 @@ TEST_CASE("AVX-512 and AVX2 matmuls give the same bits for the 32-block types an
   }
   std::mt19937 rng(23);
   for (DType type : {DType::Q4_0, DType::Q4_1, DType::Q5_0, DType::Q5_1, DType::Q8_0, DType::Q6_K}) {
-    for (int64_t rows : {1, 2, 7, 33}) {
+    for (int64_t rows : {1, 2, 7, 33, 67}) {
       for (int64_t n : {1, 2, 3, 4, 6, 9}) {
         // 32-block types: an odd number of blocks, the last pair half empty; Q6_K: 3 super-blocks
         const int64_t cols = type == DType::Q6_K ? 256 * 3 : 32 * 11;
