@@ -1,4 +1,5 @@
-// Microbenchmark of the CPU attention tile: the blocked AVX2 body (attention_tile) beside
+// Microbenchmark of the CPU attention tile: the body attention_tile dispatches to (AVX-512
+// where the CPU has it, else the blocked AVX2 one; TROUPE_CPU_ISA=avx2 picks AVX2) beside
 // the one-key-at-a-time path it reproduces bit for bit (attention_tile_portable), for a
 // decode query (1 token, 3 query heads per KV head, as SmolLM2) and prefill tiles (4
 // or 8 tokens), over contexts of 128..2048 positions of a paged f16 cache, one thread.

@@ -24,6 +24,12 @@ namespace {
 
 constexpr int kKeys = 8;    // keys scored at once (one lane each after the transpose)
 constexpr int kVBlock = 32; // V rows converted at once for P·V
+constexpr int32_t kAhead = 32;  // rows prefetched ahead (into L2), as in attention_avx512.cpp
+
+inline void prefetch_l2(const uint16_t* p, int32_t bytes) {
+  const char* c = reinterpret_cast<const char*>(p);
+  for (int32_t o = 0; o < bytes; o += 64) _mm_prefetch(c + o, _MM_HINT_T1);
+}
 
 // expf(x) for 8 floats with the same bits as glibc's expf on FMA machines (__expf_fma,
 // glibc 2.28+: the Arm optimized-routines algorithm -- k = round(x * 32 / ln 2), a 32-entry
@@ -119,8 +125,14 @@ void attention_tile_avx2(const AttentionTile& a) {
   // Scores, eight keys per pass: per query row one 8-lane accumulator per key (lane l sums
   // dims l, l+8, ... like dot_f32's), then an 8x8 transpose so that dot_f32's reduction
   // ((a0+a4)+(a2+a6)) + ((a1+a5)+(a3+a7)) runs for the eight keys at once.
+  // This head's part of each cache row to the row's end: the later KV heads' passes come
+  // next on this core (one task per sequence tile, cpu_backend.cpp).
+  const int32_t row_bytes = static_cast<int32_t>((a.row - int64_t{a.kv_head} * hd) * 2);
+  for (int32_t p = 0; p < std::min(len, kAhead); ++p) prefetch_l2(k_head + slot_of(p) * a.row, row_bytes);
   for (int32_t p0 = 0; p0 < len; p0 += kKeys) {
     const int32_t nk = std::min(kKeys, len - p0);
+    for (int32_t p = p0 + kAhead; p < std::min(len, p0 + kAhead + kKeys); ++p)
+      prefetch_l2(k_head + slot_of(p) * a.row, row_bytes);
     for (int32_t j = 0; j < kKeys; ++j) {
       float* dst = kt + int64_t{j} * hd;
       if (j < nk) {
@@ -176,8 +188,11 @@ void attention_tile_avx2(const AttentionTile& a) {
   }
 
   // P·V: 64 output dims in registers, keys in order.
+  for (int32_t p = 0; p < std::min(len, kAhead); ++p) prefetch_l2(v_head + slot_of(p) * a.row, row_bytes);
   for (int32_t p0 = 0; p0 < len; p0 += kVBlock) {
     const int32_t nv = std::min(kVBlock, len - p0);
+    for (int32_t p = p0 + kAhead; p < std::min(len, p0 + kAhead + kVBlock); ++p)
+      prefetch_l2(v_head + slot_of(p) * a.row, row_bytes);
     for (int32_t j = 0; j < nv; ++j) {
       const uint16_t* src = v_head + slot_of(p0 + j) * a.row;
       for (int32_t c = 0; c < hd; c += 8) _mm256_storeu_ps(vf + int64_t{j} * hd + c, load_f16x8(src + c));
