@@ -262,6 +262,7 @@ void write_stage_step(schema::StageStep::Builder msg, const actors::StageStep& x
   }
   put(msg.initReleased(n(x.released.size())), x.released);
   put(msg.initHidden(n(x.hidden.size())), x.hidden);
+  msg.setComputeSeconds(x.compute_seconds);
 }
 
 actors::StageStep read_stage_step(schema::StageStep::Reader msg) {
@@ -280,6 +281,7 @@ actors::StageStep read_stage_step(schema::StageStep::Reader msg) {
     x.new_seqs.push_back({s.getSeqId(), read_sampling(s.getSampling()), get<int32_t>(s.getPrompt())});
   x.released = get<int64_t>(msg.getReleased());
   x.hidden = get<float>(msg.getHidden());
+  x.compute_seconds = msg.getComputeSeconds();
   return x;
 }
 
@@ -373,6 +375,8 @@ Bytes encode(const actors::EngineStats& x) {
   msg.setSteps(x.steps);
   msg.setHeartbeatAgeSeconds(x.heartbeat_age_seconds);
   msg.setFailure(x.failure);
+  msg.setStepSeconds(x.step_seconds);
+  msg.setComputeSeconds(x.compute_seconds);
   return to_bytes(m);
 }
 
@@ -393,6 +397,8 @@ Result<actors::EngineStats> decode_engine_stats(const Bytes& b) {
     x.steps = msg.getSteps();
     x.heartbeat_age_seconds = msg.getHeartbeatAgeSeconds();
     x.failure = msg.getFailure();
+    x.step_seconds = msg.getStepSeconds();
+    x.compute_seconds = msg.getComputeSeconds();
     return x;
   });
 }

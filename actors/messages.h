@@ -62,6 +62,7 @@ struct StageStep {
   std::vector<NewSeqSampling> new_seqs;
   std::vector<int64_t> released;   // sequences whose sampler state can go
   std::vector<float> hidden;
+  double compute_seconds = 0;      // the earlier stages' layers, summed
 };
 
 // A worker's answer to a StageStep: the step back, carrying this stage's activations in
@@ -100,6 +101,10 @@ struct EngineStats {
   uint64_t most_plans_in_flight = 0;  // pipeline: the most step plans in flight at once so far
   double heartbeat_age_seconds = 0;
   std::string failure;  // non-empty once a step has failed
+  // Summed over finished steps: wall time from sending the plan to its result, and the time
+  // spent computing (every stage's layers, and the sampling). With one stage the difference
+  // is what the actor hops cost.
+  double step_seconds = 0, compute_seconds = 0;
 };
 
 struct StatsQuery {};
@@ -177,14 +182,15 @@ TROUPE_INSPECT(CancelSeqs, x.seq_ids)
 TROUPE_INSPECT(SeqEvent, x.seq_id, x.token, x.logprob, x.top, x.finished, x.hit_stop, x.queue_seconds, x.error)
 TROUPE_INSPECT(NewSeqSampling, x.seq_id, x.sampling, x.prompt)
 TROUPE_INSPECT(StageStep, x.step_no, x.token_ids, x.positions, x.query_start, x.context_lens, x.slot_mapping,
-               x.block_tables, x.logit_rows, x.logit_seq, x.max_blocks_per_seq, x.new_seqs, x.released, x.hidden)
+               x.block_tables, x.logit_rows, x.logit_seq, x.max_blocks_per_seq, x.new_seqs, x.released, x.hidden,
+               x.compute_seconds)
 TROUPE_INSPECT(LayersDone, x.step, x.logits, x.compute_seconds, x.error)
 TROUPE_INSPECT(SampledToken, x.seq_id, x.result)
 TROUPE_INSPECT(StepDone, x.step_no, x.sampled, x.compute_seconds)
 TROUPE_INSPECT(StepFailed, x.step_no, x.error)
 TROUPE_INSPECT(EngineStats, x.num_running, x.num_waiting, x.kv_blocks, x.kv_free, x.prefix_queries, x.prefix_hits,
                x.prompt_tokens, x.generation_tokens, x.computed_prompt_tokens, x.preemptions, x.steps,
-               x.heartbeat_age_seconds, x.failure)
+               x.most_plans_in_flight, x.heartbeat_age_seconds, x.failure, x.step_seconds, x.compute_seconds)
 TROUPE_INSPECT(EncodeText, x.text, x.add_special, x.parse_special)
 TROUPE_INSPECT(EncodeChat, x.roles, x.contents, x.add_generation_prompt)
 TROUPE_INSPECT(DecodeTokens, x.ids)

@@ -95,6 +95,7 @@ void maybe_step(self_ptr self) {
       st.stats.computed_prompt_tokens += std::max(0, std::min(q.num_computed + q.num_new, prompt_len) - q.num_computed);
     }
     st.plans.emplace(step.step_no, std::move(plan));
+    st.sent[step.step_no] = now;
     st.most_in_flight = std::max(st.most_in_flight, st.plans.size());
     self->send(st.first_stage, std::move(step), actor_cast<step_sink_actor>(self));
   }
@@ -107,6 +108,11 @@ void on_step_done(self_ptr self, StepDone& done) {
   const StepPlan plan = std::move(pit->second);
   st.plans.erase(pit);
   ++st.stats.steps;
+  if (auto sit = st.sent.find(done.step_no); sit != st.sent.end()) {
+    st.stats.step_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - sit->second).count();
+    st.stats.compute_seconds += done.compute_seconds;
+    st.sent.erase(sit);
+  }
   std::vector<int32_t> sampled;
   sampled.reserve(done.sampled.size());
   for (const auto& s : done.sampled) sampled.push_back(s.result.token);
@@ -148,6 +154,7 @@ void on_step_failed(self_ptr self, const StepFailed& f) {
   auto& st = self->state;
   if (!st.plans.count(f.step_no)) return;
   st.plans.clear();  // results of the others are ignored
+  st.sent.clear();
   st.stats.failure = f.error;
   // Every sequence ends with the error; their blocks return to the pool.
   for (auto& [id, info] : st.seqs) {

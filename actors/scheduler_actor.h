@@ -81,6 +81,7 @@ struct SchedulerState {
   std::map<int64_t, SeqInfo> seqs;
   std::vector<int64_t> released;
   std::map<uint64_t, StepPlan> plans;  // the plans in flight, by step number
+  std::map<uint64_t, std::chrono::steady_clock::time_point> sent;  // when each was sent
   uint64_t step_no = 0;
   size_t most_in_flight = 0;           // the largest number of plans in flight so far
   EngineStats stats;

@@ -49,6 +49,7 @@ stage_actor::behavior_type stage_fn(stage_actor::stateful_pointer<StageState> se
                     return;
                   }
                   if (!st.is_last) {
+                    d.step.compute_seconds += d.compute_seconds;
                     self->send(st.next, std::move(d.step), sink);
                     return;
                   }
@@ -58,8 +59,8 @@ stage_actor::behavior_type stage_fn(stage_actor::stateful_pointer<StageState> se
                     self->send(sink, StepFailed{step_no, done.error().message});
                     return;
                   }
-                  done->compute_seconds =
-                      d.compute_seconds + std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+                  done->compute_seconds = d.step.compute_seconds + d.compute_seconds +
+                                          std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
                   self->send(sink, std::move(*done));
                 },
                 [=](caf::error& e) {

@@ -133,6 +133,7 @@ struct StageStep {
   newSeqs @10 :List(SeqSampling);
   released @11 :List(Int64);
   hidden @12 :List(Float32);   # [numTokens, hidden] between stages; empty into the first
+  computeSeconds @13 :Float64; # the earlier stages' layer time, summed
 }
 
 # A worker actor's answer to a StageStep: the step back with this stage's activations in
@@ -160,6 +161,8 @@ struct EngineStats {
   heartbeatAgeSeconds @11 :Float64;
   failure @12 :Text;
   mostPlansInFlight @13 :UInt64;
+  stepSeconds @14 :Float64;
+  computeSeconds @15 :Float64;
 }
 
 struct KvStats {

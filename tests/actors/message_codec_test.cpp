@@ -108,9 +108,11 @@ TEST_CASE("codec: StageStep with activations round-trips", "[codec]") {
   std::mt19937 rng(3);
   std::normal_distribution<float> nd;
   for (auto& h : s.hidden) h = nd(rng);
+  s.compute_seconds = 0.125;
   auto d = codec::decode_stage_step(codec::encode(s));
   REQUIRE(d.ok());
   REQUIRE(d->step_no == 77);
+  REQUIRE(d->compute_seconds == 0.125);
   REQUIRE(d->token_ids == s.token_ids);
   REQUIRE(d->positions == s.positions);
   REQUIRE(d->query_start == s.query_start);
@@ -174,7 +176,7 @@ TEST_CASE("codec: StepDone, StepFailed and EngineStats round-trip", "[codec]") {
   REQUIRE(std::holds_alternative<StepFailed>(*f));
   REQUIRE(std::get<StepFailed>(*f).error == "KV slot out of range");
   REQUIRE(std::get<StepFailed>(*f).step_no == 6);
-  EngineStats s{3, 4, 100, 55, 1000, 600, 12345, 678, 9000, 2, 77, 3, 0.25, "boom"};
+  EngineStats s{3, 4, 100, 55, 1000, 600, 12345, 678, 9000, 2, 77, 3, 0.25, "boom", 12.5, 11.25};
   auto e = codec::decode_engine_stats(codec::encode(s));
   REQUIRE(e.ok());
   REQUIRE(e->num_running == 3);
@@ -190,6 +192,8 @@ TEST_CASE("codec: StepDone, StepFailed and EngineStats round-trip", "[codec]") {
   REQUIRE(e->steps == 77);
   REQUIRE(e->most_plans_in_flight == 3);
   REQUIRE(e->heartbeat_age_seconds == 0.25);
+  REQUIRE(e->step_seconds == 12.5);
+  REQUIRE(e->compute_seconds == 11.25);
   REQUIRE(e->failure == "boom");
 }
 
