@@ -165,17 +165,7 @@ void attention_tile_avx2(const AttentionTile& a) {
     const int32_t n = a.positions[i] + 1;
     for (int32_t g = 0; g < G; ++g) {
       float* sc = scores + static_cast<size_t>(i * G + g) * len8;
-      // The maximum, eight lanes at a time: max is exact, so the lane order cannot change it
-      // (maxps keeps the running value on a NaN score, as std::max(mx, x) does).
-      __m256 vmx = _mm256_set1_ps(-std::numeric_limits<float>::infinity());
-      int32_t p = 0;
-      for (; p + 8 <= n; p += 8) vmx = _mm256_max_ps(_mm256_loadu_ps(sc + p), vmx);
-      alignas(32) float lanes[8];
-      _mm256_store_ps(lanes, vmx);
-      float mx = lanes[0];
-      for (int32_t l = 1; l < 8; ++l) mx = std::max(mx, lanes[l]);
-      for (; p < n; ++p) mx = std::max(mx, sc[p]);
-      exp_sub_row_avx2(sc, n, mx);
+      exp_sub_row_avx2(sc, n, simd::row_max(sc, n));
       double sum = 0;
       for (int32_t p = 0; p < n; ++p) sum += sc[p];
       const float inv = static_cast<float>(1.0 / sum);

@@ -104,15 +104,7 @@ void softmax_rows(float* sc, int64_t ld, int32_t n, uint16_t* h) {
   double sum[R];
   for (int r = 0; r < R; ++r) {
     float* s = sc + r * ld;
-    __m256 vmx = _mm256_set1_ps(-std::numeric_limits<float>::infinity());
-    int32_t p = 0;
-    for (; p + 8 <= n; p += 8) vmx = _mm256_max_ps(_mm256_loadu_ps(s + p), vmx);
-    alignas(32) float lanes[8];
-    _mm256_store_ps(lanes, vmx);
-    float mx = lanes[0];
-    for (int l = 1; l < 8; ++l) mx = std::max(mx, lanes[l]);
-    for (; p < n; ++p) mx = std::max(mx, s[p]);
-    exp_sub_row_avx2(s, n, mx);
+    exp_sub_row_avx2(s, n, simd::row_max(s, n));
     sum[r] = 0;
   }
   for (int32_t p = 0; p < n; ++p)  // R independent chains, each in key order

@@ -4,6 +4,9 @@
 #pragma once
 #include <immintrin.h>
 
+#include <cstdint>
+#include <limits>
+
 namespace troupe::cpu::simd {
 namespace {
 
@@ -32,6 +35,20 @@ inline void transpose8(__m256 r[8]) {
 inline __m256 reduce8_lanes(const __m256 acc[8]) {
   return _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(acc[0], acc[4]), _mm256_add_ps(acc[2], acc[6])),
                        _mm256_add_ps(_mm256_add_ps(acc[1], acc[5]), _mm256_add_ps(acc[3], acc[7])));
+}
+
+// The largest of s[0..n), eight lanes at a time: max is exact, so the lane order cannot change
+// it (maxps keeps the running value on a NaN score, as std::max(mx, x) does).
+inline float row_max(const float* s, int32_t n) {
+  __m256 vmx = _mm256_set1_ps(-std::numeric_limits<float>::infinity());
+  int32_t p = 0;
+  for (; p + 8 <= n; p += 8) vmx = _mm256_max_ps(_mm256_loadu_ps(s + p), vmx);
+  alignas(32) float lanes[8];
+  _mm256_store_ps(lanes, vmx);
+  float mx = lanes[0];
+  for (int l = 1; l < 8; ++l) mx = lanes[l] > mx ? lanes[l] : mx;  // std::max(mx, lanes[l])
+  for (; p < n; ++p) mx = s[p] > mx ? s[p] : mx;
+  return mx;
 }
 
 }  // namespace
