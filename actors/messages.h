@@ -102,8 +102,8 @@ struct EngineStats {
   double heartbeat_age_seconds = 0;
   std::string failure;  // non-empty once a step has failed
   // Summed over finished steps: wall time from sending the plan to its result, and the time
-  // spent computing (every stage's layers, and the sampling). With one stage the difference
-  // is what the actor hops cost.
+  // spent computing (every stage's layers, and the sampling). With one stage and one plan in
+  // flight the difference is what the actor hops cost.
   double step_seconds = 0, compute_seconds = 0;
 };
 

@@ -99,7 +99,7 @@ std::string Metrics::render(const actors::EngineStats& s, const std::string& mod
   counter("troupe:engine_step_seconds_total", "Wall time of finished steps, from sending the plan to its result.",
           s.step_seconds);
   counter("troupe:engine_compute_seconds_total",
-          "Time in the stages' layers and the sampling, summed over stages (one stage: step minus compute is the actor hops).",
+          "Time in the stages' layers and the sampling, summed over stages (one stage, one plan in flight: step minus compute is the actor hops).",
           s.compute_seconds);
   gauge("troupe:step_plans_in_flight_max", "Most step plans in flight at once so far (up to one per pipeline stage).",
         static_cast<double>(s.most_plans_in_flight));

@@ -11,8 +11,6 @@
 
 namespace troupe::cpu {
 
-void attention_tile_avx2(const AttentionTile& a);  // attention_avx2.cpp: same bits, head_dim % 64 == 0
-void attention_tile_avx512(const AttentionTile& a);  // attention_avx512.cpp: same bits, head_dim % 64 == 0
 void exp_sub_row_avx2(float* x, int32_t n, float sub);
 
 namespace {

@@ -27,6 +27,10 @@ void attention_tile(const AttentionTile& a);
 // One key and one query at a time through dot_f32/axpy_f32; attention_tile gives the same
 // bits (its AVX2 body is a blocked form of this), which a test checks.
 void attention_tile_portable(const AttentionTile& a);
+// The SIMD bodies attention_tile picks (head_dim % 64 == 0; the AVX2 one needs AVX2+FMA+F16C,
+// the AVX-512 one AVX-512VL: detect_isa() >= Isa::Avx2 / Isa::Avx512). Declared for tests.
+void attention_tile_avx2(const AttentionTile& a);
+void attention_tile_avx512(const AttentionTile& a);
 // x[i] = std::exp(x[i] - sub) for i < n, bit for bit (vectorized where the CPU has AVX2 and
 // FMA: the softmax of attention_tile). Checked for x - sub in [-103.97, 0] and below (0);
 // groups of eight with a lane above 88 go through std::exp.

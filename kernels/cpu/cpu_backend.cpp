@@ -139,11 +139,18 @@ class CpuBackend final : public Backend {
     // another: a cache row holds every KV head of a position, and the first head's pass
     // prefetches whole rows, which the next heads then find in the core's L2 (the cache of a
     // serving step is far out of the CPU caches; one task per head read a third of each row).
+    // Fewer such tasks than threads (one decoding sequence): one task per KV head instead.
     constexpr int32_t kTile = 4;
     tasks_.clear();
     for (int32_t s = 0; s < step_.num_seqs; ++s)
       for (int32_t t = step_.query_start[s]; t < step_.query_start[s + 1]; t += kTile)
-        tasks_.push_back({s, t, std::min(kTile, step_.query_start[s + 1] - t)});
+        tasks_.push_back({s, t, std::min(kTile, step_.query_start[s + 1] - t), -1});
+    if (tasks_.size() < static_cast<size_t>(pool_.size()) && nkv > 1) {
+      std::vector<Task> per_head;
+      for (const Task& tk : tasks_)
+        for (int32_t h = 0; h < nkv; ++h) per_head.push_back({tk.seq, tk.first, tk.count, h});
+      tasks_.swap(per_head);
+    }
     // Later query tiles attend to more positions: hand out the costliest first.
     std::reverse(tasks_.begin(), tasks_.end());
     pool_.parallel_for_dynamic(static_cast<int64_t>(tasks_.size()), [&](int64_t i) {
@@ -164,7 +171,7 @@ class CpuBackend final : public Backend {
         at.num = tk.count;
         at.out = out + static_cast<int64_t>(tk.first) * num_heads * hd;
         at.ld_out = static_cast<int64_t>(num_heads) * hd;
-        for (int32_t h = 0; h < nkv; ++h) {
+        for (int32_t h = tk.head < 0 ? 0 : tk.head; h < (tk.head < 0 ? nkv : tk.head + 1); ++h) {
           at.kv_head = h;
           cpu::attention_tile(at);
         }
@@ -191,6 +198,7 @@ class CpuBackend final : public Backend {
   StepInputs step_{};
   struct Task {
     int32_t seq, first, count;
+    int32_t head;  // -1: every KV head of the sequence, in order
   };
   std::vector<Task> tasks_;
 };

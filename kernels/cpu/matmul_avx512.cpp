@@ -54,7 +54,7 @@ int32_t* fill_neg_xsum(const int8_t* xq, int64_t count) {
   return out;
 }
 
-// 1-2 tokens (decode), and Q8_0: two rows per zmm, lanes 0-7 row a, 8-15 row b; each half is the
+// 1-2 tokens (decode): two rows per zmm, lanes 0-7 row a, 8-15 row b; each half is the
 // AVX2 accumulator of its row. Scales and offsets come from one 4-lane product per row.
 template <RqLayout kL, int kNT>
 void rq_row_pair(const uint8_t* w, size_t row_stride, int64_t np, const int8_t* xq, const float* xs,
@@ -220,7 +220,8 @@ void rq_rows(const uint8_t* w, size_t rs, int64_t np, const int8_t* xq, const fl
              float* y, int64_t ldy) {
   int32_t* neg_xsum = nullptr;
   if constexpr (kL == RqLayout::Eight) neg_xsum = fill_neg_xsum(xq, kNT * np);
-  if constexpr (kNT >= 3 && kL != RqLayout::Eight) {  // (Q8_0 has no offsets and runs faster in row pairs)
+  // Q8_0 too since the 4-row tiles (576x576 at 64 tokens: 0.80 -> 0.55-0.59 ns per block and token)
+  if constexpr (kNT >= 3) {
     rq_rows_scaled<kL, kNT>(w, rs, np, xq, xs, neg_xsum, r0, r1, y, ldy);
   } else {
     int64_t r = r0;

@@ -9,6 +9,7 @@
 #include <cstring>
 #include "kernels/backend.h"
 #include "kernels/cpu/attention.h"
+#include "kernels/cpu/matmul.h"  // detect_isa
 #include "kernels/cpu/ops.h"
 #include "kernels/fp16.h"
 #include "tests/kernels/kernel_test_util.h"
@@ -188,6 +189,14 @@ TEST_CASE("paged attention matches naive causal attention", "[kernels][ops][atte
 }
 
 TEST_CASE("blocked attention gives the bits of the one-key-at-a-time path", "[kernels][ops][attention]") {
+  // attention_tile (what the backend calls) and each SIMD body this CPU has, called directly:
+  // attention_tile dispatches once per process, so on an AVX-512 machine it alone would never
+  // reach the AVX2 body.
+  std::vector<std::pair<const char*, void (*)(const cpu::AttentionTile&)>> bodies{{"attention_tile", cpu::attention_tile}};
+  if (cpu::detect_isa() >= cpu::Isa::Avx2) bodies.push_back({"avx2", cpu::attention_tile_avx2});
+  else WARN("AVX2 attention body not exercised: this CPU (or TROUPE_CPU_ISA) lacks AVX2/FMA/F16C");
+  if (cpu::detect_isa() >= cpu::Isa::Avx512) bodies.push_back({"avx512", cpu::attention_tile_avx512});
+  else WARN("AVX-512 attention body not exercised: this CPU (or TROUPE_CPU_ISA) lacks AVX-512");
   std::mt19937 rng(11);
   for (int32_t hd : {64, 128}) {
     for (int32_t group : {1, 2, 3, 4, 5}) {
@@ -199,8 +208,9 @@ TEST_CASE("blocked attention gives the bits of the one-key-at-a-time path", "[ke
       std::vector<int32_t> table(nblocks);
       std::iota(table.begin(), table.end(), 0);
       std::shuffle(table.begin(), table.end(), rng);
-      for (int32_t num : {1, 3, 4}) {
-        const int32_t first = std::uniform_int_distribution<int32_t>(0, 300)(rng);  // odd lengths
+      for (int32_t num : {1, 3, 4})
+      for (const int32_t first : {0, 5, std::uniform_int_distribution<int32_t>(0, 300)(rng)}) {  // short and odd lengths
+      for (const auto& [body_name, body] : bodies) {
         std::vector<int32_t> pos(static_cast<size_t>(num));
         std::iota(pos.begin(), pos.end(), first);
         const auto q = test::random_floats(static_cast<size_t>(num * nh * hd), rng);
@@ -222,12 +232,13 @@ TEST_CASE("blocked attention gives the bits of the one-key-at-a-time path", "[ke
           at.num = num;
           at.ld_out = at.ld_q;
           at.out = fast.data();
-          cpu::attention_tile(at);
+          body(at);
           at.out = slow.data();
           cpu::attention_tile_portable(at);
         }
-        INFO("hd " << hd << " group " << group << " num " << num << " first " << first);
+        INFO(body_name << ": hd " << hd << " group " << group << " num " << num << " first " << first);
         for (size_t i = 0; i < q.size(); ++i) REQUIRE(std::memcmp(&fast[i], &slow[i], sizeof(float)) == 0);
+      }
       }
     }
   }
