@@ -1,5 +1,6 @@
 #include <cmath>
 
+#include "kernels/cpu/attention.h"  // exp_sub_row
 #include "kernels/cpu/ops.h"
 
 namespace troupe::cpu {
@@ -41,7 +42,11 @@ void silu_mul_rows(const float* gu, int64_t r0, int64_t r1, int64_t ffn, float* 
     const float* g = gu + r * 2 * ffn;
     const float* u = g + ffn;
     float* o = out + r * ffn;
-    for (int64_t j = 0; j < ffn; ++j) o[j] = g[j] / (1.0f + std::exp(-g[j])) * u[j];
+    // exp(-g) through the softmax's vector exp (std::exp's bits: checked for every float in
+    // [-103.97, 88.5]; lanes above 88 go through std::exp), then the same division and product.
+    for (int64_t j = 0; j < ffn; ++j) o[j] = -g[j];
+    exp_sub_row(o, static_cast<int32_t>(ffn), 0.0f);
+    for (int64_t j = 0; j < ffn; ++j) o[j] = g[j] / (1.0f + o[j]) * u[j];
   }
 }
 

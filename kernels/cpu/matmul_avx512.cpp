@@ -344,6 +344,29 @@ void flt_avx512(PackKind kind, const uint8_t* w, size_t row_stride, int64_t cols
 
 }  // namespace
 
+// One token's 32-element blocks of activations as int8, GGML's q8 rounding (see
+// quantize_activations in packed.cpp, which forms d and s from amax and isum): per block
+// amax = max |x|, then q = (int)((x * id + 0x1.8p23) - 0x1.8p23) with id = 127 / amax, the
+// multiply and the adds as separate roundings (this file is built with -ffp-contract=off).
+void quantize_blocks_avx512(const float* x, int64_t nb, int8_t* q, float* amax, int32_t* isum) {
+  const __m512 sign = _mm512_set1_ps(-0.0f), magic = _mm512_set1_ps(12582912.0f);
+  for (int64_t b = 0; b < nb; ++b) {
+    const __m512 x0 = _mm512_loadu_ps(x + b * 32), x1 = _mm512_loadu_ps(x + b * 32 + 16);
+    // max(|x|, running) keeps the running value on a NaN, as the scalar a > amax ? a : amax
+    __m512 m = _mm512_max_ps(_mm512_andnot_ps(sign, x0), _mm512_setzero_ps());
+    m = _mm512_max_ps(_mm512_andnot_ps(sign, x1), m);
+    const float a = _mm512_reduce_max_ps(m);
+    const float id = a != 0.0f ? 127.0f / a : 0.0f;
+    const __m512 vid = _mm512_set1_ps(id);
+    const __m512i v0 = _mm512_cvttps_epi32(_mm512_sub_ps(_mm512_add_ps(_mm512_mul_ps(x0, vid), magic), magic));
+    const __m512i v1 = _mm512_cvttps_epi32(_mm512_sub_ps(_mm512_add_ps(_mm512_mul_ps(x1, vid), magic), magic));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(q + b * 32), _mm512_cvtepi32_epi8(v0));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(q + b * 32 + 16), _mm512_cvtepi32_epi8(v1));
+    amax[b] = a;
+    isum[b] = _mm512_reduce_add_epi32(_mm512_add_epi32(v0, v1));
+  }
+}
+
 const MatmulKernels& avx512_kernels() {
   static const MatmulKernels k{rq_avx512, q6k_avx512, flt_avx512};
   return k;

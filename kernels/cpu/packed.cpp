@@ -7,6 +7,7 @@
 #include <cstring>
 #include <string>
 
+#include "kernels/cpu/matmul.h"  // detect_isa
 #include "kernels/cpu/quant_ref.h"
 #include "kernels/fp16.h"
 #include "kernels/quant_blocks.h"
@@ -227,6 +228,8 @@ void unpack_row(const PackedWeight& w, int64_t r, float* out) {
   }
 }
 
+void quantize_blocks_avx512(const float* x, int64_t nb, int8_t* q, float* amax, int32_t* isum);  // matmul_avx512.cpp
+
 void quantize_activations(const float* x, int64_t cols, ActQ& out, int64_t t0, int64_t t1,
                           const ActQuantMode& mode) {
   // Numerics follow GGML's q8_0/q8_1 (id = 127 / amax, round half to even, d stored as f16;
@@ -234,10 +237,30 @@ void quantize_activations(const float* x, int64_t cols, ActQ& out, int64_t t0, i
   // file. Where GGML's dot product needs no offset term (symmetric types) s stays exact.
   const int64_t nb = cols / kQK;
   const int64_t np = out.num_pairs;
+  static const bool simd = detect_isa() >= Isa::Avx512;
+  constexpr int64_t kMaxSimdBlocks = 512;  // 16384 columns; wider rows take the scalar loop
   for (int64_t t = t0; t < t1; ++t) {
     const float* xt = x + t * cols;
     int8_t* q = out.q.data() + t * np * 64;
     float* sc = out.scales.data() + t * np * 4;
+    if (simd && nb <= kMaxSimdBlocks) {  // the same values, 16 lanes at a time
+      float amax[kMaxSimdBlocks];
+      int32_t isum[kMaxSimdBlocks];
+      quantize_blocks_avx512(xt, nb, q, amax, isum);
+      for (int64_t b = 0; b < np * 2; ++b) {
+        float d = 0, s = 0;
+        if (b < nb) {
+          const float dd = amax[b] / 127.0f;
+          d = mode.d_as_f16 ? f16_to_f32(f32_to_f16(dd)) : dd;
+          s = mode.s_as_f16 ? f16_to_f32(f32_to_f16(dd * static_cast<float>(isum[b]))) : d * static_cast<float>(isum[b]);
+        } else {
+          std::memset(q + b * 32, 0, 32);
+        }
+        sc[(b / 2) * 4 + b % 2] = d;
+        sc[(b / 2) * 4 + 2 + b % 2] = s;
+      }
+      continue;
+    }
     for (int64_t b = 0; b < np * 2; ++b) {
       float d = 0, s = 0;
       if (b < nb) {

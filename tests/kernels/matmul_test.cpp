@@ -190,3 +190,59 @@ TEST_CASE("AVX-512 and AVX2 matmuls give the same bits for the 32-block types an
     }
   }
 }
+
+// Activations for the RQ kernels: GGML's q8_0/q8_1 numerics (id = 127 / amax, round half to
+// even, d and s stored as f16 where GGML does), whichever path this CPU takes (16 lanes at a
+// time on AVX-512), checked against the formula written out here one element at a time.
+TEST_CASE("activation quantization gives GGML's q8 values on every path", "[kernels][matmul]") {
+  std::mt19937 rng(31);
+  std::normal_distribution<float> nd(0.0f, 3.0f);
+  for (int64_t cols : {96, 576, 1536}) {
+    for (bool f16 : {true, false}) {
+      const int64_t nt = 5, nb = cols / 32, np = (cols + 63) / 64;
+      std::vector<float> x(static_cast<size_t>(nt * cols));
+      for (auto& v : x) v = nd(rng);
+      // ties (x * id landing on .5), an all-zero block, -0, one huge value
+      for (int j = 0; j < 32; ++j) x[static_cast<size_t>(j)] = (j - 16) * 0.5f;
+      x[31] = 63.5f;  // amax 63.5: id = 2, so every (j - 16) * 0.5 * 2 is an integer; 63.5*2 = 127
+      for (int j = 32; j < 64; ++j) x[static_cast<size_t>(j)] = 0.0f;
+      x[64] = -0.0f;
+      x[static_cast<size_t>(cols + 3)] = 1e30f;
+      ActQ a;
+      a.num_pairs = np;
+      a.q.assign(static_cast<size_t>(nt * np * 64), 99);
+      a.scales.assign(static_cast<size_t>(nt * np * 4), -1.0f);
+      ActQuantMode mode;
+      mode.d_as_f16 = f16;
+      mode.s_as_f16 = f16;
+      quantize_activations(x.data(), cols, a, 0, nt, mode);
+      INFO("cols " << cols << " f16 " << f16);
+      for (int64_t t = 0; t < nt; ++t) {
+        for (int64_t b = 0; b < np * 2; ++b) {
+          const int8_t* q = a.q.data() + (t * np * 64 + b * 32);
+          const float* sc = a.scales.data() + t * np * 4 + (b / 2) * 4;
+          float d = 0, s = 0;
+          if (b < nb) {
+            const float* xb = x.data() + t * cols + b * 32;
+            float amax = 0;
+            for (int j = 0; j < 32; ++j) amax = std::max(amax, std::fabs(xb[j]));
+            const float id = amax != 0.0f ? 127.0f / amax : 0.0f;
+            int sum = 0;
+            for (int j = 0; j < 32; ++j) {
+              const int v = static_cast<int>(std::nearbyint(xb[j] * id));  // to even (default rounding)
+              REQUIRE(q[j] == v);
+              sum += v;
+            }
+            const float dd = amax / 127.0f;
+            d = f16 ? f16_to_f32(f32_to_f16(dd)) : dd;
+            s = f16 ? f16_to_f32(f32_to_f16(dd * static_cast<float>(sum))) : d * static_cast<float>(sum);
+          } else {
+            for (int j = 0; j < 32; ++j) REQUIRE(q[j] == 0);
+          }
+          REQUIRE(std::memcmp(&sc[b % 2], &d, 4) == 0);
+          REQUIRE(std::memcmp(&sc[2 + b % 2], &s, 4) == 0);
+        }
+      }
+    }
+  }
+}

@@ -246,13 +246,15 @@ TEST_CASE("blocked attention gives the bits of the one-key-at-a-time path", "[ke
 
 TEST_CASE("the softmax's vector exp gives std::exp's bits", "[kernels][ops][attention]") {
   std::mt19937 rng(17);
-  std::uniform_real_distribution<float> wide(-110.0f, 0.0f), narrow(-2.0f, 0.0f);
+  // Negative inputs: the softmax; positive ones up to 88.5 too: silu_mul's exp(-gate).
+  std::uniform_real_distribution<float> wide(-110.0f, 0.0f), narrow(-2.0f, 0.0f), positive(0.0f, 88.5f);
   std::vector<float> x(1 << 20);
   for (int round = 0; round < 8; ++round) {
-    for (size_t i = 0; i < x.size(); ++i) x[i] = (i % 2 ? wide : narrow)(rng);
+    for (size_t i = 0; i < x.size(); ++i) x[i] = (i % 3 == 2 ? positive : i % 3 ? wide : narrow)(rng);
     // Edges: 0, the underflow threshold and its neighbours, subnormal results, tiny inputs.
     const float edges[] = {0.0f, -0.0f, -0x1.9fe368p6f, std::nextafter(-0x1.9fe368p6f, 0.0f),
-                           std::nextafter(-0x1.9fe368p6f, -200.0f), -87.5f, -88.7f, -1e-30f, -200.0f};
+                           std::nextafter(-0x1.9fe368p6f, -200.0f), -87.5f, -88.7f, -1e-30f, -200.0f,
+                           1e-30f, 87.9f, 88.0f, 88.1f, 88.7f, 89.0f, 200.0f};
     std::copy(std::begin(edges), std::end(edges), x.begin());
     const float sub = round % 2 ? 0.0f : 1.5f;
     auto got = x;
