@@ -344,11 +344,15 @@ void flt_avx512(PackKind kind, const uint8_t* w, size_t row_stride, int64_t cols
 
 }  // namespace
 
-// One token's 32-element blocks of activations as int8, GGML's q8 rounding (see
-// quantize_activations in packed.cpp, which forms d and s from amax and isum): per block
-// amax = max |x|, then q = (int)((x * id + 0x1.8p23) - 0x1.8p23) with id = 127 / amax, the
-// multiply and the adds as separate roundings (this file is built with -ffp-contract=off).
-void quantize_blocks_avx512(const float* x, int64_t nb, int8_t* q, float* amax, int32_t* isum) {
+// One token's 32-element blocks of activations as int8, GGML's q8 rounding (the scalar loop
+// in quantize_activations, packed.cpp, gives the same values): per block amax = max |x|,
+// q = (int)((x * id + 0x1.8p23) - 0x1.8p23) with id = 127 / amax, the multiply and the adds
+// as separate roundings (this file is built with -ffp-contract=off); d = amax / 127 and
+// s = d * sum(q), each through f16 where asked (F16C's round to nearest even, the same as
+// f32_to_f16, checked by the test of the formula).
+void quantize_blocks_avx512(const float* x, int64_t nb, int8_t* q, bool d_as_f16, bool s_as_f16, float* d_out,
+                            float* s_out) {
+  auto via_f16 = [](float v) { return _cvtsh_ss(_cvtss_sh(v, _MM_FROUND_TO_NEAREST_INT)); };
   const __m512 sign = _mm512_set1_ps(-0.0f), magic = _mm512_set1_ps(12582912.0f);
   for (int64_t b = 0; b < nb; ++b) {
     const __m512 x0 = _mm512_loadu_ps(x + b * 32), x1 = _mm512_loadu_ps(x + b * 32 + 16);
@@ -362,8 +366,11 @@ void quantize_blocks_avx512(const float* x, int64_t nb, int8_t* q, float* amax, 
     const __m512i v1 = _mm512_cvttps_epi32(_mm512_sub_ps(_mm512_add_ps(_mm512_mul_ps(x1, vid), magic), magic));
     _mm_storeu_si128(reinterpret_cast<__m128i*>(q + b * 32), _mm512_cvtepi32_epi8(v0));
     _mm_storeu_si128(reinterpret_cast<__m128i*>(q + b * 32 + 16), _mm512_cvtepi32_epi8(v1));
-    amax[b] = a;
-    isum[b] = _mm512_reduce_add_epi32(_mm512_add_epi32(v0, v1));
+    const float sum = static_cast<float>(_mm512_reduce_add_epi32(_mm512_add_epi32(v0, v1)));
+    const float dd = a / 127.0f;
+    const float d = d_as_f16 ? via_f16(dd) : dd;
+    d_out[b] = d;
+    s_out[b] = s_as_f16 ? via_f16(dd * sum) : d * sum;
   }
 }
 

@@ -228,7 +228,8 @@ void unpack_row(const PackedWeight& w, int64_t r, float* out) {
   }
 }
 
-void quantize_blocks_avx512(const float* x, int64_t nb, int8_t* q, float* amax, int32_t* isum);  // matmul_avx512.cpp
+void quantize_blocks_avx512(const float* x, int64_t nb, int8_t* q, bool d_as_f16, bool s_as_f16, float* d_out,
+                            float* s_out);  // matmul_avx512.cpp
 
 void quantize_activations(const float* x, int64_t cols, ActQ& out, int64_t t0, int64_t t1,
                           const ActQuantMode& mode) {
@@ -244,20 +245,13 @@ void quantize_activations(const float* x, int64_t cols, ActQ& out, int64_t t0, i
     int8_t* q = out.q.data() + t * np * 64;
     float* sc = out.scales.data() + t * np * 4;
     if (simd && nb <= kMaxSimdBlocks) {  // the same values, 16 lanes at a time
-      float amax[kMaxSimdBlocks];
-      int32_t isum[kMaxSimdBlocks];
-      quantize_blocks_avx512(xt, nb, q, amax, isum);
+      float d[kMaxSimdBlocks], s[kMaxSimdBlocks];
+      quantize_blocks_avx512(xt, nb, q, mode.d_as_f16, mode.s_as_f16, d, s);
       for (int64_t b = 0; b < np * 2; ++b) {
-        float d = 0, s = 0;
-        if (b < nb) {
-          const float dd = amax[b] / 127.0f;
-          d = mode.d_as_f16 ? f16_to_f32(f32_to_f16(dd)) : dd;
-          s = mode.s_as_f16 ? f16_to_f32(f32_to_f16(dd * static_cast<float>(isum[b]))) : d * static_cast<float>(isum[b]);
-        } else {
-          std::memset(q + b * 32, 0, 32);
-        }
-        sc[(b / 2) * 4 + b % 2] = d;
-        sc[(b / 2) * 4 + 2 + b % 2] = s;
+        const bool live = b < nb;
+        if (!live) std::memset(q + b * 32, 0, 32);
+        sc[(b / 2) * 4 + b % 2] = live ? d[b] : 0.0f;
+        sc[(b / 2) * 4 + 2 + b % 2] = live ? s[b] : 0.0f;
       }
       continue;
     }
