@@ -63,6 +63,7 @@ void cold_decode(int32_t hd, int32_t group, int32_t nkv, int32_t bs, std::mt1993
           at.num = 1;
           at.out = out.data();
           at.ld_out = at.ld_q;
+          at.prefetch_heads = nkv - h;  // as the backend's per-sequence tasks do
           cpu::attention_tile(at);
         }
   };

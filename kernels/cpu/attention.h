@@ -21,6 +21,10 @@ struct AttentionTile {
   int32_t num = 0;
   float* out = nullptr;                // token i at out + i * ld_out, same head layout as q
   int64_t ld_out = 0;
+  // KV heads' parts of each cache row the SIMD bodies prefetch, from kv_head on: 1 = this
+  // head's only; more when the next heads' tiles follow on the same thread (their rows are
+  // then in this core's L2). Never changes a result.
+  int32_t prefetch_heads = 1;
 };
 
 void attention_tile(const AttentionTile& a);

@@ -125,9 +125,9 @@ void attention_tile_avx2(const AttentionTile& a) {
   // Scores, eight keys per pass: per query row one 8-lane accumulator per key (lane l sums
   // dims l, l+8, ... like dot_f32's), then an 8x8 transpose so that dot_f32's reduction
   // ((a0+a4)+(a2+a6)) + ((a1+a5)+(a3+a7)) runs for the eight keys at once.
-  // This head's part of each cache row to the row's end: the later KV heads' passes come
-  // next on this core (one task per sequence tile, cpu_backend.cpp).
-  const int32_t row_bytes = static_cast<int32_t>((a.row - int64_t{a.kv_head} * hd) * 2);
+  // This head's part of each cache row, and the next heads' when their passes come next on
+  // this core (AttentionTile::prefetch_heads).
+  const int32_t row_bytes = simd::prefetch_bytes(a);
   for (int32_t p = 0; p < std::min(len, kAhead); ++p) prefetch_l2(k_head + slot_of(p) * a.row, row_bytes);
   for (int32_t p0 = 0; p0 < len; p0 += kKeys) {
     const int32_t nk = std::min(kKeys, len - p0);

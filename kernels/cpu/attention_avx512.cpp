@@ -121,7 +121,7 @@ void softmax_rows(float* sc, int64_t ld, int32_t n, uint16_t* h) {
 template <int R>
 void heads(const float* qr, int32_t hd, const AttentionTile& a, const uint16_t* k_head, const uint16_t* v_head,
            const int64_t* off, int32_t n, const uint16_t* z, float* sc, int64_t ld, uint16_t* h, float* o) {
-  const int32_t row_bytes = static_cast<int32_t>((a.row - int64_t{a.kv_head} * hd) * 2);
+  const int32_t row_bytes = simd::prefetch_bytes(a);
   score_rows<R>(qr, hd, k_head, off, n, z, a.scale, sc, ld, row_bytes);
   for (int32_t p = 0; p < std::min(n, kAhead); ++p) prefetch_row(v_head + off[p], row_bytes);
   softmax_rows<R>(sc, ld, n, h);

@@ -7,6 +7,8 @@
 #include <cstdint>
 #include <limits>
 
+#include "kernels/cpu/attention.h"
+
 namespace troupe::cpu::simd {
 namespace {
 
@@ -49,6 +51,14 @@ inline float row_max(const float* s, int32_t n) {
   for (int l = 1; l < 8; ++l) mx = lanes[l] > mx ? lanes[l] : mx;  // std::max(mx, lanes[l])
   for (; p < n; ++p) mx = s[p] > mx ? s[p] : mx;
   return mx;
+}
+
+// Bytes of each cache row to prefetch for tile a: prefetch_heads KV heads' parts from
+// a.kv_head on, at least its own, never past the row's end.
+inline int32_t prefetch_bytes(const AttentionTile& a) {
+  const int64_t heads_left = a.row / a.head_dim - a.kv_head;
+  const int64_t n = a.prefetch_heads < 1 ? 1 : a.prefetch_heads > heads_left ? heads_left : a.prefetch_heads;
+  return static_cast<int32_t>(n * a.head_dim * 2);
 }
 
 }  // namespace

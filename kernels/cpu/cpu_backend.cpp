@@ -173,6 +173,7 @@ class CpuBackend final : public Backend {
         at.ld_out = static_cast<int64_t>(num_heads) * hd;
         for (int32_t h = tk.head < 0 ? 0 : tk.head; h < (tk.head < 0 ? nkv : tk.head + 1); ++h) {
           at.kv_head = h;
+          at.prefetch_heads = tk.head < 0 ? nkv - h : 1;  // whole rows when the heads follow here
           cpu::attention_tile(at);
         }
       }
