@@ -24,12 +24,9 @@ namespace {
 
 constexpr int kKeys = 8;    // keys scored at once (one lane each after the transpose)
 constexpr int kVBlock = 32; // V rows converted at once for P·V
-constexpr int32_t kAhead = 32;  // rows prefetched ahead (into L2), as in attention_avx512.cpp
-
-inline void prefetch_l2(const uint16_t* p, int32_t bytes) {
-  const char* c = reinterpret_cast<const char*>(p);
-  for (int32_t o = 0; o < bytes; o += 64) _mm_prefetch(c + o, _MM_HINT_T1);
-}
+using simd::kAhead;
+using simd::load_f16x8;
+using simd::prefetch_l2;
 
 // expf(x) for 8 floats with the same bits as glibc's expf on FMA machines (__expf_fma,
 // glibc 2.28+: the Arm optimized-routines algorithm -- k = round(x * 32 / ln 2), a 32-entry
@@ -89,13 +86,6 @@ void exp_sub_row_avx2(float* x, int32_t n, float sub) {
   for (; i < n; ++i) x[i] = std::exp(x[i] - sub);
 }
 
-namespace {
-
-inline __m256 load_f16x8(const uint16_t* p) {
-  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-}
-
-}  // namespace
 
 void attention_tile_avx2(const AttentionTile& a) {
   const int32_t hd = a.head_dim, G = a.group, nq = a.num * G;

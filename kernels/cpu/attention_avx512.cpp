@@ -30,31 +30,20 @@ void exp_sub_row_avx2(float* x, int32_t n, float sub);
 namespace {
 
 constexpr int kKeys = 8;
-// Keys ahead whose K (V) rows are prefetched: a decode tile's rows sit 16 to a block, blocks
-// scattered over the pool, and the hardware prefetchers hardly train on 16 strided rows (a
-// serving step's cache is far out of the CPU caches: troupe_attention_bench's cold pass).
-constexpr int32_t kAhead = 32;
-
-inline void prefetch_row(const uint16_t* p, int32_t bytes) {
-  const char* c = reinterpret_cast<const char*>(p);
-  for (int32_t o = 0; o < bytes; o += 64) _mm_prefetch(c + o, _MM_HINT_T1);
-}
-
-inline __m256 load_f16x8(const uint16_t* p) {
-  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-}
+using simd::kAhead;
+using simd::load_f16x8;
+using simd::prefetch_l2;
 
 // Scores of R query rows (q, stride hd) against the keys at k + off[0..len), scaled, into
 // sc (stride ld); keys past len meet the zero row z.
-// row_bytes: from this head's part of a cache row to the row's end (the later KV heads' parts
-// are prefetched too: their passes come next on this core).
+// row_bytes: how much of each cache row to prefetch (simd::prefetch_bytes).
 template <int R>
 void score_rows(const float* q, int32_t hd, const uint16_t* k, const int64_t* off, int32_t len, const uint16_t* z,
                 float scale, float* sc, int64_t ld, int32_t row_bytes) {
   const __m256 vscale = _mm256_set1_ps(scale);
-  for (int32_t p = 0; p < std::min(len, kAhead); ++p) prefetch_row(k + off[p], row_bytes);
+  for (int32_t p = 0; p < std::min(len, kAhead); ++p) prefetch_l2(k + off[p], row_bytes);
   for (int32_t p0 = 0; p0 < len; p0 += kKeys) {
-    for (int32_t p = p0 + kAhead; p < std::min(len, p0 + kAhead + kKeys); ++p) prefetch_row(k + off[p], row_bytes);
+    for (int32_t p = p0 + kAhead; p < std::min(len, p0 + kAhead + kKeys); ++p) prefetch_l2(k + off[p], row_bytes);
     const uint16_t* kp[kKeys];
     for (int32_t j = 0; j < kKeys; ++j) kp[j] = p0 + j < len ? k + off[p0 + j] : z;
     __m256 acc[R][kKeys];
@@ -84,7 +73,7 @@ void pv_rows(const float* w, int64_t ld_w, const uint16_t* v, const int64_t* off
     for (int r = 0; r < R; ++r)
       for (int l = 0; l < 4; ++l) acc[r][l] = _mm256_setzero_ps();
     for (int32_t j = 0; j < n; ++j) {
-      if (d0 == 0 && j + kAhead < n) prefetch_row(v + off[j + kAhead], row_bytes);
+      if (d0 == 0 && j + kAhead < n) prefetch_l2(v + off[j + kAhead], row_bytes);
       const uint16_t* vr = v + off[j] + d0;
       __m256 vv[4];
       for (int l = 0; l < 4; ++l) vv[l] = load_f16x8(vr + 8 * l);
@@ -123,7 +112,7 @@ void heads(const float* qr, int32_t hd, const AttentionTile& a, const uint16_t* 
            const int64_t* off, int32_t n, const uint16_t* z, float* sc, int64_t ld, uint16_t* h, float* o) {
   const int32_t row_bytes = simd::prefetch_bytes(a);
   score_rows<R>(qr, hd, k_head, off, n, z, a.scale, sc, ld, row_bytes);
-  for (int32_t p = 0; p < std::min(n, kAhead); ++p) prefetch_row(v_head + off[p], row_bytes);
+  for (int32_t p = 0; p < std::min(n, kAhead); ++p) prefetch_l2(v_head + off[p], row_bytes);
   softmax_rows<R>(sc, ld, n, h);
   pv_rows<R>(sc, ld, v_head, off, n, hd, o, row_bytes);
 }

@@ -12,6 +12,21 @@
 namespace troupe::cpu::simd {
 namespace {
 
+// Keys ahead whose K (V) rows are prefetched, into L2: a tile's rows sit 16 to a block,
+// blocks scattered over the pool, and the hardware prefetchers hardly train on 16 strided
+// rows (a serving step's cache is far out of the CPU caches: troupe_attention_bench's cold
+// pass). Into L1 (_MM_HINT_T0) filled the miss buffers and ran at half the speed.
+constexpr int32_t kAhead = 32;
+
+inline void prefetch_l2(const uint16_t* p, int32_t bytes) {
+  const char* c = reinterpret_cast<const char*>(p);
+  for (int32_t o = 0; o < bytes; o += 64) _mm_prefetch(c + o, _MM_HINT_T1);
+}
+
+inline __m256 load_f16x8(const uint16_t* p) {
+  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+}
+
 // In-place 8x8 transpose of r[0..7].
 inline void transpose8(__m256 r[8]) {
   const __m256 t0 = _mm256_unpacklo_ps(r[0], r[1]), t1 = _mm256_unpackhi_ps(r[0], r[1]);

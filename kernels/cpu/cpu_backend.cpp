@@ -141,16 +141,15 @@ class CpuBackend final : public Backend {
     // serving step is far out of the CPU caches; one task per head read a third of each row).
     // Fewer such tasks than threads (one decoding sequence): one task per KV head instead.
     constexpr int32_t kTile = 4;
+    int64_t tiles = 0;
+    for (int32_t s = 0; s < step_.num_seqs; ++s)
+      tiles += (step_.query_start[s + 1] - step_.query_start[s] + kTile - 1) / kTile;
+    const bool per_head = tiles < pool_.size() && nkv > 1;
     tasks_.clear();
     for (int32_t s = 0; s < step_.num_seqs; ++s)
       for (int32_t t = step_.query_start[s]; t < step_.query_start[s + 1]; t += kTile)
-        tasks_.push_back({s, t, std::min(kTile, step_.query_start[s + 1] - t), -1});
-    if (tasks_.size() < static_cast<size_t>(pool_.size()) && nkv > 1) {
-      std::vector<Task> per_head;
-      for (const Task& tk : tasks_)
-        for (int32_t h = 0; h < nkv; ++h) per_head.push_back({tk.seq, tk.first, tk.count, h});
-      tasks_.swap(per_head);
-    }
+        for (int32_t h = per_head ? 0 : -1; h < (per_head ? nkv : 0); ++h)
+          tasks_.push_back({s, t, std::min(kTile, step_.query_start[s + 1] - t), h});
     // Later query tiles attend to more positions: hand out the costliest first.
     std::reverse(tasks_.begin(), tasks_.end());
     pool_.parallel_for_dynamic(static_cast<int64_t>(tasks_.size()), [&](int64_t i) {
