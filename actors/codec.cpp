@@ -377,6 +377,7 @@ Bytes encode(const actors::EngineStats& x) {
   msg.setFailure(x.failure);
   msg.setStepSeconds(x.step_seconds);
   msg.setComputeSeconds(x.compute_seconds);
+  msg.setKvSeconds(x.kv_seconds);
   return to_bytes(m);
 }
 
@@ -399,6 +400,130 @@ Result<actors::EngineStats> decode_engine_stats(const Bytes& b) {
     x.failure = msg.getFailure();
     x.step_seconds = msg.getStepSeconds();
     x.compute_seconds = msg.getComputeSeconds();
+    x.kv_seconds = msg.getKvSeconds();
+    return x;
+  });
+}
+
+namespace {
+
+void write_kv_stats(schema::KvStats::Builder b, const KvBlockStats& s) {
+  b.setNumBlocks(s.num_blocks);
+  b.setNumFree(s.num_free);
+  b.setNumCachedFree(s.num_cached_free);
+  b.setPrefixQueries(s.prefix_queries);
+  b.setPrefixHits(s.prefix_hits);
+}
+
+KvBlockStats read_kv_stats(schema::KvStats::Reader r) {
+  KvBlockStats s;
+  s.num_blocks = r.getNumBlocks();
+  s.num_free = r.getNumFree();
+  s.num_cached_free = r.getNumCachedFree();
+  s.prefix_queries = r.getPrefixQueries();
+  s.prefix_hits = r.getPrefixHits();
+  return s;
+}
+
+}  // namespace
+
+Bytes encode(const KvOpsRequest& x) {
+  capnp::MallocMessageBuilder m;
+  auto msg = m.initRoot<schema::KvOpsRequest>();
+  msg.setBatch(x.batch);
+  auto ops = msg.initOps(n(x.ops.size()));
+  for (unsigned i = 0; i < x.ops.size(); ++i) {
+    const KvOp& o = x.ops[i];
+    ops[i].setKind(static_cast<schema::KvOp::Kind>(static_cast<uint16_t>(o.kind)));
+    ops[i].setSeq(o.seq);
+    ops[i].setCached(o.cached);
+    ops[i].setNumTokens(o.num_tokens);
+    ops[i].setAllowance(o.allowance);
+    ops[i].setWhole(o.whole);
+    put(ops[i].initTokens(n(o.tokens.size())), o.tokens);
+  }
+  auto probes = msg.initProbes(n(x.probes.size()));
+  for (unsigned i = 0; i < x.probes.size(); ++i) {
+    probes[i].setSeq(x.probes[i].seq);
+    put(probes[i].initTokens(n(x.probes[i].tokens.size())), x.probes[i].tokens);
+  }
+  put(msg.initTables(n(x.tables.size())), x.tables);
+  return to_bytes(m);
+}
+
+Result<KvOpsRequest> decode_kv_ops_request(const Bytes& b) {
+  return read<schema::KvOpsRequest>(b, "KvOpsRequest", [](schema::KvOpsRequest::Reader msg) -> Result<KvOpsRequest> {
+    KvOpsRequest x;
+    x.batch = msg.getBatch();
+    for (auto o : msg.getOps()) {
+      KvOp op;
+      const auto kind = static_cast<uint16_t>(o.getKind());
+      if (kind > static_cast<uint16_t>(KvOp::Kind::Free))
+        return make_error("KvOpsRequest: unknown block operation " + std::to_string(kind));
+      op.kind = static_cast<KvOp::Kind>(kind);
+      op.seq = o.getSeq();
+      op.cached = o.getCached();
+      op.num_tokens = o.getNumTokens();
+      op.allowance = o.getAllowance();
+      op.whole = o.getWhole();
+      op.tokens = get<int32_t>(o.getTokens());
+      x.ops.push_back(std::move(op));
+    }
+    for (auto p : msg.getProbes()) x.probes.push_back({p.getSeq(), get<int32_t>(p.getTokens())});
+    x.tables = get<int64_t>(msg.getTables());
+    return x;
+  });
+}
+
+Bytes encode(const KvOpsReply& x) {
+  capnp::MallocMessageBuilder m;
+  auto msg = m.initRoot<schema::KvOpsReply>();
+  msg.setBatch(x.batch);
+  auto res = msg.initResults(n(x.results.size()));
+  for (unsigned i = 0; i < x.results.size(); ++i) {
+    res[i].setOk(x.results[i].ok);
+    res[i].setCached(x.results[i].cached);
+    res[i].setNumNew(x.results[i].num_new);
+  }
+  auto copies = msg.initCopies(n(x.copies.size()));
+  for (unsigned i = 0; i < x.copies.size(); ++i) {
+    copies[i].setSrc(x.copies[i].src);
+    copies[i].setDst(x.copies[i].dst);
+  }
+  auto tables = msg.initTables(n(x.tables.size()));
+  for (unsigned i = 0; i < x.tables.size(); ++i) {
+    tables[i].setSeq(x.tables[i].seq);
+    put(tables[i].initBlocks(n(x.tables[i].blocks.size())), x.tables[i].blocks);
+  }
+  auto snap = msg.initSnapshot();
+  snap.setNumFree(x.snapshot.num_free);
+  auto seqs = snap.initSeqs(n(x.snapshot.seqs.size()));
+  for (unsigned i = 0; i < x.snapshot.seqs.size(); ++i) {
+    seqs[i].setSeq(x.snapshot.seqs[i].seq);
+    seqs[i].setHeld(x.snapshot.seqs[i].held);
+    seqs[i].setExclusive(x.snapshot.seqs[i].exclusive);
+  }
+  auto hints = snap.initHints(n(x.snapshot.hints.size()));
+  for (unsigned i = 0; i < x.snapshot.hints.size(); ++i) {
+    hints[i].setSeq(x.snapshot.hints[i].seq);
+    hints[i].setCachedBlocks(x.snapshot.hints[i].cached_blocks);
+  }
+  write_kv_stats(snap.initStats(), x.snapshot.stats);
+  return to_bytes(m);
+}
+
+Result<KvOpsReply> decode_kv_ops_reply(const Bytes& b) {
+  return read<schema::KvOpsReply>(b, "KvOpsReply", [](schema::KvOpsReply::Reader msg) -> Result<KvOpsReply> {
+    KvOpsReply x;
+    x.batch = msg.getBatch();
+    for (auto r : msg.getResults()) x.results.push_back({r.getOk(), r.getCached(), r.getNumNew()});
+    for (auto c : msg.getCopies()) x.copies.push_back({c.getSrc(), c.getDst()});
+    for (auto t : msg.getTables()) x.tables.push_back({t.getSeq(), get<int32_t>(t.getBlocks())});
+    auto snap = msg.getSnapshot();
+    x.snapshot.num_free = snap.getNumFree();
+    for (auto s : snap.getSeqs()) x.snapshot.seqs.push_back({s.getSeq(), s.getHeld(), s.getExclusive()});
+    for (auto h : snap.getHints()) x.snapshot.hints.push_back({h.getSeq(), h.getCachedBlocks()});
+    x.snapshot.stats = read_kv_stats(snap.getStats());
     return x;
   });
 }

@@ -10,6 +10,7 @@
 
 #include "actors/messages.h"
 #include "kernels/result.h"
+#include "runtime/kv_ledger.h"
 #include "runtime/sampler.h"
 #include "runtime/scheduler.h"
 
@@ -42,5 +43,10 @@ Bytes encode(const actors::StepFailed& m);
 Result<std::variant<actors::StepDone, actors::StepFailed>> decode_step_result(const Bytes& b);
 Bytes encode(const actors::EngineStats& m);
 Result<actors::EngineStats> decode_engine_stats(const Bytes& b);
+// Scheduler actor <-> KV-block-manager actor (runtime/kv_ledger.h).
+Bytes encode(const KvOpsRequest& m);
+Result<KvOpsRequest> decode_kv_ops_request(const Bytes& b);
+Bytes encode(const KvOpsReply& m);
+Result<KvOpsReply> decode_kv_ops_reply(const Bytes& b);
 
 }  // namespace troupe::codec

@@ -4,6 +4,7 @@ namespace troupe::actors {
 
 void LocalNode::stop() {
   caf::anon_send_exit(scheduler, caf::exit_reason::user_shutdown);
+  caf::anon_send_exit(kv, caf::exit_reason::user_shutdown);
   for (auto& s : stages) caf::anon_send_exit(s, caf::exit_reason::user_shutdown);
   for (auto& w : workers) caf::anon_send_exit(w, caf::exit_reason::user_shutdown);
   if (tokenizers)
@@ -53,7 +54,8 @@ Result<LocalNode> spawn_local_node(caf::actor_system& sys, const ModelFiles& fil
   opt.scheduler.max_context = c.max_context;
   opt.scheduler.is_eog = [tok](int32_t t) { return tok->is_eog(t); };
   node.board = std::make_shared<StatsBoard>();
-  node.scheduler = sys.spawn(scheduler_fn, opt.scheduler, node.stages.front(), node.board);
+  node.kv = sys.spawn(kv_block_fn, KvBlockActorConfig{opt.scheduler.kv, opt.check_kv_invariants});
+  node.scheduler = sys.spawn(scheduler_fn, opt.scheduler, node.stages.front(), node.kv, node.board);
   std::shared_ptr<const ChatTemplate> tmpl;
   if (!files.chat_template.empty()) {
     auto t = ChatTemplate::parse(files.chat_template);

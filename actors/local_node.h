@@ -1,11 +1,13 @@
 // The actors of one node, spawned and connected: N pipeline stages (each with its layer
-// range and its own worker actor binding a device), the scheduler actor and a tokenizer pool. `troupe serve` and the
+// range and its own worker actor binding a device), the scheduler actor, the
+// KV-block-manager actor and a tokenizer pool. `troupe serve` and the
 // actor tests build their nodes with this one function, from explicit options.
 #pragma once
 #include <string>
 #include <memory>
 #include <vector>
 
+#include "actors/kv_block_actor.h"
 #include "actors/request_actor.h"
 #include "actors/scheduler_actor.h"
 #include "actors/stage_actor.h"
@@ -24,11 +26,13 @@ struct NodeOptions {
   int32_t max_batch_tokens = 512;
   int32_t num_tokenizers = 1;
   bool detached_workers = true;  // workers on their own threads (false: deterministic tests)
+  bool check_kv_invariants = false;  // the KV-block-manager actor checks its invariants after every request
   SchedulerActorConfig scheduler;  // vocab, context and end-of-generation filled in from the model
 };
 
 struct LocalNode {
   scheduler_actor scheduler;
+  kv_block_actor kv;
   std::vector<stage_actor> stages;
   std::vector<worker_actor> workers;  // one per stage, in stage order
   std::shared_ptr<TokenizerPool> tokenizers;

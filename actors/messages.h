@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "runtime/kv_ledger.h"
 #include "runtime/sampler.h"
 
 namespace troupe::actors {
@@ -105,6 +106,7 @@ struct EngineStats {
   // spent computing (every stage's layers, and the sampling). With one stage and one plan in
   // flight the difference is what the actor hops cost.
   double step_seconds = 0, compute_seconds = 0;
+  double kv_seconds = 0;  // KV-block-manager round trips (block operations sent to answer), summed
 };
 
 struct StatsQuery {};
@@ -149,6 +151,10 @@ using scheduler_actor =
                      caf::reacts_to<StepDone>, caf::reacts_to<StepFailed>,
                      caf::replies_to<StatsQuery>::with<EngineStats>, caf::reacts_to<heartbeat_atom>>;
 
+// ---- scheduler actor ⇄ KV-block-manager actor: runtime/kv_ledger.h's KvOpsRequest (one
+// step's block operations) answered by a KvOpsReply.
+using kv_block_actor = caf::typed_actor<caf::replies_to<KvOpsRequest>::with<KvOpsReply>>;
+
 using tokenizer_actor = caf::typed_actor<caf::replies_to<EncodeText>::with<EncodeResult>,
                                          caf::replies_to<EncodeChat>::with<EncodeResult>,
                                          caf::replies_to<DecodeTokens>::with<std::string>>;
@@ -171,6 +177,17 @@ using request_actor = request_sink_actor::extend<caf::reacts_to<cancel_atom>>;
 namespace troupe {
 TROUPE_INSPECT(TokenLogprob, x.token, x.logprob)
 TROUPE_INSPECT(SampleResult, x.token, x.logprob, x.top)
+TROUPE_INSPECT(BlockCopy, x.src, x.dst)
+TROUPE_INSPECT(KvBlockStats, x.num_blocks, x.num_free, x.num_cached_free, x.prefix_queries, x.prefix_hits)
+TROUPE_INSPECT(KvSeqBlocks, x.seq, x.held, x.exclusive)
+TROUPE_INSPECT(KvOp, x.kind, x.seq, x.cached, x.num_tokens, x.allowance, x.whole, x.tokens)
+TROUPE_INSPECT(KvOpResult, x.ok, x.cached, x.num_new)
+TROUPE_INSPECT(KvProbe, x.seq, x.tokens)
+TROUPE_INSPECT(KvHint, x.seq, x.cached_blocks)
+TROUPE_INSPECT(KvTable, x.seq, x.blocks)
+TROUPE_INSPECT(KvSnapshot, x.num_free, x.seqs, x.hints, x.stats)
+TROUPE_INSPECT(KvOpsRequest, x.batch, x.ops, x.probes, x.tables)
+TROUPE_INSPECT(KvOpsReply, x.batch, x.results, x.copies, x.tables, x.snapshot)
 TROUPE_INSPECT(SamplingParams, x.temperature, x.top_k, x.top_p, x.min_p, x.repetition_penalty, x.presence_penalty,
                x.frequency_penalty, x.logit_bias, x.seed, x.logprobs, x.report_logprob)
 }  // namespace troupe
@@ -190,7 +207,8 @@ TROUPE_INSPECT(StepDone, x.step_no, x.sampled, x.compute_seconds)
 TROUPE_INSPECT(StepFailed, x.step_no, x.error)
 TROUPE_INSPECT(EngineStats, x.num_running, x.num_waiting, x.kv_blocks, x.kv_free, x.prefix_queries, x.prefix_hits,
                x.prompt_tokens, x.generation_tokens, x.computed_prompt_tokens, x.preemptions, x.steps,
-               x.most_plans_in_flight, x.heartbeat_age_seconds, x.failure, x.step_seconds, x.compute_seconds)
+               x.most_plans_in_flight, x.heartbeat_age_seconds, x.failure, x.step_seconds, x.compute_seconds,
+               x.kv_seconds)
 TROUPE_INSPECT(EncodeText, x.text, x.add_special, x.parse_special)
 TROUPE_INSPECT(EncodeChat, x.roles, x.contents, x.add_generation_prompt)
 TROUPE_INSPECT(DecodeTokens, x.ids)

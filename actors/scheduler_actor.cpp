@@ -12,7 +12,7 @@ void publish(SchedulerState& st) {
   EngineStats& s = st.stats;
   s.num_running = static_cast<int64_t>(st.sched->num_running());
   s.num_waiting = static_cast<int64_t>(st.sched->num_waiting());
-  const KvBlockStats ks = st.kv->stats();
+  const KvBlockStats& ks = st.ledger->stats();
   s.kv_blocks = ks.num_blocks;
   s.kv_free = ks.num_free;
   s.prefix_queries = ks.prefix_queries;
@@ -44,61 +44,125 @@ Status check_submit(const SchedulerState& st, const SubmitSeq& s) {
   return s.sampling.validate(st.cfg.vocab_size);
 }
 
-// Plans and sends steps while fewer than max_plans_in_flight are in flight; each new plan
-// leaves out the sequences the plans in flight hold. (Stages take plans in order, so a
-// later plan at a stage always sees the KV an earlier one wrote there.)
+void fail_engine(self_ptr self, std::string error);
+void on_kv_reply(self_ptr self, StepPlan& plan, const std::vector<KvOp>& ops, KvOpsReply& r);
+
+// Waiting sequences whose prefix-cache hits the next plan asks for (the head of the queue,
+// where admissions come from).
+constexpr size_t kMaxProbes = 8;
+
+// Sends the block operations the ledger recorded (with the plan they belong to, if any) to
+// the KV-block-manager actor and awaits the answer: until it comes, this actor handles no
+// other message, so no operation is recorded against a stale ledger.
+void send_kv(self_ptr self, StepPlan plan) {
+  auto& st = self->state;
+  KvOpsRequest req;
+  req.batch = ++st.kv_batch;
+  req.ops = st.ledger->take_ops();
+  auto ops = std::make_shared<std::vector<KvOp>>();
+  ops->reserve(req.ops.size());
+  for (const KvOp& op : req.ops) {
+    KvOp light = op;
+    light.tokens.clear();
+    ops->push_back(std::move(light));
+  }
+  for (const auto& q : plan.seqs) req.tables.push_back(q.id);
+  if (st.cfg.kv.enable_prefix_caching)
+    for (int64_t id : st.sched->waiting()) {
+      if (req.probes.size() == kMaxProbes) break;
+      const SchedState* s = st.sched->state(id);
+      if (s && s->tokens.size() > static_cast<size_t>(st.cfg.kv.block_size)) req.probes.push_back({id, s->tokens});
+    }
+  auto pending = std::make_shared<StepPlan>(std::move(plan));
+  const auto sent = std::chrono::steady_clock::now();
+  st.kv_waiting = true;
+  self->request(st.kv_actor, caf::infinite, std::move(req))
+      .await(
+          [=](KvOpsReply& r) {
+            self->state.stats.kv_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - sent).count();
+            on_kv_reply(self, *pending, *ops, r);
+          },
+          [=](caf::error& e) {
+            self->state.kv_waiting = false;
+            fail_engine(self, "the KV-block manager failed: " + self->system().render(e));
+          });
+}
+
+// Plans a step when fewer than max_plans_in_flight are in flight (leaving out the sequences
+// the plans in flight hold) and sends its block operations; with no step to plan, still
+// sends the operations pending (frees of finished or cancelled sequences). Stages take
+// plans in order, so a later plan at a stage always sees the KV an earlier one wrote there.
 void maybe_step(self_ptr self) {
   auto& st = self->state;
-  while (st.plans.size() < static_cast<size_t>(std::max(1, st.cfg.max_plans_in_flight)) && st.stats.failure.empty()) {
-    if (st.sched->num_running() + st.sched->num_waiting() == 0) return;
+  if (st.kv_waiting) return;
+  StepPlan plan;
+  if (st.plans.size() < static_cast<size_t>(std::max(1, st.cfg.max_plans_in_flight)) && st.stats.failure.empty() &&
+      st.sched->num_running() + st.sched->num_waiting() > 0) {
     std::set<int64_t> busy;
     for (const auto& [no, p] : st.plans)
       for (const auto& q : p.seqs) busy.insert(q.id);
-    StepPlan plan = st.sched->schedule(busy.empty() ? nullptr : &busy);
-    if (plan.seqs.empty()) return;
-    if (!plan.copies.empty()) {
-      // The scheduler never forks, so copy-on-write cannot arise; refuse rather than corrupt.
-      st.stats.failure = "a step plan asked for block copies, which no worker performs yet";
-      return;
-    }
-    auto ps = plan_step(plan, *st.sched, *st.kv);
-    if (!ps) {
-      st.stats.failure = ps.error().message;
-      return;
-    }
-    StageStep step;
-    step.step_no = ++st.step_no;
-    step.token_ids = std::move(ps->token_ids);
-    step.positions = std::move(ps->positions);
-    step.query_start = std::move(ps->query_start);
-    step.context_lens = std::move(ps->context_lens);
-    step.slot_mapping = std::move(ps->slot_mapping);
-    step.block_tables = std::move(ps->block_tables);
-    step.logit_rows = std::move(ps->logit_rows);
-    step.logit_seq = std::move(ps->logit_seq);
-    step.max_blocks_per_seq = ps->max_blocks_per_seq;
-    step.released = std::move(st.released);
-    st.released.clear();
-    for (int64_t id : step.logit_seq) {
-      SeqInfo& info = st.seqs.at(id);
-      if (!info.known_to_worker) {
-        step.new_seqs.push_back(std::move(info.sampling));
-        info.known_to_worker = true;
-      }
-    }
-    const auto now = std::chrono::steady_clock::now();
-    for (const auto& q : plan.seqs) {
-      SeqInfo& info = st.seqs.at(q.id);
-      if (info.queue_seconds < 0) info.queue_seconds = std::chrono::duration<double>(now - info.submitted).count();
-      const SchedState* s = st.sched->state(q.id);
-      const int32_t prompt_len = s ? static_cast<int32_t>(s->req.prompt.size()) : 0;
-      st.stats.computed_prompt_tokens += std::max(0, std::min(q.num_computed + q.num_new, prompt_len) - q.num_computed);
-    }
-    st.plans.emplace(step.step_no, std::move(plan));
-    st.sent[step.step_no] = now;
-    st.most_in_flight = std::max(st.most_in_flight, st.plans.size());
-    self->send(st.first_stage, std::move(step), actor_cast<step_sink_actor>(self));
+    plan = st.sched->schedule(busy.empty() ? nullptr : &busy);
   }
+  if (plan.seqs.empty() && !st.ledger->has_pending()) return;
+  send_kv(self, std::move(plan));
+}
+
+void on_kv_reply(self_ptr self, StepPlan& plan, const std::vector<KvOp>& ops, KvOpsReply& r) {
+  auto& st = self->state;
+  st.kv_waiting = false;
+  st.ledger->sync(r.snapshot);
+  if (!ops.empty() && !plan.seqs.empty()) {
+    if (auto ok = st.sched->settle(plan, ops, r.results); !ok) return fail_engine(self, ok.error().message);
+  }
+  if (plan.seqs.empty()) {
+    publish(st);
+    return maybe_step(self);
+  }
+  if (!r.copies.empty()) {
+    // The scheduler never forks, so copy-on-write cannot arise; refuse rather than corrupt.
+    return fail_engine(self, "a step plan asked for block copies, which no worker performs yet");
+  }
+  std::map<int64_t, const std::vector<int32_t>*> tables;
+  for (const KvTable& t : r.tables)
+    if (!t.blocks.empty()) tables[t.seq] = &t.blocks;
+  auto ps = plan_step(plan, *st.sched, st.cfg.kv.block_size, [&](int64_t id) -> const std::vector<int32_t>* {
+    auto it = tables.find(id);
+    return it == tables.end() ? nullptr : it->second;
+  });
+  if (!ps) return fail_engine(self, ps.error().message);
+  StageStep step;
+  step.step_no = ++st.step_no;
+  step.token_ids = std::move(ps->token_ids);
+  step.positions = std::move(ps->positions);
+  step.query_start = std::move(ps->query_start);
+  step.context_lens = std::move(ps->context_lens);
+  step.slot_mapping = std::move(ps->slot_mapping);
+  step.block_tables = std::move(ps->block_tables);
+  step.logit_rows = std::move(ps->logit_rows);
+  step.logit_seq = std::move(ps->logit_seq);
+  step.max_blocks_per_seq = ps->max_blocks_per_seq;
+  step.released = std::move(st.released);
+  st.released.clear();
+  for (int64_t id : step.logit_seq) {
+    SeqInfo& info = st.seqs.at(id);
+    if (!info.known_to_worker) {
+      step.new_seqs.push_back(std::move(info.sampling));
+      info.known_to_worker = true;
+    }
+  }
+  const auto now = std::chrono::steady_clock::now();
+  for (const auto& q : plan.seqs) {
+    SeqInfo& info = st.seqs.at(q.id);
+    if (info.queue_seconds < 0) info.queue_seconds = std::chrono::duration<double>(now - info.submitted).count();
+    const SchedState* s = st.sched->state(q.id);
+    const int32_t prompt_len = s ? static_cast<int32_t>(s->req.prompt.size()) : 0;
+    st.stats.computed_prompt_tokens += std::max(0, std::min(q.num_computed + q.num_new, prompt_len) - q.num_computed);
+  }
+  st.plans.emplace(step.step_no, std::move(plan));
+  st.sent[step.step_no] = now;
+  st.most_in_flight = std::max(st.most_in_flight, st.plans.size());
+  self->send(st.first_stage, std::move(step), actor_cast<step_sink_actor>(self));
+  maybe_step(self);  // the next plan, while the pipeline has room
 }
 
 void on_step_done(self_ptr self, StepDone& done) {
@@ -150,30 +214,37 @@ void on_step_done(self_ptr self, StepDone& done) {
   maybe_step(self);
 }
 
-void on_step_failed(self_ptr self, const StepFailed& f) {
+// The engine has failed: every sequence ends with the error and its blocks return to the
+// pool; new submissions are refused from now on.
+void fail_engine(self_ptr self, std::string error) {
   auto& st = self->state;
-  if (!st.plans.count(f.step_no)) return;
   st.plans.clear();  // results of the others are ignored
   st.sent.clear();
-  st.stats.failure = f.error;
-  // Every sequence ends with the error; their blocks return to the pool.
+  st.stats.failure = error;
   for (auto& [id, info] : st.seqs) {
     st.sched->abort(id);
-    fail_seq(self, info.sink, id, "step failed: " + f.error);
+    fail_seq(self, info.sink, id, "step failed: " + error);
   }
   st.seqs.clear();
   publish(st);
+  maybe_step(self);  // sends the frees
+}
+
+void on_step_failed(self_ptr self, const StepFailed& f) {
+  if (!self->state.plans.count(f.step_no)) return;
+  fail_engine(self, f.error);
 }
 
 }  // namespace
 
 scheduler_actor::behavior_type scheduler_fn(self_ptr self, SchedulerActorConfig cfg, stage_actor first_stage,
-                                            std::shared_ptr<StatsBoard> board) {
+                                            kv_block_actor kv_actor, std::shared_ptr<StatsBoard> board) {
   auto& st = self->state;
   st.cfg = std::move(cfg);
-  st.kv = std::make_unique<KvBlockManager>(st.cfg.kv);
-  st.sched = std::make_unique<Scheduler>(st.cfg.scheduler, *st.kv, st.cfg.policy);
+  st.ledger = std::make_unique<KvLedger>(st.cfg.kv, st.cfg.scheduler.chunked_prefill);
+  st.sched = std::make_unique<Scheduler>(st.cfg.scheduler, *st.ledger, st.cfg.policy);
   st.first_stage = std::move(first_stage);
+  st.kv_actor = std::move(kv_actor);
   st.board = std::move(board);
   publish(st);
   if (st.cfg.heartbeat.count() > 0) self->send(self, heartbeat_atom::value);
@@ -204,6 +275,7 @@ scheduler_actor::behavior_type scheduler_fn(self_ptr self, SchedulerActorConfig 
           st.seqs.erase(it);
         }
         publish(st);
+        maybe_step(self);  // the frees go to the KV-block manager now, with or without a step
       },
       [=](StepDone& d) { on_step_done(self, d); },
       [=](StepFailed& f) { on_step_failed(self, f); },

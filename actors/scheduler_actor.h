@@ -1,12 +1,15 @@
-// Scheduler actor: wraps the scheduler and KV-block-manager cores (runtime/). It admits
-// sequences from request actors, plans one step at a time (continuous batching: decodes and
-// prefill chunks share the token budget), sends the plan to the first pipeline stage, and
-// on the step's result applies the sampled tokens, streams them to each sequence's request
-// actor and plans the next step. Cancelled sequences free their KV blocks at once.
+// Scheduler actor: wraps the scheduler core (runtime/scheduler.h). It admits sequences from
+// request actors, plans one step at a time (continuous batching: decodes and prefill chunks
+// share the token budget), has the KV-block-manager actor apply the step's block operations,
+// sends the plan to the first pipeline stage, and on the step's result applies the sampled
+// tokens, streams them to each sequence's request actor and plans the next step. Cancelled
+// sequences free their KV blocks at once.
 //
-// The block manager is owned here, not by a separate actor: every scheduling decision reads
-// and changes block state synchronously, so a message round trip per allocation would only
-// add latency (docs/architecture.md).
+// The block state belongs to the KV-block-manager actor. The core plans against a KvLedger
+// (block counts from the actor's last snapshot); the ledger's recorded operations go to the
+// actor in one request per step, awaited (no other message is handled meanwhile, so the
+// ledger and the actor never disagree about what was applied), and Scheduler::settle() fits
+// the plan to the answer (runtime/kv_ledger.h, docs/serving.md).
 #pragma once
 #include <chrono>
 #include <functional>
@@ -18,6 +21,7 @@
 #include "actors/messages.h"
 #include "runtime/engine.h"
 #include "runtime/kv_block_manager.h"
+#include "runtime/kv_ledger.h"
 #include "runtime/scheduler.h"
 
 namespace troupe::actors {
@@ -74,9 +78,12 @@ struct SeqInfo {
 
 struct SchedulerState {
   SchedulerActorConfig cfg;
-  std::unique_ptr<KvBlockManager> kv;
+  std::unique_ptr<KvLedger> ledger;
   std::unique_ptr<Scheduler> sched;
   stage_actor first_stage;
+  kv_block_actor kv_actor;
+  bool kv_waiting = false;             // a KvOpsRequest is out (awaited)
+  uint64_t kv_batch = 0;
   std::shared_ptr<StatsBoard> board;
   std::map<int64_t, SeqInfo> seqs;
   std::vector<int64_t> released;
@@ -90,6 +97,6 @@ struct SchedulerState {
 
 scheduler_actor::behavior_type scheduler_fn(scheduler_actor::stateful_pointer<SchedulerState> self,
                                             SchedulerActorConfig cfg, stage_actor first_stage,
-                                            std::shared_ptr<StatsBoard> board);
+                                            kv_block_actor kv_actor, std::shared_ptr<StatsBoard> board);
 
 }  // namespace troupe::actors

@@ -19,19 +19,23 @@ StepInputs PlannedStep::inputs() const {
 }
 
 Result<PlannedStep> plan_step(const StepPlan& plan, const Scheduler& sched, const KvBlockManager& kv) {
+  return plan_step(plan, sched, kv.config().block_size, [&](int64_t id) { return kv.block_table(id); });
+}
+
+Result<PlannedStep> plan_step(const StepPlan& plan, const Scheduler& sched, int32_t bs, const BlockTableFn& table) {
   PlannedStep p;
-  const int32_t bs = kv.config().block_size;
+  if (bs <= 0) return make_error("block size must be positive");
   for (const auto& q : plan.seqs) {
-    const auto* bt = kv.block_table(q.id);
+    const auto* bt = table(q.id);
     if (!bt) return make_error("step plan names unknown sequence " + std::to_string(q.id));
     p.max_blocks_per_seq = std::max(p.max_blocks_per_seq, static_cast<int32_t>(bt->size()));
   }
   p.query_start.push_back(0);
   for (const auto& q : plan.seqs) {
     const SchedState* s = sched.state(q.id);
-    const auto* bt = kv.block_table(q.id);
-    if (!s || q.num_computed + q.num_new > static_cast<int32_t>(s->tokens.size()) ||
-        kv.blocks_needed(q.num_computed + q.num_new) > static_cast<int32_t>(bt->size()))
+    const auto* bt = table(q.id);
+    if (!s || q.num_computed < 0 || q.num_new < 1 || q.num_computed + q.num_new > static_cast<int32_t>(s->tokens.size()) ||
+        (q.num_computed + q.num_new + bs - 1) / bs > static_cast<int32_t>(bt->size()))
       return make_error("step plan for sequence " + std::to_string(q.id) + " does not match its state");
     for (int32_t i = 0; i < q.num_new; ++i) {
       const int32_t pos = q.num_computed + i;

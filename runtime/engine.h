@@ -44,6 +44,10 @@ struct PlannedStep {
   int32_t max_blocks_per_seq = 0;
   StepInputs inputs() const;
 };
+// The block tables come from `table(id)` (null: unknown sequence): the block manager's
+// own, or the copies the KV-block-manager actor sent back.
+using BlockTableFn = std::function<const std::vector<int32_t>*(int64_t)>;
+Result<PlannedStep> plan_step(const StepPlan& plan, const Scheduler& sched, int32_t block_size, const BlockTableFn& table);
 Result<PlannedStep> plan_step(const StepPlan& plan, const Scheduler& sched, const KvBlockManager& kv);
 
 class Engine {

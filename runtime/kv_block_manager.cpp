@@ -44,14 +44,16 @@ void KvBlockManager::release(int32_t b) {
   blk.in_free = true;
 }
 
-std::optional<int32_t> KvBlockManager::add_sequence(int64_t seq, const std::vector<int32_t>& prompt) {
+std::optional<int32_t> KvBlockManager::add_sequence(int64_t seq, const std::vector<int32_t>& prompt,
+                                                    int32_t max_cached_blocks) {
   if (seqs_.count(seq)) return std::nullopt;
   Seq s;
   const int32_t bs = cfg_.block_size;
   if (cfg_.enable_prefix_caching) {
     uint64_t parent = 0;
     // Full blocks only, and at least one prompt token is left to compute.
-    for (size_t i = 0; (i + 1) * static_cast<size_t>(bs) < prompt.size(); ++i) {
+    for (size_t i = 0; (i + 1) * static_cast<size_t>(bs) < prompt.size() &&
+                       static_cast<int32_t>(s.blocks.size()) < max_cached_blocks; ++i) {
       const uint64_t h = chain_hash(parent, prompt.data() + i * bs);
       ++queries_;
       auto it = cached_.find(h);
@@ -72,6 +74,21 @@ std::optional<int32_t> KvBlockManager::add_sequence(int64_t seq, const std::vect
   const int32_t cached = s.num_tokens;
   seqs_.emplace(seq, std::move(s));
   return cached;
+}
+
+std::vector<bool> KvBlockManager::probe_prefix(const std::vector<int32_t>& prompt) const {
+  std::vector<bool> free_listed;
+  if (!cfg_.enable_prefix_caching) return free_listed;
+  const size_t bs = static_cast<size_t>(cfg_.block_size);
+  uint64_t parent = 0;
+  for (size_t i = 0; (i + 1) * bs < prompt.size(); ++i) {
+    const uint64_t h = chain_hash(parent, prompt.data() + i * bs);
+    auto it = cached_.find(h);
+    if (it == cached_.end()) break;
+    free_listed.push_back(blocks_[it->second].in_free);
+    parent = h;
+  }
+  return free_listed;
 }
 
 bool KvBlockManager::reserve(int64_t seq, int32_t num_tokens, const std::vector<int32_t>& tokens,
@@ -174,6 +191,18 @@ KvBlockStats KvBlockManager::stats() const {
   st.prefix_queries = queries_;
   st.prefix_hits = hits_;
   return st;
+}
+
+std::vector<KvSeqBlocks> KvBlockManager::seq_blocks() const {
+  std::vector<KvSeqBlocks> out;
+  out.reserve(seqs_.size());
+  for (const auto& [id, s] : seqs_) {
+    KvSeqBlocks b{id, static_cast<int32_t>(s.blocks.size()), 0};
+    for (int32_t blk : s.blocks) b.exclusive += blocks_[blk].ref == 1 ? 1 : 0;
+    out.push_back(b);
+  }
+  std::sort(out.begin(), out.end(), [](const KvSeqBlocks& a, const KvSeqBlocks& b) { return a.seq < b.seq; });
+  return out;
 }
 
 Status KvBlockManager::check_invariants() const {

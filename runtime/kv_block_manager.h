@@ -6,6 +6,7 @@
 // Sequences are identified by the caller's ids. "No room" is a value (false / nullopt), never
 // an exception: the scheduler then preempts.
 #pragma once
+#include <climits>
 #include <cstdint>
 #include <list>
 #include <optional>
@@ -41,23 +42,56 @@ struct KvBlockStats {
   double usage() const { return num_blocks ? 1.0 - static_cast<double>(num_free) / num_blocks : 0.0; }
 };
 
-class KvBlockManager {
+// A sequence's share of the pool: blocks it holds, and how many of them it alone holds
+// (freeing the sequence returns exactly those to the free list).
+struct KvSeqBlocks {
+  int64_t seq = 0;
+  int32_t held = 0, exclusive = 0;
+};
+
+// What the scheduler core needs of the block state. The KV-block manager itself implements
+// it (the engine, the simulator and the tests call it directly); the scheduler actor's
+// KvLedger implements it over counts and records the calls as block operations for the
+// KV-block-manager actor, the only owner of the blocks (runtime/kv_ledger.h).
+class KvBlocks {
+ public:
+  virtual ~KvBlocks() = default;
+  virtual const KvBlockConfig& config() const = 0;
+  // Starts a sequence; returns how many prompt tokens come from the prefix cache
+  // (nullopt if the sequence exists).
+  virtual std::optional<int32_t> add_sequence(int64_t seq, const std::vector<int32_t>& prompt) = 0;
+  // Makes room for `num_tokens` tokens in total; false (nothing changed) when the pool is short.
+  virtual bool reserve(int64_t seq, int32_t num_tokens, const std::vector<int32_t>& tokens,
+                       std::vector<BlockCopy>* copies) = 0;
+  virtual void free_sequence(int64_t seq) = 0;
+};
+
+class KvBlockManager : public KvBlocks {
  public:
   explicit KvBlockManager(const KvBlockConfig& cfg);
 
   // Starts a sequence from a prompt: reuses cached blocks for the longest prefix of full
   // blocks already in the cache and returns how many prompt tokens they cover. At least
   // one token is always left to compute. nullopt if the sequence exists.
-  std::optional<int32_t> add_sequence(int64_t seq, const std::vector<int32_t>& prompt);
+  std::optional<int32_t> add_sequence(int64_t seq, const std::vector<int32_t>& prompt) override {
+    return add_sequence(seq, prompt, INT32_MAX);
+  }
+  // The same, reusing at most `max_cached_blocks` cached blocks.
+  std::optional<int32_t> add_sequence(int64_t seq, const std::vector<int32_t>& prompt, int32_t max_cached_blocks);
+  // The cached blocks add_sequence would reuse for this prompt, changing nothing (no
+  // counters either): one entry per block, true where the block sits in the free list
+  // (reusing it takes it from there) and false where running sequences already share it.
+  std::vector<bool> probe_prefix(const std::vector<int32_t>& prompt) const;
   // Makes room for the sequence to hold `num_tokens` tokens in total (the first
   // `tokens.size()` of which are known, for hashing blocks as they fill). False when not
   // enough blocks are free; nothing changes then.
-  bool reserve(int64_t seq, int32_t num_tokens, const std::vector<int32_t>& tokens, std::vector<BlockCopy>* copies);
+  bool reserve(int64_t seq, int32_t num_tokens, const std::vector<int32_t>& tokens,
+               std::vector<BlockCopy>* copies) override;
   // Records that the first `tokens.size()` tokens are now computed (full blocks get hashed
   // and become shareable).
   void commit(int64_t seq, const std::vector<int32_t>& tokens);
   // Releases every block of the sequence (cached blocks stay reusable until evicted).
-  void free_sequence(int64_t seq);
+  void free_sequence(int64_t seq) override;
   // The child shares all of the parent's blocks; the first write into a shared block copies it.
   bool fork(int64_t parent, int64_t child);
   // Keeps the first n tokens (speculative rollback); frees blocks past them.
@@ -68,7 +102,9 @@ class KvBlockManager {
   int32_t blocks_needed(int32_t num_tokens) const { return (num_tokens + cfg_.block_size - 1) / cfg_.block_size; }
   int32_t num_free_blocks() const { return static_cast<int32_t>(free_.size()); }
   KvBlockStats stats() const;
-  const KvBlockConfig& config() const { return cfg_; }
+  // Every sequence's share of the pool, by id.
+  std::vector<KvSeqBlocks> seq_blocks() const;
+  const KvBlockConfig& config() const override { return cfg_; }
 
   // Checks every structural invariant; the error names the first one broken.
   Status check_invariants() const;

@@ -14,7 +14,7 @@ SchedulingPolicy SchedulingPolicy::priority() {
   }};
 }
 
-Scheduler::Scheduler(const SchedulerConfig& cfg, KvBlockManager& kv, SchedulingPolicy policy)
+Scheduler::Scheduler(const SchedulerConfig& cfg, KvBlocks& kv, SchedulingPolicy policy)
     : cfg_(cfg), kv_(kv), policy_(std::move(policy)) {
   cfg_.max_batched_tokens = std::max(1, cfg_.max_batched_tokens);
   cfg_.max_running = std::max(1, cfg_.max_running);
@@ -124,6 +124,47 @@ StepPlan Scheduler::schedule(const std::set<int64_t>* busy) {
   }
   plan.num_tokens = cfg_.max_batched_tokens - budget;
   return plan;
+}
+
+Status Scheduler::settle(StepPlan& plan, const std::vector<KvOp>& ops, const std::vector<KvOpResult>& results) {
+  if (ops.size() != results.size())
+    return make_error("the KV-block manager answered " + std::to_string(results.size()) + " of " +
+                      std::to_string(ops.size()) + " block operations");
+  auto drop = [&](int64_t id) {
+    plan.seqs.erase(std::remove_if(plan.seqs.begin(), plan.seqs.end(), [&](const ScheduledSeq& q) { return q.id == id; }),
+                    plan.seqs.end());
+  };
+  std::vector<int64_t> refused;
+  for (size_t i = 0; i < ops.size(); ++i) {
+    const KvOp& op = ops[i];
+    const KvOpResult& r = results[i];
+    if (op.kind == KvOp::Kind::Reserve && !r.ok) drop(op.seq);  // stays running; planned again next step
+    if (op.kind != KvOp::Kind::Admit) continue;
+    auto st = states_.find(op.seq);
+    auto q = std::find_if(plan.seqs.begin(), plan.seqs.end(), [&](const ScheduledSeq& x) { return x.id == op.seq; });
+    if (st == states_.end() || q == plan.seqs.end()) return make_error("an admission names a sequence the plan lacks");
+    SchedState& s = st->second;
+    if (!r.ok) {
+      drop(op.seq);
+      running_.erase(std::remove(running_.begin(), running_.end(), op.seq), running_.end());
+      s.num_computed = 0;
+      refused.push_back(op.seq);
+      continue;
+    }
+    const int32_t len = static_cast<int32_t>(s.tokens.size());
+    if (r.cached < 0 || r.cached % kv_.config().block_size != 0 || r.num_new < 1 || r.num_new > q->num_new ||
+        r.cached + r.num_new > len)
+      return make_error("the KV-block manager admitted sequence " + std::to_string(op.seq) + " outside its plan");
+    s.num_computed = r.cached;
+    q->num_computed = r.cached;
+    q->num_new = r.num_new;
+    q->samples = r.cached + r.num_new == len;
+  }
+  for (auto it = refused.rbegin(); it != refused.rend(); ++it) waiting_.push_front(*it);
+  if (!refused.empty()) sort_waiting();
+  plan.num_tokens = 0;
+  for (const ScheduledSeq& q : plan.seqs) plan.num_tokens += q.num_new;
+  return {};
 }
 
 std::vector<FinishedRequest> Scheduler::update(const StepPlan& plan, const std::vector<int32_t>& sampled,

@@ -16,6 +16,7 @@
 
 #include "kernels/result.h"
 #include "runtime/kv_block_manager.h"
+#include "runtime/kv_ledger.h"
 
 namespace troupe {
 
@@ -75,7 +76,9 @@ struct FinishedRequest {
 
 class Scheduler {
  public:
-  Scheduler(const SchedulerConfig& cfg, KvBlockManager& kv, SchedulingPolicy policy);
+  // kv: the block manager itself, or a KvLedger whose operations the caller applies at
+  // the KV-block-manager actor and then passes to settle().
+  Scheduler(const SchedulerConfig& cfg, KvBlocks& kv, SchedulingPolicy policy);
   // Refuses (error) a request that could never fit the pool even alone, or a duplicate id.
   Status add(SchedRequest r);
   // Drops a request wherever it is; its blocks return to the pool at once.
@@ -83,11 +86,18 @@ class Scheduler {
   // `busy`: sequences inside plans still in flight (a pipeline with several plans in
   // flight); they are neither scheduled nor chosen as preemption victims.
   StepPlan schedule(const std::set<int64_t>* busy = nullptr);
+  // Fits a plan made against a KvLedger to what the KV-block-manager actor applied (`ops`
+  // as the ledger recorded them, `results` one per op): an admission computes from the
+  // prefix hit the actor found, a refused one goes back to the head of the queue, a
+  // refused reservation leaves its sequence out of this step. Error: results that do not
+  // match the plan.
+  Status settle(StepPlan& plan, const std::vector<KvOp>& ops, const std::vector<KvOpResult>& results);
   // Applies one sampled token per `samples` entry of the plan, in plan order;
   // is_stop(id, token) says whether a token ends its request.
   std::vector<FinishedRequest> update(const StepPlan& plan, const std::vector<int32_t>& sampled,
                                       const std::function<bool(int64_t, int32_t)>& is_stop);
   size_t num_waiting() const { return waiting_.size(); }
+  const std::deque<int64_t>& waiting() const { return waiting_; }
   size_t num_running() const { return running_.size(); }
   const SchedState* state(int64_t id) const;
   uint64_t num_preemptions() const { return preemptions_; }
@@ -98,7 +108,7 @@ class Scheduler {
   bool may_split(int32_t left, int32_t n) const;
 
   SchedulerConfig cfg_;
-  KvBlockManager& kv_;
+  KvBlocks& kv_;
   SchedulingPolicy policy_;
   std::map<int64_t, SchedState> states_;
   std::deque<int64_t> waiting_;

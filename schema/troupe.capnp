@@ -163,6 +163,7 @@ struct EngineStats {
   mostPlansInFlight @13 :UInt64;
   stepSeconds @14 :Float64;
   computeSeconds @15 :Float64;
+  kvSeconds @16 :Float64;
 }
 
 struct KvStats {
@@ -170,4 +171,73 @@ struct KvStats {
   numFree @1 :Int32;
   prefixQueries @2 :UInt64;
   prefixHits @3 :UInt64;
+  numCachedFree @4 :Int32;
+}
+
+# Scheduler actor -> KV-block-manager actor: one step's block operations, applied in order
+# (runtime/kv_ledger.h), the waiting sequences whose prefix hits the next plan wants to
+# know, and the sequences whose block tables the step needs.
+struct KvOpsRequest {
+  batch @0 :UInt64;
+  ops @1 :List(KvOp);
+  probes @2 :List(KvProbe);
+  tables @3 :List(Int64);
+}
+
+struct KvOp {
+  kind @0 :Kind;
+  seq @1 :Int64;
+  cached @2 :Int32;      # admit: prompt tokens the plan takes from the prefix cache
+  numTokens @3 :Int32;   # admit: tokens computed after them; reserve: tokens held in all
+  allowance @4 :Int32;   # admit: free blocks the plan counted for it
+  whole @5 :Bool;        # admit: the step must reach the end of the tokens
+  tokens @6 :List(Int32);
+  enum Kind {
+    admit @0;
+    reserve @1;
+    free @2;
+  }
+}
+
+struct KvProbe {
+  seq @0 :Int64;
+  tokens @1 :List(Int32);
+}
+
+# KV-block-manager actor -> scheduler actor: what was applied, and the state after it.
+struct KvOpsReply {
+  batch @0 :UInt64;
+  results @1 :List(KvOpResult);
+  copies @2 :List(StepPlan.BlockCopy);
+  tables @3 :List(KvTable);
+  snapshot @4 :KvSnapshot;
+}
+
+struct KvOpResult {
+  ok @0 :Bool;
+  cached @1 :Int32;      # admit: tokens taken from the prefix cache
+  numNew @2 :Int32;      # admit: tokens to compute this step
+}
+
+struct KvTable {
+  seq @0 :Int64;
+  blocks @1 :List(Int32);
+}
+
+struct KvSnapshot {
+  numFree @0 :Int32;
+  seqs @1 :List(KvSeqBlocks);
+  hints @2 :List(KvHint);
+  stats @3 :KvStats;
+}
+
+struct KvSeqBlocks {
+  seq @0 :Int64;
+  held @1 :Int32;
+  exclusive @2 :Int32;
+}
+
+struct KvHint {
+  seq @0 :Int64;
+  cachedBlocks @1 :Int32;
 }

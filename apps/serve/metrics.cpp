@@ -101,6 +101,9 @@ std::string Metrics::render(const actors::EngineStats& s, const std::string& mod
   counter("troupe:engine_compute_seconds_total",
           "Time in the stages' layers and the sampling, summed over stages (one stage, one plan in flight: step minus compute is the actor hops).",
           s.compute_seconds);
+  counter("troupe:engine_kv_seconds_total",
+          "Time in KV-block-manager round trips (a step's block operations sent, applied and answered), summed.",
+          s.kv_seconds);
   gauge("troupe:step_plans_in_flight_max", "Most step plans in flight at once so far (up to one per pipeline stage).",
         static_cast<double>(s.most_plans_in_flight));
   {

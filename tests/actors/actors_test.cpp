@@ -69,6 +69,7 @@ struct TestNode {
     opt.threads = 1;
     opt.max_batch_tokens = 64;
     opt.detached_workers = false;
+    opt.check_kv_invariants = true;
     opt.scheduler.scheduler = {budget, 8};
     opt.scheduler.kv = {blocks, 8, true};
     opt.scheduler.heartbeat = std::chrono::milliseconds(0);

@@ -5,6 +5,11 @@
 
 #include "actors/codec.h"
 
+#include <capnp/message.h>
+#include <capnp/serialize.h>
+
+#include "troupe.capnp.h"
+
 using namespace troupe;
 using namespace troupe::actors;
 
@@ -176,7 +181,7 @@ TEST_CASE("codec: StepDone, StepFailed and EngineStats round-trip", "[codec]") {
   REQUIRE(std::holds_alternative<StepFailed>(*f));
   REQUIRE(std::get<StepFailed>(*f).error == "KV slot out of range");
   REQUIRE(std::get<StepFailed>(*f).step_no == 6);
-  EngineStats s{3, 4, 100, 55, 1000, 600, 12345, 678, 9000, 2, 77, 3, 0.25, "boom", 12.5, 11.25};
+  EngineStats s{3, 4, 100, 55, 1000, 600, 12345, 678, 9000, 2, 77, 3, 0.25, "boom", 12.5, 11.25, 0.75};
   auto e = codec::decode_engine_stats(codec::encode(s));
   REQUIRE(e.ok());
   REQUIRE(e->num_running == 3);
@@ -194,7 +199,99 @@ TEST_CASE("codec: StepDone, StepFailed and EngineStats round-trip", "[codec]") {
   REQUIRE(e->heartbeat_age_seconds == 0.25);
   REQUIRE(e->step_seconds == 12.5);
   REQUIRE(e->compute_seconds == 11.25);
+  REQUIRE(e->kv_seconds == 0.75);
   REQUIRE(e->failure == "boom");
+}
+
+TEST_CASE("codec: the KV-block-manager messages (block operations, reply and snapshot) round-trip", "[codec]") {
+  KvOpsRequest q;
+  q.batch = 41;
+  KvOp admit;
+  admit.kind = KvOp::Kind::Admit;
+  admit.seq = -3;
+  admit.cached = 32;
+  admit.num_tokens = 17;
+  admit.allowance = 7;
+  admit.whole = true;
+  admit.tokens = {5, 6, 7, 1 << 20};
+  KvOp reserve;
+  reserve.kind = KvOp::Kind::Reserve;
+  reserve.seq = 1LL << 40;
+  reserve.num_tokens = 99;
+  reserve.tokens = {1};
+  KvOp release;
+  release.kind = KvOp::Kind::Free;
+  release.seq = 8;
+  q.ops = {admit, reserve, release};
+  q.probes = {{12, {3, 4, 5}}, {13, {}}};
+  q.tables = {-3, 1LL << 40};
+  auto d = codec::decode_kv_ops_request(codec::encode(q));
+  REQUIRE(d.ok());
+  REQUIRE(d->batch == 41);
+  REQUIRE(d->ops.size() == 3);
+  for (size_t i = 0; i < 3; ++i) {
+    REQUIRE(d->ops[i].kind == q.ops[i].kind);
+    REQUIRE(d->ops[i].seq == q.ops[i].seq);
+    REQUIRE(d->ops[i].cached == q.ops[i].cached);
+    REQUIRE(d->ops[i].num_tokens == q.ops[i].num_tokens);
+    REQUIRE(d->ops[i].allowance == q.ops[i].allowance);
+    REQUIRE(d->ops[i].whole == q.ops[i].whole);
+    REQUIRE(d->ops[i].tokens == q.ops[i].tokens);
+  }
+  REQUIRE(d->probes.size() == 2);
+  REQUIRE(d->probes[0].seq == 12);
+  REQUIRE(d->probes[0].tokens == std::vector<int32_t>{3, 4, 5});
+  REQUIRE(d->probes[1].tokens.empty());
+  REQUIRE(d->tables == q.tables);
+
+  KvOpsReply r;
+  r.batch = 41;
+  r.results = {{true, 32, 9}, {false, 0, 0}, {true, 0, 0}};
+  r.copies = {{4, 9}};
+  r.tables = {{-3, {7, 2, 11}}, {1LL << 40, {}}};
+  r.snapshot.num_free = 17;
+  r.snapshot.seqs = {{-3, 3, 1}, {5, 10, 10}};
+  r.snapshot.hints = {{12, 2}};
+  r.snapshot.stats = {64, 17, 5, 300, 120};
+  auto e = codec::decode_kv_ops_reply(codec::encode(r));
+  REQUIRE(e.ok());
+  REQUIRE(e->batch == 41);
+  REQUIRE(e->results.size() == 3);
+  for (size_t i = 0; i < 3; ++i) {
+    REQUIRE(e->results[i].ok == r.results[i].ok);
+    REQUIRE(e->results[i].cached == r.results[i].cached);
+    REQUIRE(e->results[i].num_new == r.results[i].num_new);
+  }
+  REQUIRE(e->copies.size() == 1);
+  REQUIRE(e->copies[0].src == 4);
+  REQUIRE(e->copies[0].dst == 9);
+  REQUIRE(e->tables.size() == 2);
+  REQUIRE(e->tables[0].seq == -3);
+  REQUIRE(e->tables[0].blocks == std::vector<int32_t>{7, 2, 11});
+  REQUIRE(e->tables[1].blocks.empty());
+  REQUIRE(e->snapshot.num_free == 17);
+  REQUIRE(e->snapshot.seqs.size() == 2);
+  REQUIRE(e->snapshot.seqs[1].seq == 5);
+  REQUIRE(e->snapshot.seqs[0].held == 3);
+  REQUIRE(e->snapshot.seqs[0].exclusive == 1);
+  REQUIRE(e->snapshot.hints.size() == 1);
+  REQUIRE(e->snapshot.hints[0].seq == 12);
+  REQUIRE(e->snapshot.hints[0].cached_blocks == 2);
+  REQUIRE(e->snapshot.stats.num_blocks == 64);
+  REQUIRE(e->snapshot.stats.num_free == 17);
+  REQUIRE(e->snapshot.stats.num_cached_free == 5);
+  REQUIRE(e->snapshot.stats.prefix_queries == 300);
+  REQUIRE(e->snapshot.stats.prefix_hits == 120);
+
+  // An operation kind the schema does not know is refused, not cast.
+  capnp::MallocMessageBuilder m;
+  auto bad = m.initRoot<schema::KvOpsRequest>();
+  bad.initOps(1)[0].setKind(static_cast<schema::KvOp::Kind>(9));
+  auto words = capnp::messageToFlatArray(m);
+  codec::Bytes bytes(words.asBytes().begin(), words.asBytes().end());
+  auto refused = codec::decode_kv_ops_request(bytes);
+  REQUIRE(!refused.ok());
+  REQUIRE(refused.error().message.find("unknown block operation") != std::string::npos);
 }
 
 TEST_CASE("codec: random bytes never crash an actor-message decoder", "[codec][badinput]") {
@@ -208,5 +305,7 @@ TEST_CASE("codec: random bytes never crash an actor-message decoder", "[codec][b
     (void)codec::decode_engine_stats(junk);
     (void)codec::decode_submit_seq(junk);
     (void)codec::decode_cancel_seqs(junk);
+    (void)codec::decode_kv_ops_request(junk);
+    (void)codec::decode_kv_ops_reply(junk);
   }
 }
