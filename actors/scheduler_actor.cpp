@@ -47,9 +47,20 @@ Status check_submit(const SchedulerState& st, const SubmitSeq& s) {
 void fail_engine(self_ptr self, std::string error);
 void on_kv_reply(self_ptr self, StepPlan& plan, const std::vector<KvOp>& ops, KvOpsReply& r);
 
-// Waiting sequences whose prefix-cache hits the next plan asks for (the head of the queue,
-// where admissions come from).
+// Waiting sequences whose prefix-cache hits the next plan asks for: the head of the queue,
+// where admissions come from, those that could hit the cache at all.
 constexpr size_t kMaxProbes = 8;
+
+std::vector<int64_t> probe_window(const SchedulerState& st) {
+  std::vector<int64_t> ids;
+  if (!st.cfg.kv.enable_prefix_caching) return ids;
+  for (int64_t id : st.sched->waiting()) {
+    if (ids.size() == kMaxProbes) break;
+    const SchedState* s = st.sched->state(id);
+    if (s && st.ledger->may_hit(s->tokens)) ids.push_back(id);
+  }
+  return ids;
+}
 
 // Sends the block operations the ledger recorded (with the plan they belong to, if any) to
 // the KV-block-manager actor and awaits the answer: until it comes, this actor handles no
@@ -67,12 +78,7 @@ void send_kv(self_ptr self, StepPlan plan) {
     ops->push_back(std::move(light));
   }
   for (const auto& q : plan.seqs) req.tables.push_back(q.id);
-  if (st.cfg.kv.enable_prefix_caching)
-    for (int64_t id : st.sched->waiting()) {
-      if (req.probes.size() == kMaxProbes) break;
-      const SchedState* s = st.sched->state(id);
-      if (s && s->tokens.size() > static_cast<size_t>(st.cfg.kv.block_size)) req.probes.push_back({id, s->tokens});
-    }
+  for (int64_t id : probe_window(st)) req.probes.push_back({id, st.sched->state(id)->tokens});
   auto pending = std::make_shared<StepPlan>(std::move(plan));
   const auto sent = std::chrono::steady_clock::now();
   st.kv_waiting = true;
@@ -103,7 +109,13 @@ void maybe_step(self_ptr self) {
       for (const auto& q : p.seqs) busy.insert(q.id);
     plan = st.sched->schedule(busy.empty() ? nullptr : &busy);
   }
-  if (plan.seqs.empty() && !st.ledger->has_pending()) return;
+  if (plan.seqs.empty() && !st.ledger->has_pending()) {
+    // Nothing to plan now (the pipeline is full): fetch the hints of sequences that arrived
+    // meanwhile, so that the next plan can admit them at once.
+    bool missing = false;
+    for (int64_t id : probe_window(st)) missing = missing || !st.ledger->has_hint(id);
+    if (!missing) return;
+  }
   send_kv(self, std::move(plan));
 }
 

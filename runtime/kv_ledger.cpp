@@ -85,33 +85,33 @@ KvLedger::KvLedger(const KvBlockConfig& cfg, bool chunked_prefill) : cfg_(cfg), 
 
 std::optional<int32_t> KvLedger::add_sequence(int64_t seq, const std::vector<int32_t>& prompt) {
   if (held_.count(seq) || admitting_.count(seq)) return std::nullopt;
-  const bool may_hit = cfg_.enable_prefix_caching && prompt.size() > static_cast<size_t>(cfg_.block_size);
-  if (may_hit && !hints_.count(seq)) {
-    // Not before the actor said what the cache holds for it: without a hint the plan would
-    // count the cached blocks as new and compute the prompt from its start.
-    needs_probe_ = true;
-    return std::nullopt;
-  }
-  int32_t cached_blocks = 0;
-  if (auto h = hints_.find(seq); h != hints_.end() && may_hit) {
-    cached_blocks = std::max(0, h->second.cached_blocks);
+  Admission a;
+  if (auto h = hints_.find(seq); h != hints_.end() && may_hit(prompt)) {
+    a.hinted = true;
+    a.cached_blocks = std::max(0, h->second.cached_blocks);
     // At least one prompt token is left to compute (as the block manager does).
-    while (cached_blocks > 0 && static_cast<size_t>(cached_blocks) * cfg_.block_size >= prompt.size()) --cached_blocks;
+    while (a.cached_blocks > 0 && static_cast<size_t>(a.cached_blocks) * cfg_.block_size >= prompt.size()) --a.cached_blocks;
   }
-  admitting_[seq] = cached_blocks;
-  return cached_blocks * cfg_.block_size;
+  admitting_[seq] = a;
+  return a.cached_blocks * cfg_.block_size;
 }
 
 bool KvLedger::reserve(int64_t seq, int32_t num_tokens, const std::vector<int32_t>& tokens, std::vector<BlockCopy>*) {
   if (auto a = admitting_.find(seq); a != admitting_.end()) {
-    const int32_t cached = a->second * cfg_.block_size;
+    const int32_t cached = a->second.cached_blocks * cfg_.block_size;
     if (num_tokens <= cached) return false;
+    if (!a->second.hinted && may_hit(tokens) && num_tokens < static_cast<int32_t>(tokens.size())) {
+      // A first chunk without a hint would count cached blocks as new and compute the
+      // prompt from its start: wait for the actor to say what the cache holds.
+      needs_probe_ = true;
+      return false;
+    }
     // Every block counts, the cached ones too: by the time the actor applies this, a hit
     // block still shared now may sit in the free list (its sharer freed earlier this step).
     const int32_t take = blocks_needed(num_tokens);
     if (take > free_) return false;
     free_ -= take;
-    held_[seq] = {take, take - a->second};
+    held_[seq] = {take, take - a->second.cached_blocks};
     KvOp op;
     op.kind = KvOp::Kind::Admit;
     op.seq = seq;

@@ -101,10 +101,16 @@ class KvLedger : public KvBlocks {
                std::vector<BlockCopy>* copies) override;
   void free_sequence(int64_t seq) override;
 
-  // Operations to send, or an admission that waits for a prefix-cache hint: a sequence
-  // that may hit the cache (prefix caching on, more than one block of tokens) is admitted
-  // only once a snapshot carries its hint (add_sequence says nullopt until then).
+  // Operations to send, or an admission that waits for a prefix-cache hint. Without a hint
+  // an admission counts no cached tokens: fine when the whole prompt fits the step (the
+  // actor then takes every cached block), but a first chunk would start at token 0, so a
+  // sequence that may hit the cache (prefix caching on, more than one block of tokens) is
+  // admitted in chunks only once a snapshot carries its hint (reserve refuses until then).
   bool has_pending() const { return !ops_.empty() || needs_probe_; }
+  bool has_hint(int64_t seq) const { return hints_.count(seq) > 0; }
+  bool may_hit(const std::vector<int32_t>& tokens) const {
+    return cfg_.enable_prefix_caching && tokens.size() > static_cast<size_t>(cfg_.block_size);
+  }
   // The operations recorded since the last call, in order.
   std::vector<KvOp> take_ops();
   // Replaces the counts and hints with the actor's (no operations may be pending).
@@ -123,7 +129,11 @@ class KvLedger : public KvBlocks {
   int32_t free_ = 0;
   bool needs_probe_ = false;
   std::map<int64_t, Held> held_;             // sequences the pool holds (as far as planned)
-  std::map<int64_t, int32_t> admitting_;     // added this step, not yet reserved: hinted cached blocks
+  struct Admission {
+    int32_t cached_blocks = 0;  // from the hint
+    bool hinted = false;
+  };
+  std::map<int64_t, Admission> admitting_;   // added this step, not yet reserved
   std::map<int64_t, KvHint> hints_;
   std::vector<KvOp> ops_;
   KvBlockStats stats_;
