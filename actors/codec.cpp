@@ -507,6 +507,7 @@ Bytes encode(const KvOpsReply& x) {
   for (unsigned i = 0; i < x.snapshot.hints.size(); ++i) {
     hints[i].setSeq(x.snapshot.hints[i].seq);
     hints[i].setCachedBlocks(x.snapshot.hints[i].cached_blocks);
+    hints[i].setFreeListed(x.snapshot.hints[i].free_listed);
   }
   write_kv_stats(snap.initStats(), x.snapshot.stats);
   return to_bytes(m);
@@ -522,7 +523,7 @@ Result<KvOpsReply> decode_kv_ops_reply(const Bytes& b) {
     auto snap = msg.getSnapshot();
     x.snapshot.num_free = snap.getNumFree();
     for (auto s : snap.getSeqs()) x.snapshot.seqs.push_back({s.getSeq(), s.getHeld(), s.getExclusive()});
-    for (auto h : snap.getHints()) x.snapshot.hints.push_back({h.getSeq(), h.getCachedBlocks()});
+    for (auto h : snap.getHints()) x.snapshot.hints.push_back({h.getSeq(), h.getCachedBlocks(), h.getFreeListed()});
     x.snapshot.stats = read_kv_stats(snap.getStats());
     return x;
   });

@@ -8,7 +8,12 @@ namespace {
 
 using self_ptr = scheduler_actor::stateful_pointer<SchedulerState>;
 
+// Publishes the stats to the board. Not while block operations are out: the scheduler
+// already counts their effect and the ledger does not yet, so running sequences and free
+// blocks would disagree (a cancelled request gone, its blocks not yet back). The answer
+// publishes.
 void publish(SchedulerState& st) {
+  if (st.kv_waiting) return;
   EngineStats& s = st.stats;
   s.num_running = static_cast<int64_t>(st.sched->num_running());
   s.num_waiting = static_cast<int64_t>(st.sched->num_waiting());
@@ -72,9 +77,14 @@ void send_kv(self_ptr self, StepPlan plan) {
   req.ops = st.ledger->take_ops();
   auto ops = std::make_shared<std::vector<KvOp>>();
   ops->reserve(req.ops.size());
-  for (const KvOp& op : req.ops) {
-    KvOp light = op;
-    light.tokens.clear();
+  for (const KvOp& op : req.ops) {  // what settle() reads, without the token lists
+    KvOp light;
+    light.kind = op.kind;
+    light.seq = op.seq;
+    light.cached = op.cached;
+    light.num_tokens = op.num_tokens;
+    light.allowance = op.allowance;
+    light.whole = op.whole;
     ops->push_back(std::move(light));
   }
   for (const auto& q : plan.seqs) req.tables.push_back(q.id);
@@ -110,8 +120,8 @@ void maybe_step(self_ptr self) {
     plan = st.sched->schedule(busy.empty() ? nullptr : &busy);
   }
   if (plan.seqs.empty() && !st.ledger->has_pending()) {
-    // Nothing to plan now (the pipeline is full): fetch the hints of sequences that arrived
-    // meanwhile, so that the next plan can admit them at once.
+    // Nothing to plan now (the pipeline is full, or nothing fits): fetch the hints of
+    // sequences that arrived meanwhile, so that the next plan can admit them at once.
     bool missing = false;
     for (int64_t id : probe_window(st)) missing = missing || !st.ledger->has_hint(id);
     if (!missing) return;
@@ -127,8 +137,8 @@ void on_kv_reply(self_ptr self, StepPlan& plan, const std::vector<KvOp>& ops, Kv
     if (auto ok = st.sched->settle(plan, ops, r.results); !ok) return fail_engine(self, ok.error().message);
   }
   if (plan.seqs.empty()) {
-    publish(st);
-    return maybe_step(self);
+    maybe_step(self);
+    return publish(st);
   }
   if (!r.copies.empty()) {
     // The scheduler never forks, so copy-on-write cannot arise; refuse rather than corrupt.
@@ -137,7 +147,7 @@ void on_kv_reply(self_ptr self, StepPlan& plan, const std::vector<KvOp>& ops, Kv
   std::map<int64_t, const std::vector<int32_t>*> tables;
   for (const KvTable& t : r.tables)
     if (!t.blocks.empty()) tables[t.seq] = &t.blocks;
-  auto ps = plan_step(plan, *st.sched, st.cfg.kv.block_size, [&](int64_t id) -> const std::vector<int32_t>* {
+  auto ps = plan_step(plan, *st.sched, st.ledger->config().block_size, [&](int64_t id) -> const std::vector<int32_t>* {
     auto it = tables.find(id);
     return it == tables.end() ? nullptr : it->second;
   });
@@ -175,6 +185,7 @@ void on_kv_reply(self_ptr self, StepPlan& plan, const std::vector<KvOp>& ops, Kv
   st.most_in_flight = std::max(st.most_in_flight, st.plans.size());
   self->send(st.first_stage, std::move(step), actor_cast<step_sink_actor>(self));
   maybe_step(self);  // the next plan, while the pipeline has room
+  publish(st);
 }
 
 void on_step_done(self_ptr self, StepDone& done) {
@@ -222,8 +233,8 @@ void on_step_done(self_ptr self, StepDone& done) {
       st.seqs.erase(it);
     }
   }
+  maybe_step(self);  // the frees of finished sequences, and the next plan
   publish(st);
-  maybe_step(self);
 }
 
 // The engine has failed: every sequence ends with the error and its blocks return to the
@@ -232,14 +243,14 @@ void fail_engine(self_ptr self, std::string error) {
   auto& st = self->state;
   st.plans.clear();  // results of the others are ignored
   st.sent.clear();
-  st.stats.failure = error;
+  if (st.stats.failure.empty()) st.stats.failure = error;  // the first cause stays
   for (auto& [id, info] : st.seqs) {
     st.sched->abort(id);
     fail_seq(self, info.sink, id, "step failed: " + error);
   }
   st.seqs.clear();
-  publish(st);
   maybe_step(self);  // sends the frees
+  publish(st);
 }
 
 void on_step_failed(self_ptr self, const StepFailed& f) {
@@ -282,12 +293,12 @@ scheduler_actor::behavior_type scheduler_fn(self_ptr self, SchedulerActorConfig 
         for (int64_t id : c.seq_ids) {
           auto it = st.seqs.find(id);
           if (it == st.seqs.end()) continue;
-          st.sched->abort(id);  // blocks back to the pool now; an in-flight step's token is dropped
+          st.sched->abort(id);  // its Free goes to the KV-block manager below; an in-flight step's token is dropped
           if (it->second.known_to_worker) st.released.push_back(id);
           st.seqs.erase(it);
         }
-        publish(st);
         maybe_step(self);  // the frees go to the KV-block manager now, with or without a step
+        publish(st);
       },
       [=](StepDone& d) { on_step_done(self, d); },
       [=](StepFailed& f) { on_step_failed(self, f); },

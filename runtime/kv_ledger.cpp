@@ -8,8 +8,9 @@ namespace {
 int32_t blocks_for(int32_t n, int32_t bs) { return (n + bs - 1) / bs; }
 
 // An admission: the largest prefix hit (at most what the cache has now) that keeps the
-// step within the plan's tokens and blocks for it. Zero hit blocks always fit the plan's
-// count, so only a pool the plan misjudged refuses.
+// step within the plan's tokens and blocks for it. For a chunked admission no hit at all
+// always fits the plan's count; a whole-prompt one (chunked prefill off) must start at or
+// after the hinted hit, so it is refused when that hit was evicted meanwhile.
 KvOpResult admit(KvBlockManager& kv, const KvOp& op, std::vector<BlockCopy>* copies) {
   KvOpResult r;
   const int32_t bs = kv.config().block_size;
@@ -42,7 +43,8 @@ KvSnapshot kv_snapshot(const KvBlockManager& kv, const std::vector<KvProbe>& pro
   s.seqs = kv.seq_blocks();
   s.stats = kv.stats();
   for (const KvProbe& p : probes) {
-    s.hints.push_back({p.seq, static_cast<int32_t>(kv.probe_prefix(p.tokens).size())});
+    const std::vector<bool> hit = kv.probe_prefix(p.tokens);
+    s.hints.push_back({p.seq, static_cast<int32_t>(hit.size()), static_cast<int32_t>(std::count(hit.begin(), hit.end(), true))});
   }
   return s;
 }
@@ -91,6 +93,7 @@ std::optional<int32_t> KvLedger::add_sequence(int64_t seq, const std::vector<int
     a.cached_blocks = std::max(0, h->second.cached_blocks);
     // At least one prompt token is left to compute (as the block manager does).
     while (a.cached_blocks > 0 && static_cast<size_t>(a.cached_blocks) * cfg_.block_size >= prompt.size()) --a.cached_blocks;
+    a.free_listed = std::clamp(h->second.free_listed, 0, a.cached_blocks);
   }
   admitting_[seq] = a;
   return a.cached_blocks * cfg_.block_size;
@@ -106,9 +109,11 @@ bool KvLedger::reserve(int64_t seq, int32_t num_tokens, const std::vector<int32_
       needs_probe_ = true;
       return false;
     }
-    // Every block counts, the cached ones too: by the time the actor applies this, a hit
-    // block still shared now may sit in the free list (its sharer freed earlier this step).
-    const int32_t take = blocks_needed(num_tokens);
+    // New blocks, plus the cached ones that sit in the free list. Once this request frees
+    // a sequence, every block counts: a hinted block still shared at the snapshot may be
+    // in the free list by the time the actor gets here.
+    const int32_t take = freed_in_request_ ? blocks_needed(num_tokens)
+                                           : blocks_needed(num_tokens) - a->second.cached_blocks + a->second.free_listed;
     if (take > free_) return false;
     free_ -= take;
     held_[seq] = {take, take - a->second.cached_blocks};
@@ -146,6 +151,7 @@ void KvLedger::free_sequence(int64_t seq) {
   if (h == held_.end()) return;
   free_ += h->second.exclusive;  // shared blocks stay with their other holders
   held_.erase(h);
+  freed_in_request_ = true;
   KvOp op;
   op.kind = KvOp::Kind::Free;
   op.seq = seq;
@@ -155,6 +161,7 @@ void KvLedger::free_sequence(int64_t seq) {
 std::vector<KvOp> KvLedger::take_ops() {
   std::vector<KvOp> out;
   out.swap(ops_);
+  freed_in_request_ = false;
   return out;
 }
 
@@ -164,6 +171,7 @@ void KvLedger::sync(const KvSnapshot& s) {
   for (const KvSeqBlocks& b : s.seqs) held_[b.seq] = {b.held, b.exclusive};
   admitting_.clear();
   needs_probe_ = false;
+  freed_in_request_ = false;
   hints_.clear();
   for (const KvHint& h : s.hints) hints_[h.seq] = h;
   stats_ = s.stats;

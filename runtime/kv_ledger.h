@@ -9,11 +9,15 @@
 // step's sequences and a fresh snapshot; Scheduler::settle() then fits the plan to what
 // was applied. One round trip per step, whatever the number of sequences.
 //
-// The ledger's counts are exact or conservative (a freed sequence returns only the blocks
-// it alone held; an admission is charged all its blocks, cached or not), so what it accepts
-// always fits. An admission's prefix hit is only a hint: the actor may find more or less
-// cached (blocks evicted or cached by the same step's earlier operations), and then takes
-// the largest hit that keeps the admission within the tokens and blocks the plan counted.
+// The ledger's counts are exact or conservative, so what it accepts always fits: a
+// reservation is charged what it adds; a freed sequence returns only the blocks it alone
+// held; an admission is charged its new blocks plus the hinted cached blocks that sit in
+// the free list -- or all its blocks, cached or not, once the same request frees a sequence
+// (a hinted block shared at the snapshot may be in the free list by then). An admission's
+// prefix hit is only a hint: the actor may find more or less cached (blocks evicted or
+// cached by the same request's earlier operations), and then takes the largest hit that
+// keeps the admission within the tokens and blocks the plan counted (with no hit at all a
+// chunked admission always fits; a whole-prompt one may not, see apply_kv_ops).
 #pragma once
 #include <cstdint>
 #include <map>
@@ -53,6 +57,7 @@ struct KvProbe {
 struct KvHint {
   int64_t seq = 0;
   int32_t cached_blocks = 0;  // cached blocks add_sequence would reuse now
+  int32_t free_listed = 0;    // how many of them sit in the free list (reusing one takes a free block)
 };
 
 struct KvTable {
@@ -128,9 +133,10 @@ class KvLedger : public KvBlocks {
   bool chunked_prefill_ = true;
   int32_t free_ = 0;
   bool needs_probe_ = false;
+  bool freed_in_request_ = false;  // a Free is among the operations not yet sent
   std::map<int64_t, Held> held_;             // sequences the pool holds (as far as planned)
   struct Admission {
-    int32_t cached_blocks = 0;  // from the hint
+    int32_t cached_blocks = 0, free_listed = 0;  // from the hint
     bool hinted = false;
   };
   std::map<int64_t, Admission> admitting_;   // added this step, not yet reserved

@@ -138,8 +138,16 @@ Status Scheduler::settle(StepPlan& plan, const std::vector<KvOp>& ops, const std
   for (size_t i = 0; i < ops.size(); ++i) {
     const KvOp& op = ops[i];
     const KvOpResult& r = results[i];
-    if (op.kind == KvOp::Kind::Reserve && !r.ok) drop(op.seq);  // stays running; planned again next step
+    // The ledger only accepts what fits, so a refused reservation, or a refused chunked
+    // admission that is not behind an earlier refusal (head-of-line), means the ledger and
+    // the block owner disagree: an error, rather than planning the same step again.
+    if (op.kind == KvOp::Kind::Reserve && !r.ok)
+      return make_error("the KV-block manager refused a reservation for sequence " + std::to_string(op.seq) +
+                        " that the ledger counted as free");
     if (op.kind != KvOp::Kind::Admit) continue;
+    if (!r.ok && !op.whole && refused.empty())
+      return make_error("the KV-block manager refused the admission of sequence " + std::to_string(op.seq) +
+                        " that the ledger counted as free");
     auto st = states_.find(op.seq);
     auto q = std::find_if(plan.seqs.begin(), plan.seqs.end(), [&](const ScheduledSeq& x) { return x.id == op.seq; });
     if (st == states_.end() || q == plan.seqs.end()) return make_error("an admission names a sequence the plan lacks");

@@ -88,9 +88,9 @@ class Scheduler {
   StepPlan schedule(const std::set<int64_t>* busy = nullptr);
   // Fits a plan made against a KvLedger to what the KV-block-manager actor applied (`ops`
   // as the ledger recorded them, `results` one per op): an admission computes from the
-  // prefix hit the actor found, a refused one goes back to the head of the queue, a
-  // refused reservation leaves its sequence out of this step. Error: results that do not
-  // match the plan.
+  // prefix hit the actor found, a refused one goes back to the head of the queue. Error:
+  // results that do not match the plan, or a refusal the ledger's counts rule out (a
+  // reservation, or a chunked admission not behind an earlier refused one).
   Status settle(StepPlan& plan, const std::vector<KvOp>& ops, const std::vector<KvOpResult>& results);
   // Applies one sampled token per `samples` entry of the plan, in plan order;
   // is_stop(id, token) says whether a token ends its request.

@@ -240,4 +240,5 @@ struct KvSeqBlocks {
 struct KvHint {
   seq @0 :Int64;
   cachedBlocks @1 :Int32;
+  freeListed @2 :Int32;   # how many of them sit in the free list
 }

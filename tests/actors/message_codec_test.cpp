@@ -251,7 +251,7 @@ TEST_CASE("codec: the KV-block-manager messages (block operations, reply and sna
   r.tables = {{-3, {7, 2, 11}}, {1LL << 40, {}}};
   r.snapshot.num_free = 17;
   r.snapshot.seqs = {{-3, 3, 1}, {5, 10, 10}};
-  r.snapshot.hints = {{12, 2}};
+  r.snapshot.hints = {{12, 2, 1}};
   r.snapshot.stats = {64, 17, 5, 300, 120};
   auto e = codec::decode_kv_ops_reply(codec::encode(r));
   REQUIRE(e.ok());
@@ -277,6 +277,7 @@ TEST_CASE("codec: the KV-block-manager messages (block operations, reply and sna
   REQUIRE(e->snapshot.hints.size() == 1);
   REQUIRE(e->snapshot.hints[0].seq == 12);
   REQUIRE(e->snapshot.hints[0].cached_blocks == 2);
+  REQUIRE(e->snapshot.hints[0].free_listed == 1);
   REQUIRE(e->snapshot.stats.num_blocks == 64);
   REQUIRE(e->snapshot.stats.num_free == 17);
   REQUIRE(e->snapshot.stats.num_cached_free == 5);

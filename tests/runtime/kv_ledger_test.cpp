@@ -289,9 +289,10 @@ TEST_CASE("kv ledger: the owner refuses what does not fit and later admissions w
   REQUIRE(rep.snapshot.seqs[0].held == 3);
   REQUIRE(rep.snapshot.seqs[0].exclusive == 3);
 
-  // settle(): the refused admissions go back to the head of the queue, in order.
-  KvLedger ledger({4, 4, false}, true);
-  Scheduler s({64, 8}, ledger, SchedulingPolicy::fcfs());
+  // settle(): refused admissions go back to the head of the queue, in order. (Whole-prompt
+  // admissions, chunked prefill off: the only kind the owner may refuse first.)
+  KvLedger ledger({4, 4, false}, false);
+  Scheduler s({64, 8, false}, ledger, SchedulingPolicy::fcfs());
   REQUIRE(s.add({1, std::vector<int32_t>(12, 5), 1, 0}).ok());
   REQUIRE(s.add({2, std::vector<int32_t>(4, 6), 1, 0}).ok());
   REQUIRE(s.add({3, std::vector<int32_t>(4, 7), 1, 0}).ok());
@@ -304,8 +305,17 @@ TEST_CASE("kv ledger: the owner refuses what does not fit and later admissions w
   REQUIRE(plan.num_tokens == 12);
   REQUIRE(s.num_running() == 1);
   REQUIRE(s.waiting() == std::deque<int64_t>{2, 3});
-  // Answers that do not match the plan are an error, not a guess.
+  REQUIRE(ops[1].whole);
+  // Answers that do not match the plan are an error, not a guess; so is a refusal the
+  // ledger's counts rule out (a reservation, or a chunked admission at the head).
   StepPlan other = plan;
   REQUIRE_FALSE(s.settle(other, ops, {{true, 0, 12}}).ok());
   REQUIRE_FALSE(s.settle(other, {ops[0]}, {{true, 0, 13}}).ok());
+  KvOp chunked = ops[0];
+  chunked.whole = false;
+  REQUIRE_FALSE(s.settle(other, {chunked}, {{false, 0, 0}}).ok());
+  KvOp reserve;
+  reserve.kind = KvOp::Kind::Reserve;
+  reserve.seq = 1;
+  REQUIRE_FALSE(s.settle(other, {reserve}, {{false, 0, 0}}).ok());
 }
