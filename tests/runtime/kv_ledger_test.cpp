@@ -12,16 +12,13 @@
 #include "runtime/engine.h"
 #include "runtime/kv_ledger.h"
 #include "runtime/scheduler.h"
+#include "tests/runtime/fake_next.h"
 
 using namespace troupe;
 
 namespace {
 
-int32_t fake_next(const std::vector<int32_t>& toks) {
-  int64_t h = 7;
-  for (int32_t t : toks) h = (h * 31 + t) % 1000003;
-  return static_cast<int32_t>(h % 50);
-}
+using test::fake_next;
 
 bool is_stop(int64_t, int32_t t) { return t == 0; }
 

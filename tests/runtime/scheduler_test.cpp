@@ -8,16 +8,13 @@
 #include <set>
 
 #include "runtime/scheduler.h"
+#include "tests/runtime/fake_next.h"
 
 using namespace troupe;
 
 namespace {
 
-int32_t fake_next(const std::vector<int32_t>& toks) {
-  int64_t h = 7;
-  for (int32_t t : toks) h = (h * 31 + t) % 1000003;
-  return static_cast<int32_t>(h % 50);
-}
+using test::fake_next;
 
 // Runs until everything finishes; returns outputs by id and the plans' token counts.
 std::map<int64_t, std::vector<int32_t>> drive(Scheduler& s, KvBlockManager& kv, std::vector<StepPlan>* plans = nullptr,
