@@ -52,29 +52,12 @@ Status check_submit(const SchedulerState& st, const SubmitSeq& s) {
 void fail_engine(self_ptr self, std::string error);
 void on_kv_reply(self_ptr self, StepPlan& plan, const std::vector<KvOp>& ops, KvOpsReply& r);
 
-// Waiting sequences whose prefix-cache hits the next plan asks for: the head of the queue,
-// where admissions come from, those that could hit the cache at all.
-constexpr size_t kMaxProbes = 8;
-
-std::vector<int64_t> probe_window(const SchedulerState& st) {
-  std::vector<int64_t> ids;
-  if (!st.cfg.kv.enable_prefix_caching) return ids;
-  for (int64_t id : st.sched->waiting()) {
-    if (ids.size() == kMaxProbes) break;
-    const SchedState* s = st.sched->state(id);
-    if (s && st.ledger->may_hit(s->tokens)) ids.push_back(id);
-  }
-  return ids;
-}
-
 // Sends the block operations the ledger recorded (with the plan they belong to, if any) to
 // the KV-block-manager actor and awaits the answer: until it comes, this actor handles no
 // other message, so no operation is recorded against a stale ledger.
 void send_kv(self_ptr self, StepPlan plan) {
   auto& st = self->state;
-  KvOpsRequest req;
-  req.batch = ++st.kv_batch;
-  req.ops = st.ledger->take_ops();
+  KvOpsRequest req = make_kv_request(*st.ledger, *st.sched, plan, ++st.kv_batch);
   auto ops = std::make_shared<std::vector<KvOp>>();
   ops->reserve(req.ops.size());
   for (const KvOp& op : req.ops) {  // what settle() reads, without the token lists
@@ -87,8 +70,6 @@ void send_kv(self_ptr self, StepPlan plan) {
     light.whole = op.whole;
     ops->push_back(std::move(light));
   }
-  for (const auto& q : plan.seqs) req.tables.push_back(q.id);
-  for (int64_t id : probe_window(st)) req.probes.push_back({id, st.sched->state(id)->tokens});
   auto pending = std::make_shared<StepPlan>(std::move(plan));
   const auto sent = std::chrono::steady_clock::now();
   st.kv_waiting = true;
@@ -123,7 +104,7 @@ void maybe_step(self_ptr self) {
     // Nothing to plan now (the pipeline is full, or nothing fits): fetch the hints of
     // sequences that arrived meanwhile, so that the next plan can admit them at once.
     bool missing = false;
-    for (int64_t id : probe_window(st)) missing = missing || !st.ledger->has_hint(id);
+    for (int64_t id : kv_probe_window(*st.ledger, *st.sched)) missing = missing || !st.ledger->has_hint(id);
     if (!missing) return;
   }
   send_kv(self, std::move(plan));

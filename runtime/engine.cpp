@@ -35,7 +35,7 @@ Result<PlannedStep> plan_step(const StepPlan& plan, const Scheduler& sched, int3
     const SchedState* s = sched.state(q.id);
     const auto* bt = table(q.id);
     if (!s || q.num_computed < 0 || q.num_new < 1 || q.num_computed + q.num_new > static_cast<int32_t>(s->tokens.size()) ||
-        (q.num_computed + q.num_new + bs - 1) / bs > static_cast<int32_t>(bt->size()))
+        blocks_for_tokens(q.num_computed + q.num_new, bs) > static_cast<int32_t>(bt->size()))
       return make_error("step plan for sequence " + std::to_string(q.id) + " does not match its state");
     for (int32_t i = 0; i < q.num_new; ++i) {
       const int32_t pos = q.num_computed + i;
@@ -53,6 +53,25 @@ Result<PlannedStep> plan_step(const StepPlan& plan, const Scheduler& sched, int3
     }
   }
   return p;
+}
+
+std::vector<int64_t> kv_probe_window(const KvLedger& ledger, const Scheduler& sched) {
+  std::vector<int64_t> ids;
+  for (int64_t id : sched.waiting()) {
+    if (ids.size() == kMaxKvProbes) break;
+    const SchedState* s = sched.state(id);
+    if (s && ledger.may_hit(s->tokens)) ids.push_back(id);
+  }
+  return ids;
+}
+
+KvOpsRequest make_kv_request(KvLedger& ledger, const Scheduler& sched, const StepPlan& plan, uint64_t batch) {
+  KvOpsRequest req;
+  req.batch = batch;
+  req.ops = ledger.take_ops();
+  for (const auto& q : plan.seqs) req.tables.push_back(q.id);
+  for (int64_t id : kv_probe_window(ledger, sched)) req.probes.push_back({id, sched.state(id)->tokens});
+  return req;
 }
 
 Result<std::unique_ptr<Engine>> Engine::create(Model& model, Backend& backend, const EngineConfig& cfg,

@@ -24,10 +24,15 @@ struct KvBlockConfig {
   bool enable_prefix_caching = true;
 };
 
+// Whole blocks holding `tokens` tokens.
+inline int32_t blocks_for_tokens(int64_t tokens, int32_t block_size) {
+  return static_cast<int32_t>((tokens + block_size - 1) / block_size);
+}
+
 // The KV pool for a capacity in tokens, as `troupe serve --kv-cache-tokens` and `troupe sim`
 // size it (whole blocks, rounded up).
 inline KvBlockConfig kv_config_for_tokens(int64_t tokens, int32_t block_size, bool prefix_caching) {
-  return {static_cast<int32_t>((tokens + block_size - 1) / block_size), block_size, prefix_caching};
+  return {blocks_for_tokens(tokens, block_size), block_size, prefix_caching};
 }
 
 // A block copy the backend must perform before the next step (copy-on-write).
@@ -99,7 +104,7 @@ class KvBlockManager : public KvBlocks {
 
   const std::vector<int32_t>* block_table(int64_t seq) const;
   int32_t num_tokens(int64_t seq) const;
-  int32_t blocks_needed(int32_t num_tokens) const { return (num_tokens + cfg_.block_size - 1) / cfg_.block_size; }
+  int32_t blocks_needed(int32_t num_tokens) const { return blocks_for_tokens(num_tokens, cfg_.block_size); }
   int32_t num_free_blocks() const { return static_cast<int32_t>(free_.size()); }
   KvBlockStats stats() const;
   // Every sequence's share of the pool, by id.

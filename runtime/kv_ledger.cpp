@@ -5,8 +5,6 @@
 namespace troupe {
 namespace {
 
-int32_t blocks_for(int32_t n, int32_t bs) { return (n + bs - 1) / bs; }
-
 // An admission: the largest prefix hit (at most what the cache has now) that keeps the
 // step within the plan's tokens and blocks for it. For a chunked admission no hit at all
 // always fits the plan's count; a whole-prompt one (chunked prefill off) must start at or
@@ -23,7 +21,7 @@ KvOpResult admit(KvBlockManager& kv, const KvOp& op, std::vector<BlockCopy>* cop
     const int32_t cached = h * bs;
     const int32_t n = op.whole ? len - cached : std::min(len - cached, op.num_tokens);
     if (n < 1 || n > op.num_tokens) continue;
-    const int32_t take = free_before[h] + blocks_for(cached + n, bs) - h;
+    const int32_t take = free_before[h] + kv.blocks_needed(cached + n) - h;
     if (take > op.allowance || take > kv.num_free_blocks()) continue;
     auto got = kv.add_sequence(op.seq, op.tokens, h);
     if (!got || *got != cached || !kv.reserve(op.seq, cached + n, op.tokens, copies)) {
@@ -116,7 +114,8 @@ bool KvLedger::reserve(int64_t seq, int32_t num_tokens, const std::vector<int32_
                                            : blocks_needed(num_tokens) - a->second.cached_blocks + a->second.free_listed;
     if (take > free_) return false;
     free_ -= take;
-    held_[seq] = {take, take - a->second.cached_blocks};
+    const int32_t held = blocks_needed(num_tokens);
+    held_[seq] = {held, held - a->second.cached_blocks};  // exclusive: at least the new blocks
     KvOp op;
     op.kind = KvOp::Kind::Admit;
     op.seq = seq;

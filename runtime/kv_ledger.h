@@ -127,7 +127,7 @@ class KvLedger : public KvBlocks {
   struct Held {
     int32_t held = 0, exclusive = 0;
   };
-  int32_t blocks_needed(int32_t n) const { return (n + cfg_.block_size - 1) / cfg_.block_size; }
+  int32_t blocks_needed(int32_t n) const { return blocks_for_tokens(n, cfg_.block_size); }
 
   KvBlockConfig cfg_;
   bool chunked_prefill_ = true;

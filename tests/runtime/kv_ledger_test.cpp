@@ -78,14 +78,7 @@ struct LedgerPath {
         cache(kc.num_blocks, kc.block_size), budget(sc.max_batched_tokens) {}
 
   KvOpsReply send(const StepPlan& plan, std::vector<KvOp>* ops_out) {
-    KvOpsRequest req;
-    req.batch = ++batch;
-    req.ops = ledger.take_ops();
-    for (const auto& q : plan.seqs) req.tables.push_back(q.id);
-    for (int64_t id : sched.waiting()) {
-      if (req.probes.size() == 8) break;
-      req.probes.push_back({id, sched.state(id)->tokens});
-    }
+    KvOpsRequest req = make_kv_request(ledger, sched, plan, ++batch);
     const int32_t planned_free = ledger.num_free();
     KvOpsReply r = apply_kv_ops(owner, req);
     auto ok = owner.check_invariants();
