@@ -263,6 +263,18 @@ void write_stage_step(schema::StageStep::Builder msg, const actors::StageStep& x
   put(msg.initReleased(n(x.released.size())), x.released);
   put(msg.initHidden(n(x.hidden.size())), x.hidden);
   msg.setComputeSeconds(x.compute_seconds);
+  auto sp = msg.initSampling(n(x.sampling.size()));
+  for (unsigned i = 0; i < x.sampling.size(); ++i) {
+    const DeviceSampleParams& d = x.sampling[i];
+    sp[i].setTemperature(d.temperature);
+    sp[i].setTopK(d.top_k);
+    sp[i].setTopP(d.top_p);
+    sp[i].setMinP(d.min_p);
+    sp[i].setSeed(d.seed);
+    sp[i].setCounter(d.counter);
+    sp[i].setWantLogprob(d.want_logprob != 0);
+    sp[i].setOnDevice(d.on_device != 0);
+  }
 }
 
 actors::StageStep read_stage_step(schema::StageStep::Reader msg) {
@@ -282,6 +294,18 @@ actors::StageStep read_stage_step(schema::StageStep::Reader msg) {
   x.released = get<int64_t>(msg.getReleased());
   x.hidden = get<float>(msg.getHidden());
   x.compute_seconds = msg.getComputeSeconds();
+  for (auto d : msg.getSampling()) {
+    DeviceSampleParams p;
+    p.temperature = d.getTemperature();
+    p.top_k = d.getTopK();
+    p.top_p = d.getTopP();
+    p.min_p = d.getMinP();
+    p.seed = d.getSeed();
+    p.counter = d.getCounter();
+    p.want_logprob = d.getWantLogprob() ? 1 : 0;
+    p.on_device = d.getOnDevice() ? 1 : 0;
+    x.sampling.push_back(p);
+  }
   return x;
 }
 
@@ -303,6 +327,8 @@ Bytes encode(const actors::LayersDone& x) {
   put(msg.initLogits(n(x.logits.size())), x.logits);
   msg.setComputeSeconds(x.compute_seconds);
   msg.setError(x.error);
+  put(msg.initDeviceTokens(n(x.device_tokens.size())), x.device_tokens);
+  put(msg.initDeviceLogprobs(n(x.device_logprobs.size())), x.device_logprobs);
   return to_bytes(m);
 }
 
@@ -313,6 +339,8 @@ Result<actors::LayersDone> decode_layers_done(const Bytes& b) {
     x.logits = get<float>(msg.getLogits());
     x.compute_seconds = msg.getComputeSeconds();
     x.error = msg.getError();
+    x.device_tokens = get<int32_t>(msg.getDeviceTokens());
+    x.device_logprobs = get<float>(msg.getDeviceLogprobs());
     return x;
   });
 }

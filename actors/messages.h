@@ -64,6 +64,9 @@ struct StageStep {
   std::vector<int64_t> released;   // sequences whose sampler state can go
   std::vector<float> hidden;
   double compute_seconds = 0;      // the earlier stages' layers, summed
+  // Last stage: one per logit row, set by the stage actor from its samplers; rows with
+  // on_device are sampled by the worker's backend when it can (Backend::sample).
+  std::vector<DeviceSampleParams> sampling;
 };
 
 // A worker's answer to a StageStep: the step back, carrying this stage's activations in
@@ -73,6 +76,10 @@ struct LayersDone {
   std::vector<float> logits;  // [logit rows, vocab], last stage only
   double compute_seconds = 0;
   std::string error;
+  // Rows the backend sampled (one per logit row, -1 where the host samples); empty when
+  // none was. logits is empty when every row was sampled on the device.
+  std::vector<int32_t> device_tokens;
+  std::vector<float> device_logprobs;
 };
 
 struct SampledToken {
@@ -188,6 +195,8 @@ TROUPE_INSPECT(KvTable, x.seq, x.blocks)
 TROUPE_INSPECT(KvSnapshot, x.num_free, x.seqs, x.hints, x.stats)
 TROUPE_INSPECT(KvOpsRequest, x.batch, x.ops, x.probes, x.tables)
 TROUPE_INSPECT(KvOpsReply, x.batch, x.results, x.copies, x.tables, x.snapshot)
+TROUPE_INSPECT(DeviceSampleParams, x.temperature, x.top_k, x.top_p, x.min_p, x.seed, x.counter, x.want_logprob,
+               x.on_device)
 TROUPE_INSPECT(SamplingParams, x.temperature, x.top_k, x.top_p, x.min_p, x.repetition_penalty, x.presence_penalty,
                x.frequency_penalty, x.logit_bias, x.seed, x.logprobs, x.report_logprob)
 }  // namespace troupe
@@ -200,8 +209,8 @@ TROUPE_INSPECT(SeqEvent, x.seq_id, x.token, x.logprob, x.top, x.finished, x.hit_
 TROUPE_INSPECT(NewSeqSampling, x.seq_id, x.sampling, x.prompt)
 TROUPE_INSPECT(StageStep, x.step_no, x.token_ids, x.positions, x.query_start, x.context_lens, x.slot_mapping,
                x.block_tables, x.logit_rows, x.logit_seq, x.max_blocks_per_seq, x.new_seqs, x.released, x.hidden,
-               x.compute_seconds)
-TROUPE_INSPECT(LayersDone, x.step, x.logits, x.compute_seconds, x.error)
+               x.compute_seconds, x.sampling)
+TROUPE_INSPECT(LayersDone, x.step, x.logits, x.compute_seconds, x.error, x.device_tokens, x.device_logprobs)
 TROUPE_INSPECT(SampledToken, x.seq_id, x.result)
 TROUPE_INSPECT(StepDone, x.step_no, x.sampled, x.compute_seconds)
 TROUPE_INSPECT(StepFailed, x.step_no, x.error)

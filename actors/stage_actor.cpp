@@ -5,24 +5,58 @@
 namespace troupe::actors {
 namespace {
 
-// Last stage: each logit row through its sequence's own sampler.
-Result<StepDone> sample_rows(StageState& st, const LayersDone& d) {
-  const StageStep& s = d.step;
-  for (int64_t id : s.released) st.samplers.erase(id);
+// Last stage, as a step arrives: sampler state for its new sequences, and each logit row's
+// settings for sampling on the worker's device (rows whose sampler allows it). A sequence
+// has a logit row in at most one step in flight (its next token needs this one), so the
+// draw counters read here are current.
+void prepare_sampling(StageState& st, StageStep& s) {
   for (auto& ns : s.new_seqs) {
     Sampler smp(ns.sampling, st.vocab);
     smp.add_prompt(ns.prompt);
     st.samplers.insert_or_assign(ns.seq_id, std::move(smp));
   }
+  s.new_seqs.clear();
+  s.sampling.clear();
+  for (int64_t id : s.logit_seq) {
+    DeviceSampleParams p;
+    if (auto it = st.samplers.find(id); it != st.samplers.end()) {
+      p = it->second.device_params();
+      p.on_device = it->second.device_eligible() ? 1 : 0;
+    }
+    s.sampling.push_back(p);
+  }
+}
+
+// Last stage, as the worker answers: each logit row through its sequence's own sampler, or
+// the token the device drew for it (the sampler counts that draw).
+Result<StepDone> sample_rows(StageState& st, const LayersDone& d) {
+  const StageStep& s = d.step;
+  for (int64_t id : s.released) st.samplers.erase(id);
   const size_t rows = s.logit_rows.size();
-  if (d.logits.size() != rows * static_cast<size_t>(st.vocab)) return make_error("worker returned logits of the wrong size");
+  if (!d.device_tokens.empty() && (d.device_tokens.size() != rows || d.device_logprobs.size() != rows))
+    return make_error("worker returned device samples of the wrong size");
+  auto on_device = [&](size_t i) { return !d.device_tokens.empty() && d.device_tokens[i] >= 0; };
+  bool any_host = false;
+  for (size_t i = 0; i < rows; ++i) {
+    if (!on_device(i)) any_host = true;
+    else if (d.device_tokens[i] >= st.vocab) return make_error("worker sampled a token outside the vocabulary");
+  }
+  if (any_host && d.logits.size() != rows * static_cast<size_t>(st.vocab))
+    return make_error("worker returned logits of the wrong size");
   for (int64_t id : s.logit_seq)
     if (!st.samplers.count(id)) return make_error("step samples sequence " + std::to_string(id) + " with no sampler state");
   StepDone done;
   done.step_no = s.step_no;
   for (size_t i = 0; i < rows; ++i) {
     Sampler& smp = st.samplers.at(s.logit_seq[i]);
-    SampleResult r = smp.sample(d.logits.data() + i * static_cast<size_t>(st.vocab));
+    SampleResult r;
+    if (on_device(i)) {
+      smp.skip_draw();
+      r.token = d.device_tokens[i];
+      r.logprob = d.device_logprobs[i];
+    } else {
+      r = smp.sample(d.logits.data() + i * static_cast<size_t>(st.vocab));
+    }
     smp.accept(r.token);
     done.sampled.push_back({s.logit_seq[i], std::move(r)});
   }
@@ -40,6 +74,7 @@ stage_actor::behavior_type stage_fn(stage_actor::stateful_pointer<StageState> se
   return {
       [=](StageStep& s, step_sink_actor sink) {
         const uint64_t step_no = s.step_no;
+        if (self->state.is_last) prepare_sampling(self->state, s);
         self->request(self->state.worker, caf::infinite, std::move(s))
             .then(
                 [=](LayersDone& d) {

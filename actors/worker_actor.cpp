@@ -28,6 +28,8 @@ Status check_step_shape(const StageStep& s, int32_t hidden, bool needs_hidden) {
   if (s.max_blocks_per_seq <= 0 || s.block_tables.size() != s.context_lens.size() * static_cast<size_t>(s.max_blocks_per_seq))
     return make_error("step block tables have the wrong size");
   if (s.logit_rows.size() != s.logit_seq.size()) return make_error("step logit rows and sequences differ in count");
+  if (!s.sampling.empty() && s.sampling.size() != s.logit_rows.size())
+    return make_error("step sampling settings and logit rows differ in count");
   if (needs_hidden && s.hidden.size() != n * static_cast<size_t>(hidden))
     return make_error("step activations have the wrong size");
   return {};
@@ -49,16 +51,29 @@ StepInputs inputs_of(const StageStep& s) {
   return in;
 }
 
-// This stage's layers over the step: activations into `out` (middle stages) or the logits
-// of the logit rows into `logits` (last stage).
-Status run_layers(WorkerState& st, const StageStep& s, std::vector<float>& logits) {
+// This stage's layers over the step: activations into `out` (middle stages) or, on the
+// last stage, the logits of the logit rows into done.logits -- or, for the rows the stage
+// actor marked and when the backend samples on the device, their tokens into
+// done.device_tokens (logits stay empty when every row was sampled there).
+Status run_layers(WorkerState& st, const StageStep& s, LayersDone& done) {
   Model& m = *st.device->model;
   TROUPE_TRY(check_step_shape(s, m.config().hidden, !m.is_first_stage()));
   const float* in = s.hidden.empty() ? nullptr : s.hidden.data();
   if (m.is_last_stage()) {
     const int32_t rows = static_cast<int32_t>(s.logit_rows.size());
-    logits.resize(static_cast<size_t>(rows) * m.config().vocab);
-    return m.forward_stage(inputs_of(s), *st.device->cache, in, nullptr, s.logit_rows.data(), rows, logits.data());
+    const size_t vocab = static_cast<size_t>(m.config().vocab);
+    if (!s.sampling.empty() && m.samples_on_device()) {
+      bool all = true;
+      for (const auto& p : s.sampling) all = all && p.on_device != 0;
+      done.device_tokens.assign(static_cast<size_t>(rows), -1);
+      done.device_logprobs.assign(static_cast<size_t>(rows), 0.0f);
+      done.logits.resize(all ? 0 : static_cast<size_t>(rows) * vocab);
+      DeviceSampling ds{s.sampling.data(), done.device_tokens.data(), done.device_logprobs.data()};
+      return m.forward_stage(inputs_of(s), *st.device->cache, in, nullptr, s.logit_rows.data(), rows,
+                             all ? nullptr : done.logits.data(), &ds);
+    }
+    done.logits.resize(static_cast<size_t>(rows) * vocab);
+    return m.forward_stage(inputs_of(s), *st.device->cache, in, nullptr, s.logit_rows.data(), rows, done.logits.data());
   }
   st.out.resize(s.token_ids.size() * static_cast<size_t>(m.config().hidden));
   return m.forward_stage(inputs_of(s), *st.device->cache, in, st.out.data(), nullptr, 0, nullptr);
@@ -76,13 +91,15 @@ worker_actor::behavior_type worker_fn(worker_actor::stateful_pointer<WorkerState
         LayersDone done;
         Status ok;
         try {
-          ok = run_layers(st, s, done.logits);
+          ok = run_layers(st, s, done);
         } catch (const std::exception& e) {  // (bad_alloc, ...): this step fails, the worker lives on
           ok = make_error(std::string("worker: ") + e.what());
         }
         if (!ok) {
           done.error = ok.error().message;
           done.logits.clear();
+          done.device_tokens.clear();
+          done.device_logprobs.clear();
         } else if (!st.device->model->is_last_stage()) {
           s.hidden.swap(st.out);  // the step travels on with this stage's activations
         } else {

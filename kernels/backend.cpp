@@ -14,6 +14,23 @@ float* Backend::upload(const std::vector<float>& v) {
   return p;
 }
 
+Status Backend::sample(const float*, int64_t, int64_t, const DeviceSampleParams*, int32_t*, float*) {
+  return make_error("backend " + name() + " does not sample; sample on the host");
+}
+
+void Backend::add_rms_norm(float* x, const float* y, const float* w, float eps, int64_t n, int64_t dim, float* out) {
+  add(x, y, n * dim);
+  rms_norm(x, w, eps, n, dim, out);
+}
+
+void Backend::rope_kv_write(KvCache& cache, int32_t layer, float* qkv, int64_t ld, int64_t n, int32_t num_heads,
+                            int32_t num_kv_heads, int64_t head_dim, const float* cos_sin, RopeKind kind) {
+  float* k = qkv + int64_t{num_heads} * head_dim;
+  rope(qkv, ld, n, num_heads, head_dim, cos_sin, kind);
+  rope(k, ld, n, num_kv_heads, head_dim, cos_sin, kind);
+  kv_write(cache, layer, k, k + int64_t{num_kv_heads} * head_dim, ld);
+}
+
 Result<std::unique_ptr<Backend>> make_backend(const std::string& device, int cpu_threads, bool batch_invariant,
                                               int graph_max_tokens) {
   if (device == "cpu") return make_cpu_backend(CpuBackendOptions{cpu_threads});

@@ -11,6 +11,7 @@
 
 #include "kernels/dtype.h"
 #include "kernels/result.h"
+#include "kernels/sample_params.h"
 
 namespace troupe {
 
@@ -77,6 +78,15 @@ class Backend {
   // backend was made (call, file and line; a device error is sticky). Model::forward ends
   // every step with it; the CPU backend cannot fail here.
   virtual Status sync() { return {}; }
+  // Sampling on the backend, so that only token ids leave the device. A backend that can
+  // (can_sample) samples rows [n, vocab] of backend memory (logits, row stride vocab) with
+  // one DeviceSampleParams each, exactly as Sampler::sample() would for a request without
+  // penalties, logit bias or top-logprob lists (the same candidates, order and Philox
+  // draw; a token can differ only where a draw falls within rounding of a boundary).
+  // tokens/logprobs are host arrays [n], written before sample() returns. Others refuse.
+  virtual bool can_sample() const { return false; }
+  virtual Status sample(const float* logits, int64_t n, int64_t vocab, const DeviceSampleParams* params,
+                        int32_t* tokens, float* logprobs);
   // One line of backend counters for logs and tests ("" when there are none).
   virtual std::string stats() const { return {}; }
 
@@ -98,6 +108,17 @@ class Backend {
                          float scale, float* out) = 0;
   virtual void silu_mul(const float* gate_up, int64_t n, int64_t ffn, float* out) = 0;
   virtual void add(float* x, const float* y, int64_t count) = 0;
+
+  // Fused ops. Each default is the composition of the ops above, so a backend that does
+  // not override one gets the same bits; a backend that does must give the same bits too
+  // (the CUDA kernels do, by the same per-thread arithmetic).
+  // The residual add fused into the next norm: x += y ([n, dim]), then out = rms_norm(x) * w.
+  // out may be y (the matmul output that was just added).
+  virtual void add_rms_norm(float* x, const float* y, const float* w, float eps, int64_t n, int64_t dim, float* out);
+  // RoPE on the Q and K heads of fused QKV rows (q | k | v, row stride ld) and the KV-cache
+  // write of the rotated K and of V: rope(q), rope(k) and kv_write in one pass.
+  virtual void rope_kv_write(KvCache& cache, int32_t layer, float* qkv, int64_t ld, int64_t n, int32_t num_heads,
+                             int32_t num_kv_heads, int64_t head_dim, const float* cos_sin, RopeKind kind);
   // out[i, :] = x[rows[i], :]
   virtual void gather_rows(const float* x, int64_t dim, const int32_t* rows, int64_t n, float* out) = 0;
 };

@@ -124,14 +124,36 @@ Result<std::vector<EngineEvent>> Engine::step() {
   auto ps = plan_step(plan, *sched_, *kv_);
   if (!ps) return ps.error();
   const int32_t vocab = model_->config().vocab;
-  logits_.resize(ps->logit_rows.size() * static_cast<size_t>(vocab));
-  TROUPE_TRY(model_->forward(ps->inputs(), *cache_, ps->logit_rows.data(), static_cast<int32_t>(ps->logit_rows.size()),
-                             logits_.data()));
+  const size_t rows = ps->logit_rows.size();
+  logits_.resize(rows * static_cast<size_t>(vocab));
+  // Rows whose sampler allows it are sampled on the device when the backend can.
+  std::vector<DeviceSampleParams> dev_params;
+  std::vector<int32_t> dev_tokens(rows, -1);
+  std::vector<float> dev_logprobs(rows, 0.0f);
+  DeviceSampling ds;
+  if (model_->samples_on_device()) {
+    for (size_t i = 0; i < rows; ++i) {
+      const Sampler& s = samplers_.at(ps->logit_seq[i]);
+      dev_params.push_back(s.device_params());
+      dev_params.back().on_device = s.device_eligible() ? 1 : 0;
+    }
+    ds = DeviceSampling{dev_params.data(), dev_tokens.data(), dev_logprobs.data()};
+  }
+  TROUPE_TRY(model_->forward(ps->inputs(), *cache_, ps->logit_rows.data(), static_cast<int32_t>(rows), logits_.data(),
+                             dev_params.empty() ? nullptr : &ds));
   std::vector<int32_t> sampled;
   std::map<int64_t, SampleResult> by_id;
   for (size_t i = 0; i < ps->logit_seq.size(); ++i) {
     Sampler& s = samplers_.at(ps->logit_seq[i]);
-    SampleResult r = s.sample(logits_.data() + i * vocab);
+    SampleResult r;
+    if (dev_tokens[i] >= 0) {
+      if (dev_tokens[i] >= vocab) return make_error("the backend sampled a token outside the vocabulary");
+      s.skip_draw();
+      r.token = dev_tokens[i];
+      r.logprob = dev_logprobs[i];
+    } else {
+      r = s.sample(logits_.data() + i * vocab);
+    }
     s.accept(r.token);
     sampled.push_back(r.token);
     by_id[ps->logit_seq[i]] = r;

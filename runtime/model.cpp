@@ -204,13 +204,14 @@ Status Model::validate_step(const StepInputs& s, const KvCache& cache, const int
   return {};
 }
 
-Status Model::forward(const StepInputs& s, KvCache& cache, const int32_t* rows, int32_t num_logits, float* logits) {
+Status Model::forward(const StepInputs& s, KvCache& cache, const int32_t* rows, int32_t num_logits, float* logits,
+                      const DeviceSampling* sampling) {
   if (!is_first_stage() || !is_last_stage()) return make_error("forward() needs the whole model; use forward_stage()");
-  return forward_stage(s, cache, nullptr, nullptr, rows, num_logits, logits);
+  return forward_stage(s, cache, nullptr, nullptr, rows, num_logits, logits, sampling);
 }
 
 Status Model::forward_stage(const StepInputs& s, KvCache& cache, const float* hidden_in, float* hidden_out,
-                            const int32_t* rows, int32_t num_logits, float* logits) {
+                            const int32_t* rows, int32_t num_logits, float* logits, const DeviceSampling* sampling) {
   TROUPE_TRY(validate_step(s, cache, rows, num_logits));
   if (!is_first_stage() && !hidden_in) return make_error("a later pipeline stage needs the previous stage's activations");
   if (!is_last_stage() && !hidden_out) return make_error("a pipeline stage before the last needs an activation buffer");
@@ -238,9 +239,14 @@ Status Model::forward_stage(const StepInputs& s, KvCache& cache, const float* hi
   else
     be.copy_in(x_, hidden_in, static_cast<size_t>(n * H));
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+  // Each residual add is fused into the norm that follows it; h_ holds the previous
+  // layer's FFN output until the next layer's attention norm (or the end) adds it.
   for (int32_t l = 0; l < num_stage_layers(); ++l) {
     Layer& L = layers_[l];
-    be.rms_norm(x_, L.attn_norm, cfg_.rms_eps, n, H, h_);
+    if (l == 0)
+      be.rms_norm(x_, L.attn_norm, cfg_.rms_eps, n, H, h_);
+    else
+      be.add_rms_norm(x_, h_, L.attn_norm, cfg_.rms_eps, n, H, h_);
     if (L.qkv) {
       be.matmul(*L.qkv, h_, n, qkv_, qkv_ld);
     } else {
@@ -249,13 +255,10 @@ Status Model::forward_stage(const StepInputs& s, KvCache& cache, const float* hi
       be.matmul(*L.v, h_, n, qkv_ + q_rows + kv_rows, qkv_ld);
     }
     if (L.qkv_bias) be.add_bias(qkv_, qkv_ld, L.qkv_bias, n, qkv_ld);
-    be.rope(qkv_, qkv_ld, n, cfg_.num_heads, hd, cos_sin_, cfg_.rope_kind);
-    be.rope(qkv_ + q_rows, qkv_ld, n, cfg_.num_kv_heads, hd, cos_sin_, cfg_.rope_kind);
-    be.kv_write(cache, l, qkv_ + q_rows, qkv_ + q_rows + kv_rows, qkv_ld);
+    be.rope_kv_write(cache, l, qkv_, qkv_ld, n, cfg_.num_heads, cfg_.num_kv_heads, hd, cos_sin_, cfg_.rope_kind);
     be.attention(cache, l, qkv_, qkv_ld, cfg_.num_heads, scale, attn_);
     be.matmul(*L.o, attn_, n, h_, H);
-    be.add(x_, h_, n * H);
-    be.rms_norm(x_, L.ffn_norm, cfg_.rms_eps, n, H, h_);
+    be.add_rms_norm(x_, h_, L.ffn_norm, cfg_.rms_eps, n, H, h_);
     if (L.gate_up) {
       be.matmul(*L.gate_up, h_, n, gu_, 2 * cfg_.ffn);
     } else {
@@ -264,8 +267,8 @@ Status Model::forward_stage(const StepInputs& s, KvCache& cache, const float* hi
     }
     be.silu_mul(gu_, n, cfg_.ffn, act_);
     be.matmul(*L.down, act_, n, h_, H);
-    be.add(x_, h_, n * H);
   }
+  if (num_stage_layers() > 0) be.add(x_, h_, n * H);
   if (!is_last_stage()) {
     be.copy_out(hidden_out, x_, static_cast<size_t>(n * H));
     return be.sync();
@@ -274,14 +277,28 @@ Status Model::forward_stage(const StepInputs& s, KvCache& cache, const float* hi
   be.gather_rows(x_, H, rows, num_logits, last_);
   be.rms_norm(last_, output_norm_, cfg_.rms_eps, num_logits, H, h_);
   const Weight& out_w = output_ ? *output_ : *embed_;
+  const bool dev_sample = sampling && sampling->params && sampling->tokens && sampling->logprobs && be.can_sample();
+  auto on_device = [&](int32_t i) { return dev_sample && sampling->params[i].on_device != 0; };
+  if (sampling && sampling->tokens) std::fill(sampling->tokens, sampling->tokens + num_logits, -1);
+  for (int32_t i = 0; i < num_logits; ++i)
+    if (!on_device(i) && !logits) return make_error("forward(): a logits buffer is needed for rows sampled on the host");
   if (be.is_host_memory()) {
     be.matmul(out_w, h_, num_logits, logits, cfg_.vocab);
   } else {
-    // Logits come back in chunks so the device buffer stays small for large vocabularies.
+    // Logits come back in chunks so the device buffer stays small for large vocabularies;
+    // a chunk's rows sampled on the device send back only their tokens.
     for (int32_t r = 0; r < num_logits; r += kLogitChunk) {
       const int32_t cnt = std::min(kLogitChunk, num_logits - r);
       be.matmul(out_w, h_ + int64_t{r} * H, cnt, logits_dev_, cfg_.vocab);
-      be.copy_out(logits + int64_t{r} * cfg_.vocab, logits_dev_, static_cast<size_t>(cnt) * cfg_.vocab);
+      bool any_dev = false, any_host = false;
+      for (int32_t i = r; i < r + cnt; ++i) (on_device(i) ? any_dev : any_host) = true;
+      if (any_dev) {
+        TROUPE_TRY(be.sample(logits_dev_, cnt, cfg_.vocab, sampling->params + r, sampling->tokens + r,
+                             sampling->logprobs + r));
+        for (int32_t i = r; i < r + cnt; ++i)
+          if (!on_device(i)) sampling->tokens[i] = -1;
+      }
+      if (any_host) be.copy_out(logits + int64_t{r} * cfg_.vocab, logits_dev_, static_cast<size_t>(cnt) * cfg_.vocab);
     }
   }
   return be.sync();

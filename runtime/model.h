@@ -20,6 +20,15 @@ struct LayerRange {
   int32_t last = -1;
 };
 
+// Logit rows sampled on the backend (Backend::sample) instead of coming back as logits:
+// rows whose params[i].on_device is set get tokens[i] and logprobs[i] when the backend
+// can_sample(); every other row gets tokens[i] = -1 and its logits row as before.
+struct DeviceSampling {
+  const DeviceSampleParams* params = nullptr;  // [num_logits]
+  int32_t* tokens = nullptr;                   // [num_logits] out
+  float* logprobs = nullptr;                   // [num_logits] out
+};
+
 class Model {
  public:
   // Builds backend weights for every tensor the config needs; checks names and shapes.
@@ -38,13 +47,18 @@ class Model {
   // Runs one packed step. Writes logits [num_logits, vocab] for the token rows listed in
   // logit_rows. The step is validated against the cache first (ids, positions, blocks).
   // A whole-model Model only (first and last stage). The cache holds num_stage_layers layers.
+  // With `sampling`, rows sampled on the device leave their logits rows unwritten; logits
+  // may be null when every row is sampled on the device.
   Status forward(const StepInputs& step, KvCache& cache, const int32_t* logit_rows, int32_t num_logits,
-                 float* logits);
+                 float* logits, const DeviceSampling* sampling = nullptr);
   // One pipeline stage: the first stage embeds the tokens (hidden_in unused), the others
   // start from hidden_in [num_tokens, hidden]; a non-last stage writes hidden_out
   // [num_tokens, hidden]; the last stage writes the logits rows.
   Status forward_stage(const StepInputs& step, KvCache& cache, const float* hidden_in, float* hidden_out,
-                       const int32_t* logit_rows, int32_t num_logits, float* logits);
+                       const int32_t* logit_rows, int32_t num_logits, float* logits,
+                       const DeviceSampling* sampling = nullptr);
+  // Whether forward's DeviceSampling rows are sampled on the backend.
+  bool samples_on_device() const { return backend_->can_sample(); }
 
  private:
   struct Layer {

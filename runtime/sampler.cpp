@@ -5,6 +5,8 @@
 #include <limits>
 #include <numeric>
 
+#include "kernels/philox.h"
+
 namespace troupe {
 
 Status SamplingParams::validate(int32_t vocab) const {
@@ -29,7 +31,7 @@ Status SamplingParams::validate(int32_t vocab) const {
 }
 
 Sampler::Sampler(SamplingParams params, int32_t vocab_size)
-    : p_(std::move(params)), vocab_(vocab_size), rng_(p_.seed), seen_(static_cast<size_t>(vocab_size), 0) {}
+    : p_(std::move(params)), vocab_(vocab_size), seen_(static_cast<size_t>(vocab_size), 0) {}
 
 void Sampler::add_prompt(const std::vector<int32_t>& tokens) {
   for (int32_t t : tokens)
@@ -101,7 +103,7 @@ SampleResult Sampler::sample(const float* logits) {
       std::nth_element(idx_.begin(), idx_.begin() + (k0 - 1), idx_.end(), better);
       for (int32_t i = 0; i < k0; ++i) sum += weight(idx_[i]);
     }
-    const double u01 = static_cast<double>(rng_() >> 11) * (1.0 / 9007199254740992.0);  // 53 random bits
+    const double u01 = philox_uniform(p_.seed, draws_);  // 53 random bits
     std::vector<double> probs;
     int32_t sorted = 0;
     // Sorts positions [sorted, m) of the candidates into order.
@@ -162,6 +164,7 @@ SampleResult Sampler::sample(const float* logits) {
       chosen = idx_[i];
     }
   }
+  ++draws_;
   res.token = chosen;
   res.logprob = p_.report_logprob || p_.logprobs > 0 ? raw(chosen) - log_z : 0.0f;
   if (p_.logprobs > 0) {
@@ -173,6 +176,23 @@ SampleResult Sampler::sample(const float* logits) {
     for (int32_t i = 0; i < k; ++i) res.top.push_back({order[i], raw(order[i]) - log_z});
   }
   return res;
+}
+
+bool Sampler::device_eligible() const {
+  return p_.repetition_penalty == 1.0f && p_.presence_penalty == 0.0f && p_.frequency_penalty == 0.0f &&
+         p_.logit_bias.empty() && p_.logprobs == 0;
+}
+
+DeviceSampleParams Sampler::device_params() const {
+  DeviceSampleParams d;
+  d.temperature = p_.temperature;
+  d.top_k = p_.top_k;
+  d.top_p = p_.top_p;
+  d.min_p = p_.min_p;
+  d.seed = p_.seed;
+  d.counter = draws_;
+  d.want_logprob = p_.report_logprob ? 1 : 0;
+  return d;
 }
 
 }  // namespace troupe

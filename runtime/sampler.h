@@ -1,15 +1,17 @@
 // Token sampling: greedy, temperature, top-k, top-p, min-p, repetition / presence /
 // frequency penalties, logit bias, per-request seeds and logprobs. A Sampler holds one
-// request's state (its RNG and the tokens it has seen), so results never depend on what
-// else is in the batch.
+// request's state (its draw counter and the tokens it has seen), so results never depend on
+// what else is in the batch. Draws are counter-based (Philox4x32-10 of the seed and the
+// draw's index, kernels/philox.h), so a backend that samples on the device
+// (Backend::sample) makes the same draw for the same token.
 #pragma once
 #include <cstdint>
-#include <random>
 #include <string>
 #include <unordered_map>
 #include <vector>
 
 #include "kernels/result.h"
+#include "kernels/sample_params.h"
 
 namespace troupe {
 
@@ -49,13 +51,21 @@ class Sampler {
   // Tokens that count for penalties (the prompt for repetition, generated for all).
   void add_prompt(const std::vector<int32_t>& tokens);
   void accept(int32_t token);
-  // logits: [vocab] (not modified).
+  // logits: [vocab] (not modified). Each call is one draw (greedy ones too).
   SampleResult sample(const float* logits);
+
+  // Whether a backend may make this request's draws (Backend::sample): no penalties, no
+  // logit bias, no top-logprob lists. device_params() describes the next draw; after the
+  // backend made it, skip_draw() counts it (then accept() the token as usual).
+  bool device_eligible() const;
+  DeviceSampleParams device_params() const;
+  void skip_draw() { ++draws_; }
+  uint64_t draws() const { return draws_; }
 
  private:
   SamplingParams p_;
   int32_t vocab_;
-  std::mt19937_64 rng_;
+  uint64_t draws_ = 0;  // sample() calls and device draws so far: the next draw's counter
   std::unordered_map<int32_t, int32_t> generated_counts_;
   std::vector<uint8_t> seen_;  // prompt or generated, for the repetition penalty
   std::vector<float> work_;

@@ -134,15 +134,30 @@ struct StageStep {
   released @11 :List(Int64);
   hidden @12 :List(Float32);   # [numTokens, hidden] between stages; empty into the first
   computeSeconds @13 :Float64; # the earlier stages' layer time, summed
+  sampling @14 :List(DeviceSample);  # last stage: one per logit row (Backend::sample)
+}
+
+# One logit row's sampler settings for sampling on the device (kernels/sample_params.h).
+struct DeviceSample {
+  temperature @0 :Float32;
+  topK @1 :Int32;
+  topP @2 :Float32;
+  minP @3 :Float32;
+  seed @4 :UInt64;
+  counter @5 :UInt64;          # the draw's index
+  wantLogprob @6 :Bool;
+  onDevice @7 :Bool;           # sample this row on the backend when it can
 }
 
 # A worker actor's answer to a StageStep: the step back with this stage's activations in
 # `hidden` (middle stages), or the logits of its logit rows (last stage), or an error.
 struct LayersDone {
   step @0 :StageStep;
-  logits @1 :List(Float32);    # [logitRows, vocab]
+  logits @1 :List(Float32);    # [logitRows, vocab]; empty when every row was sampled on the device
   computeSeconds @2 :Float64;
   error @3 :Text;
+  deviceTokens @4 :List(Int32);     # per logit row: the backend's sample, -1 for host rows
+  deviceLogprobs @5 :List(Float32);
 }
 
 # The scheduler actor's published state (health and metrics).

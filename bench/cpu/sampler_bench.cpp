@@ -11,6 +11,7 @@
 #include "kernels/backend.h"
 #include "runtime/model.h"
 #include "runtime/model_files.h"
+#include "kernels/philox.h"
 #include "runtime/sampler.h"
 #include "runtime/sequence_runner.h"
 #include "tests/runtime/sampler_reference.h"
@@ -71,14 +72,14 @@ int main(int argc, char** argv) {
     t0 = Clock::now();
     double sink = 0;
     for (int r = 0; r < reps; ++r) {
-      std::mt19937_64 rng(p.seed);
+      uint64_t draw = 0;
       for (const auto& row : rows) {
         float mx = row[0];
         for (float v : row) mx = std::max(mx, v);
         double z = 0;
         for (float v : row) z += std::exp(static_cast<double>(v - mx));
         sink += z;
-        const double u01 = static_cast<double>(rng() >> 11) * (1.0 / 9007199254740992.0);
+        const double u01 = philox_uniform(p.seed, draw++);
         full_tokens.push_back(test::full_sort_reference(row, p, u01));
       }
     }

@@ -71,6 +71,15 @@ req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/chat/completions", dat
 reply = json.load(urllib.request.urlopen(req, timeout=60))
 print(json.dumps(reply))
 assert reply["choices"][0]["message"]["content"].strip(), "empty completion"
+# Seeded sampling on the device, twice: the same text.
+body.update({"temperature": 0.8, "top_p": 0.9, "seed": 7})
+texts = []
+for _ in range(2):
+    req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/chat/completions", data=json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json"})
+    texts.append(json.load(urllib.request.urlopen(req, timeout=60))["choices"][0]["message"]["content"])
+print(json.dumps({"seeded": texts}))
+assert texts[0] == texts[1] and texts[0].strip(), "seeded sampling is not reproducible"
 PY
 serve_rc=$?
 kill -TERM "$SERVER" 2>/dev/null

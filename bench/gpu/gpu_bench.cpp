@@ -297,6 +297,40 @@ void bench_small_ops(double copy_gbs) {
   ms = time_ms(**be, [&] { (*be)->silu_mul(gu, n, 14336, act); });
   gbs = 3.0 * n * 14336 * 4 / (ms * 1e-3) / 1e9;
   add({"silu_mul", "2048 x 14336 f32", ms, gbs, "GB/s", 100.0 * gbs / copy_gbs, "copy"});
+  // The fused residual add + norm (reads x and y, writes x and out).
+  float* r = (*be)->upload(test::random_floats(size_t(n * dim), rng));
+  ms = time_ms(**be, [&] { (*be)->add_rms_norm(y, r, w, 1e-5f, n, dim, act); });
+  gbs = 4.0 * n * dim * 4 / (ms * 1e-3) / 1e9;
+  add({"add_rms_norm (fused)", "2048 x 4096 f32", ms, gbs, "GB/s", 100.0 * gbs / copy_gbs, "copy"});
+  // On-device sampling over Llama-3's vocabulary: greedy, and top-p 0.9 at T 0.8 (time per
+  // call, tokens back to the host included).
+  const int64_t vocab = 128256;
+  for (int64_t b : {1, 64}) {
+    std::normal_distribution<float> nd(0.0f, 3.0f);
+    std::vector<float> lg(size_t(b * vocab));
+    for (auto& v : lg) v = nd(rng);
+    float* dl = (*be)->upload(lg);
+    for (float temp : {0.0f, 0.8f}) {
+      std::vector<DeviceSampleParams> ps(static_cast<size_t>(b));
+      for (auto& p : ps) {
+        p.temperature = temp;
+        p.top_p = temp > 0 ? 0.9f : 1.0f;
+        p.seed = 5;
+        p.want_logprob = 1;
+      }
+      std::vector<int32_t> tok(static_cast<size_t>(b));
+      std::vector<float> lp(static_cast<size_t>(b));
+      ms = time_ms(**be, [&] {
+        if (auto st = (*be)->sample(dl, b, vocab, ps.data(), tok.data(), lp.data()); !st.ok()) {
+          std::fprintf(stderr, "%s\n", st.error().message.c_str());
+          std::exit(1);
+        }
+      });
+      gbs = double(b) * vocab * 4 / (ms * 1e-3) / 1e9;
+      add({temp > 0 ? "sample on device (T 0.8, top-p 0.9)" : "sample on device (greedy)",
+           "batch " + std::to_string(b) + " x vocab 128256", ms, gbs, "GB/s", -1, ""});
+    }
+  }
 }
 
 // ---- end to end -----------------------------------------------------------------------------

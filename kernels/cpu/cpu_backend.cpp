@@ -184,6 +184,13 @@ class CpuBackend final : public Backend {
   }
 
   void add(float* x, const float* y, int64_t count) override { cpu::add_range(x, y, 0, count); }
+  // Each thread adds and normalizes its own rows (the same bits as add, then rms_norm).
+  void add_rms_norm(float* x, const float* y, const float* w, float eps, int64_t n, int64_t dim, float* out) override {
+    pool_.parallel_for(n, [&](int64_t a, int64_t b) {
+      cpu::add_range(x, y, a * dim, b * dim);
+      cpu::rms_norm_rows(x, w, eps, a, b, dim, out);
+    });
+  }
 
   void gather_rows(const float* x, int64_t dim, const int32_t* rows, int64_t n, float* out) override {
     for (int64_t i = 0; i < n; ++i) std::memcpy(out + i * dim, x + static_cast<int64_t>(rows[i]) * dim, dim * sizeof(float));

@@ -64,9 +64,10 @@ class CudaBackend final : public Backend {
     cudaStreamSynchronize(stream_);
     for (void* p : buffers_) cudaFree(p);
     graphs_.clear();
-    for (void* p : {static_cast<void*>(step_dev_), idx_dev_, wh_, xh_, partials_, xq_}) if (p) cudaFree(p);
+    for (void* p : {static_cast<void*>(step_dev_), idx_dev_, wh_, xh_, partials_, xq_, sample_dev_}) if (p) cudaFree(p);
     if (step_host_) cudaFreeHost(step_host_);
     if (arena_) cudaFreeHost(arena_);
+    if (sample_host_) cudaFreeHost(sample_host_);
     cublasDestroy(blas_);
     cudaStreamDestroy(stream_);
   }
@@ -353,6 +354,59 @@ class CudaBackend final : public Backend {
   void add(float* x, const float* y, int64_t count) override {
     run("add", __LINE__, {P(x), P(y), U(count)}, [=](cudaStream_t st) { return cuda::add(x, y, count, st); });
   }
+  bool can_sample() const override { return true; }
+  Status sample(const float* logits, int64_t n, int64_t vocab, const DeviceSampleParams* params, int32_t* tokens,
+                float* logprobs) override {
+    flush();
+    if (!failed() && n > 0) {
+      const size_t in = static_cast<size_t>(n) * sizeof(DeviceSampleParams), out = static_cast<size_t>(n) * 8;
+      if (in + out > sample_host_cap_) {
+        if (sample_host_) cudaFreeHost(sample_host_);
+        sample_host_ = nullptr;
+        sample_host_cap_ = 0;
+        if (check(cudaMallocHost(&sample_host_, in + out), "cudaMallocHost(sampling)", __FILE__, __LINE__))
+          sample_host_cap_ = in + out;
+      }
+      if (sample_host_cap_ >= in + out && ensure(&sample_dev_, &sample_dev_cap_, in + out)) {
+        auto* host = static_cast<uint8_t*>(sample_host_);
+        auto* dev = static_cast<uint8_t*>(sample_dev_);
+        std::memcpy(host, params, in);
+        auto* dev_params = reinterpret_cast<const DeviceSampleParams*>(dev);
+        auto* dev_tokens = reinterpret_cast<int32_t*>(dev + in);
+        auto* dev_logprobs = reinterpret_cast<float*>(dev + in + static_cast<size_t>(n) * 4);
+        if (TROUPE_CUDA(cudaMemcpyAsync(dev, host, in, cudaMemcpyHostToDevice, stream_)) &&
+            TROUPE_CUDA(cuda::sample(logits, n, vocab, dev_params, dev_tokens, dev_logprobs, stream_)) &&
+            TROUPE_CUDA(cudaMemcpyAsync(host + in, dev + in, out, cudaMemcpyDeviceToHost, stream_)) &&
+            TROUPE_CUDA(cudaStreamSynchronize(stream_))) {
+          std::memcpy(tokens, host + in, static_cast<size_t>(n) * 4);
+          std::memcpy(logprobs, host + in + static_cast<size_t>(n) * 4, static_cast<size_t>(n) * 4);
+        }
+      }
+    }
+    if (failed()) return make_error("CUDA: " + error_);
+    return {};
+  }
+  void add_rms_norm(float* x, const float* y, const float* w, float eps, int64_t n, int64_t dim, float* out) override {
+    run("add_rms_norm", __LINE__, {P(x), P(y), P(w), F(eps), U(n), U(dim), P(out)},
+        [=](cudaStream_t st) { return cuda::add_rms_norm(x, y, w, eps, n, dim, out, st); });
+  }
+  void rope_kv_write(KvCache& cache, int32_t layer, float* qkv, int64_t ld, int64_t n, int32_t num_heads,
+                     int32_t num_kv_heads, int64_t head_dim, const float* cos_sin, RopeKind kind) override {
+    if (failed()) return;
+    auto& c = static_cast<CudaKvCache&>(cache);
+    // The kernel writes one cache row per step token; other shapes take the unfused ops.
+    if (n != dstep_.num_tokens || num_kv_heads != c.shape_.num_kv_heads || head_dim != c.shape_.head_dim) {
+      Backend::rope_kv_write(cache, layer, qkv, ld, n, num_heads, num_kv_heads, head_dim, cos_sin, kind);
+      return;
+    }
+    const bool neox = kind == RopeKind::Neox;
+    uint16_t* kc = c.k + c.layer_elems * layer;
+    uint16_t* vc = c.v + c.layer_elems * layer;
+    const cuda::DeviceStep ds = dstep_;
+    const int64_t nh = num_heads, nkv = num_kv_heads;
+    run("rope_kv_write", __LINE__, {step_key(), P(qkv), U(ld), U(nh), U(nkv), U(head_dim), P(cos_sin), U(neox), P(kc), P(vc)},
+        [=](cudaStream_t st) { return cuda::rope_kv_write(ds, qkv, ld, nh, nkv, head_dim, cos_sin, neox, kc, vc, st); });
+  }
   void gather_rows(const float* x, int64_t dim, const int32_t* rows, int64_t n, float* out) override {
     if (failed()) return;
     const int32_t* dev_rows = upload_indices(rows, n);
@@ -470,8 +524,10 @@ class CudaBackend final : public Backend {
   int32_t* step_host_ = nullptr;  // pinned
   int32_t* step_dev_ = nullptr;
   size_t step_cap_ = 0;  // int32 elements
-  void *idx_dev_ = nullptr, *wh_ = nullptr, *xh_ = nullptr, *partials_ = nullptr, *xq_ = nullptr;
-  size_t idx_cap_ = 0, wh_cap_ = 0, xh_cap_ = 0, partials_cap_ = 0, xq_cap_ = 0;  // bytes
+  void *idx_dev_ = nullptr, *wh_ = nullptr, *xh_ = nullptr, *partials_ = nullptr, *xq_ = nullptr, *sample_dev_ = nullptr;
+  size_t idx_cap_ = 0, wh_cap_ = 0, xh_cap_ = 0, partials_cap_ = 0, xq_cap_ = 0, sample_dev_cap_ = 0;  // bytes
+  void* sample_host_ = nullptr;  // pinned: sampling parameters in, tokens and logprobs out
+  size_t sample_host_cap_ = 0;
   int num_sms_ = 132;
   size_t max_weight_elems_ = 0;
   int32_t graph_max_tokens_ = 0;

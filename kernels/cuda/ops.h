@@ -8,6 +8,7 @@
 #include <cstdint>
 
 #include "kernels/dtype.h"
+#include "kernels/sample_params.h"
 
 namespace troupe::cuda {
 
@@ -28,6 +29,9 @@ bool is_supported_type(DType type);
 cudaError_t embed(DType type, const void* table, size_t row_bytes, int64_t cols, const int32_t* ids, int64_t n,
                   float* out, cudaStream_t stream);
 cudaError_t rms_norm(const float* x, const float* w, float eps, int64_t n, int64_t dim, float* out, cudaStream_t stream);
+// x += y, then out = rms_norm(x) * w; the same bits as add() then rms_norm(). out may be y.
+cudaError_t add_rms_norm(float* x, const float* y, const float* w, float eps, int64_t n, int64_t dim, float* out,
+                         cudaStream_t stream);
 // y[t, r] = sum_k W[r, k] x[t, k]; W rows of row_bytes in GGUF layout. Fused dequant-GEMV in
 // groups of up to 8 tokens; each token's result is independent of n (batch-invariant).
 //                                                               x: [n, ldx], y: [n, ldy]
@@ -56,6 +60,11 @@ cudaError_t add_bias(float* y, int64_t ld, const float* bias, int64_t n, int64_t
 // In-place rotation; cos_sin: [n, head_dim] (cos, sin) pairs; neox: pairs (i, i + hd/2).
 cudaError_t rope(float* x, int64_t ld, int64_t n, int64_t num_heads, int64_t head_dim, const float* cos_sin,
                  bool neox, cudaStream_t stream);
+// rope() on the Q and K heads of fused QKV rows [n, ld] (q | k | v) and kv_write() of the
+// rotated K and of V into one layer's cache, in one launch with the same bits.
+cudaError_t rope_kv_write(const DeviceStep& step, float* qkv, int64_t ld, int64_t num_heads, int64_t num_kv_heads,
+                          int64_t head_dim, const float* cos_sin, bool neox, uint16_t* k_cache, uint16_t* v_cache,
+                          cudaStream_t stream);
 // k/v rows at stride ld -> f16 cache rows [slot, row_elems] of one layer.
 cudaError_t kv_write(const DeviceStep& step, const float* k, const float* v, int64_t ld, int64_t row_elems,
                      uint16_t* k_cache, uint16_t* v_cache, cudaStream_t stream);
@@ -68,6 +77,10 @@ cudaError_t attention(const DeviceStep& step, const float* q, int64_t ld_q, int3
                       int32_t head_dim, int32_t block_size, float scale, const uint16_t* k_cache,
                       const uint16_t* v_cache, float* out, float* partials, cudaStream_t stream);
 int attention_segments(int32_t max_context);
+// Samples each row of logits [n, vocab] with params[row] (device memory) as the host
+// Sampler would (sample.cu): tokens[n] and, where asked, the chosen logprobs[n].
+cudaError_t sample(const float* logits, int64_t n, int64_t vocab, const DeviceSampleParams* params, int32_t* tokens,
+                   float* logprobs, cudaStream_t stream);
 cudaError_t silu_mul(const float* gate_up, int64_t n, int64_t ffn, float* out, cudaStream_t stream);
 cudaError_t add(float* x, const float* y, int64_t count, cudaStream_t stream);
 cudaError_t gather_rows(const float* x, int64_t dim, const int32_t* rows, int64_t n, float* out, cudaStream_t stream);

@@ -114,6 +114,16 @@ TEST_CASE("codec: StageStep with activations round-trips", "[codec]") {
   std::normal_distribution<float> nd;
   for (auto& h : s.hidden) h = nd(rng);
   s.compute_seconds = 0.125;
+  DeviceSampleParams ds;
+  ds.temperature = 0.7f;
+  ds.top_k = 40;
+  ds.top_p = 0.9f;
+  ds.min_p = 0.05f;
+  ds.seed = 0xFEDCBA9876543210ull;
+  ds.counter = 12345678901ull;
+  ds.want_logprob = 1;
+  ds.on_device = 1;
+  s.sampling = {ds, DeviceSampleParams{}};
   auto d = codec::decode_stage_step(codec::encode(s));
   REQUIRE(d.ok());
   REQUIRE(d->step_no == 77);
@@ -133,6 +143,18 @@ TEST_CASE("codec: StageStep with activations round-trips", "[codec]") {
   REQUIRE(d->new_seqs[0].prompt == s.new_seqs[0].prompt);
   REQUIRE(d->released == s.released);
   REQUIRE(d->hidden == s.hidden);  // bit-exact activations
+  REQUIRE(d->sampling.size() == 2);
+  for (size_t i = 0; i < 2; ++i) {
+    const auto &a = d->sampling[i], &b = s.sampling[i];
+    REQUIRE(a.temperature == b.temperature);
+    REQUIRE(a.top_k == b.top_k);
+    REQUIRE(a.top_p == b.top_p);
+    REQUIRE(a.min_p == b.min_p);
+    REQUIRE(a.seed == b.seed);
+    REQUIRE(a.counter == b.counter);
+    REQUIRE(a.want_logprob == b.want_logprob);
+    REQUIRE(a.on_device == b.on_device);
+  }
   truncations_fail(codec::encode(s), codec::decode_stage_step);
 
   // The worker's answer carries the step back, plus logits or an error.
@@ -140,6 +162,8 @@ TEST_CASE("codec: StageStep with activations round-trips", "[codec]") {
   done.step = s;
   done.logits = {0.5f, -1.25f, 3.0f, 1e-7f};
   done.compute_seconds = 0.0125;
+  done.device_tokens = {17, -1};
+  done.device_logprobs = {-0.25f, 0.0f};
   auto dd = codec::decode_layers_done(codec::encode(done));
   REQUIRE(dd.ok());
   REQUIRE(dd->step.step_no == 77);
@@ -148,6 +172,8 @@ TEST_CASE("codec: StageStep with activations round-trips", "[codec]") {
   REQUIRE(dd->step.logit_seq == s.logit_seq);
   REQUIRE(dd->logits == done.logits);
   REQUIRE(dd->compute_seconds == 0.0125);
+  REQUIRE(dd->device_tokens == done.device_tokens);
+  REQUIRE(dd->device_logprobs == done.device_logprobs);
   REQUIRE(dd->error.empty());
   done.error = "step block tables have the wrong size";
   auto de = codec::decode_layers_done(codec::encode(done));

@@ -1,6 +1,7 @@
 // Sampler tests: each filter and penalty against a hand-computed expectation, seeded
 // determinism, the temperature distribution against softmax (chi-square over many draws
 // with a fixed seed), logprobs, and validate() on hostile parameters.
+#include "kernels/philox.h"
 #include "runtime/sampler.h"
 #include "tests/runtime/sampler_reference.h"
 
@@ -415,9 +416,8 @@ TEST_CASE("staged sorting samples what a full sort would", "[sampler]") {
     p.top_k = trial % 5 == 0 ? 1 + static_cast<int32_t>(g() % 600) : 0;
     p.seed = g();
     Sampler s(p, n);
-    std::mt19937_64 twin(p.seed);  // the sampler's own generator, drawn the same way
     for (int draw = 0; draw < 4; ++draw) {
-      const double u01 = static_cast<double>(twin() >> 11) * (1.0 / 9007199254740992.0);
+      const double u01 = philox_uniform(p.seed, static_cast<uint64_t>(draw));  // the sampler's own draw
       const int32_t want = test::full_sort_reference(logits, p, u01);
       const int32_t got = s.sample(logits.data()).token;
       ++checked;
@@ -428,4 +428,82 @@ TEST_CASE("staged sorting samples what a full sort would", "[sampler]") {
   }
   INFO(differ << " of " << checked << " draws differ");
   CHECK(differ <= checked / 200);
+}
+
+TEST_CASE("Philox4x32-10 gives Random123's known answers; a draw depends on (seed, counter) only", "[sampler]") {
+  // Random123's kat_vectors for philox4x32_10.
+  const Philox4 zero = philox4x32_10(Philox4{{0, 0, 0, 0}}, 0, 0);
+  CHECK(zero.v[0] == 0x6627e8d5u);
+  CHECK(zero.v[1] == 0xe169c58du);
+  CHECK(zero.v[2] == 0xbc57ac4cu);
+  CHECK(zero.v[3] == 0x9b00dbd8u);
+  const Philox4 ones = philox4x32_10(Philox4{{0xffffffffu, 0xffffffffu, 0xffffffffu, 0xffffffffu}}, 0xffffffffu, 0xffffffffu);
+  CHECK(ones.v[0] == 0x408f276du);
+  CHECK(ones.v[1] == 0x41c83b0eu);
+  CHECK(ones.v[2] == 0xa20bc7c6u);
+  CHECK(ones.v[3] == 0x6d5451fdu);
+  const Philox4 pi = philox4x32_10(Philox4{{0x243f6a88u, 0x85a308d3u, 0x13198a2eu, 0x03707344u}}, 0xa4093822u, 0x299f31d0u);
+  CHECK(pi.v[0] == 0xd16cfe09u);
+  CHECK(pi.v[1] == 0x94fdccebu);
+  CHECK(pi.v[2] == 0x5001e420u);
+  CHECK(pi.v[3] == 0x24126ea1u);
+
+  // Uniform draws: in [0, 1), mean near 1/2, distinct per counter and per seed.
+  double sum = 0;
+  for (uint64_t c = 0; c < 20000; ++c) {
+    const double u = philox_uniform(7, c);
+    REQUIRE(u >= 0.0);
+    REQUIRE(u < 1.0);
+    sum += u;
+  }
+  CHECK(std::fabs(sum / 20000 - 0.5) < 0.01);
+  CHECK(philox_uniform(7, 1) != philox_uniform(7, 2));
+  CHECK(philox_uniform(7, 1) != philox_uniform(8, 1));
+  CHECK(philox_uniform(1ull << 32, 1) != philox_uniform(0, 1));  // both seed words count
+
+  // A sampler's n-th draw is philox_uniform(seed, n): skipping draws (made on a device)
+  // leaves the next one where sampling them here would have.
+  std::vector<float> logits(500);
+  std::mt19937 g(1);
+  std::normal_distribution<float> nd(0, 2);
+  for (auto& x : logits) x = nd(g);
+  SamplingParams p;
+  p.temperature = 1.0f;
+  p.seed = 99;
+  Sampler a(p, 500), b(p, 500);
+  for (int i = 0; i < 5; ++i) a.sample(logits.data());
+  for (int i = 0; i < 5; ++i) b.skip_draw();
+  CHECK(a.draws() == 5);
+  CHECK(b.device_params().counter == 5);
+  for (int i = 0; i < 20; ++i) CHECK(a.sample(logits.data()).token == b.sample(logits.data()).token);
+  CHECK(test::full_sort_reference(logits, p, philox_uniform(99, 25)) == a.sample(logits.data()).token);
+}
+
+TEST_CASE("only requests without penalties, bias or top-logprob lists may sample on a device", "[sampler]") {
+  SamplingParams p;
+  p.temperature = 0.7f;
+  p.top_k = 40;
+  p.top_p = 0.9f;
+  p.min_p = 0.05f;
+  p.seed = 3;
+  p.report_logprob = true;
+  CHECK(Sampler(p, 100).device_eligible());
+  const DeviceSampleParams d = Sampler(p, 100).device_params();
+  CHECK(d.temperature == 0.7f);
+  CHECK(d.top_k == 40);
+  CHECK(d.top_p == 0.9f);
+  CHECK(d.min_p == 0.05f);
+  CHECK(d.seed == 3);
+  CHECK(d.counter == 0);
+  CHECK(d.want_logprob == 1);
+  auto with = [&](auto change) {
+    SamplingParams q = p;
+    change(q);
+    return Sampler(q, 100).device_eligible();
+  };
+  CHECK_FALSE(with([](SamplingParams& q) { q.repetition_penalty = 1.1f; }));
+  CHECK_FALSE(with([](SamplingParams& q) { q.presence_penalty = 0.5f; }));
+  CHECK_FALSE(with([](SamplingParams& q) { q.frequency_penalty = -0.5f; }));
+  CHECK_FALSE(with([](SamplingParams& q) { q.logit_bias[5] = 2.0f; }));
+  CHECK_FALSE(with([](SamplingParams& q) { q.logprobs = 3; }));
 }
