@@ -10,12 +10,19 @@
 // that runs past the head continues in the tail by bisection over the key space, each probe a
 // deterministic block reduction of the mass at or above it. Every reduction has a fixed
 // order (no float atomics), so a row's token depends on its logits and parameters alone.
+//
+// tests/kernels/sample_kernel_emu_test.cpp also runs this kernel's source on the CPU
+// (tests/kernels/cuda_emulation.h, TROUPE_CUDA_EMULATION), so its logic is checked against
+// the host sampler on machines without a GPU.
 #include <cfloat>
 #include <cmath>
 
+#ifndef TROUPE_CUDA_EMULATION
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/ops.h"
+#endif
 #include "kernels/philox.h"
+#include "kernels/sample_params.h"
 
 namespace troupe::cuda {
 namespace {
@@ -390,6 +397,7 @@ __global__ void __launch_bounds__(kThreads) sample_kernel(const float* logits, i
 
 }  // namespace
 
+#ifndef TROUPE_CUDA_EMULATION
 cudaError_t sample(const float* logits, int64_t n, int64_t vocab, const DeviceSampleParams* params, int32_t* tokens,
                    float* logprobs, cudaStream_t stream) {
   if (n <= 0) return cudaSuccess;
@@ -397,5 +405,6 @@ cudaError_t sample(const float* logits, int64_t n, int64_t vocab, const DeviceSa
                                                                    tokens, logprobs);
   return cudaGetLastError();
 }
+#endif
 
 }  // namespace troupe::cuda

@@ -1,0 +1,96 @@
+// Runs a CUDA kernel's source on the CPU, one OS thread per CUDA thread, so that kernels
+// whose logic is intricate (the sampling kernel) are checked on machines without a GPU
+// against the host code they must agree with. Blocks run one after another; __shared__
+// variables (function statics here) are therefore per block. __syncthreads is a barrier
+// over the block's threads and __shfl_xor_sync an exchange through a per-warp buffer between
+// two warp barriers, so every thread must reach them uniformly -- as CUDA requires.
+// It checks logic, not timing or memory-model races; a GPU run is still the real test.
+//
+// Use: #define TROUPE_CUDA_EMULATION, include this, then the .cu file; launch with
+// cuda_emu::launch(grid, block, kernel, args...).
+#pragma once
+#include <atomic>
+#include <barrier>
+#include <bit>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <functional>
+#include <math.h>
+#include <memory>
+#include <thread>
+#include <vector>
+
+#define __global__
+#define __device__
+#define __host__
+#define __forceinline__ inline
+#define __launch_bounds__(n)
+#define __shared__ static
+
+struct cuda_emu_dim3 {
+  unsigned x = 0, y = 0, z = 0;
+};
+inline thread_local cuda_emu_dim3 threadIdx, blockIdx;
+
+namespace cuda_emu {
+
+struct Block {
+  unsigned threads = 0;
+  std::unique_ptr<std::barrier<>> all;
+  std::vector<std::unique_ptr<std::barrier<>>> warps;
+  std::vector<uint64_t> lanes;  // one slot per thread for shuffles
+};
+inline Block* current = nullptr;
+
+// grid blocks of `block` threads (a multiple of 32), one block at a time.
+template <typename Kernel, typename... Args>
+void launch(unsigned grid, unsigned block, Kernel kernel, Args... args) {
+  for (unsigned b = 0; b < grid; ++b) {
+    Block blk;
+    blk.threads = block;
+    blk.all = std::make_unique<std::barrier<>>(block);
+    for (unsigned w = 0; w < block / 32; ++w) blk.warps.push_back(std::make_unique<std::barrier<>>(32));
+    blk.lanes.assign(block, 0);
+    current = &blk;
+    std::vector<std::thread> ts;
+    ts.reserve(block);
+    for (unsigned t = 0; t < block; ++t)
+      ts.emplace_back([=] {
+        threadIdx.x = t;
+        blockIdx.x = b;
+        kernel(args...);
+      });
+    for (auto& t : ts) t.join();
+    current = nullptr;
+  }
+}
+
+}  // namespace cuda_emu
+
+inline void __syncthreads() { cuda_emu::current->all->arrive_and_wait(); }
+
+template <typename T>
+T __shfl_xor_sync(unsigned /*mask: full warps only*/, T v, int lane_mask) {
+  static_assert(sizeof(T) <= 8 && std::is_trivially_copyable_v<T>);
+  auto& blk = *cuda_emu::current;
+  const unsigned me = threadIdx.x, warp = me / 32, partner = (me & ~31u) | ((me & 31u) ^ static_cast<unsigned>(lane_mask));
+  uint64_t bits = 0;
+  std::memcpy(&bits, &v, sizeof(T));
+  blk.lanes[me] = bits;
+  blk.warps[warp]->arrive_and_wait();
+  const uint64_t theirs = blk.lanes[partner];
+  blk.warps[warp]->arrive_and_wait();
+  T out;
+  std::memcpy(&out, &theirs, sizeof(T));
+  return out;
+}
+
+template <typename T>
+T atomicAdd(T* p, T v) {
+  return std::atomic_ref<T>(*p).fetch_add(v);
+}
+
+inline uint32_t __float_as_uint(float f) { return std::bit_cast<uint32_t>(f); }
+inline float __uint_as_float(uint32_t u) { return std::bit_cast<float>(u); }
+using std::isnan;
