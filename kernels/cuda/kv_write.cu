@@ -17,6 +17,7 @@ __global__ void kv_write_kernel(const int32_t* slots, const float* k, const floa
 
 }  // namespace
 
+#ifndef TROUPE_CUDA_EMULATION  // (tests/kernels/cuda_emulation.h runs the kernels above on the CPU)
 cudaError_t kv_write(const DeviceStep& step, const float* k, const float* v, int64_t ld, int64_t row_elems,
                      uint16_t* k_cache, uint16_t* v_cache, cudaStream_t stream) {
   if (step.num_tokens <= 0) return cudaSuccess;
@@ -24,5 +25,7 @@ cudaError_t kv_write(const DeviceStep& step, const float* k, const float* v, int
       step.slot_mapping, k, v, ld, row_elems, reinterpret_cast<__half*>(k_cache), reinterpret_cast<__half*>(v_cache));
   return cudaGetLastError();
 }
+
+#endif
 
 }  // namespace troupe::cuda

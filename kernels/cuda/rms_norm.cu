@@ -51,6 +51,7 @@ __global__ void add_rms_norm_kernel(float* x, const float* y, const float* w, fl
 
 }  // namespace
 
+#ifndef TROUPE_CUDA_EMULATION  // (tests/kernels/cuda_emulation.h runs the kernels above on the CPU)
 cudaError_t rms_norm(const float* x, const float* w, float eps, int64_t n, int64_t dim, float* out, cudaStream_t stream) {
   if (n <= 0) return cudaSuccess;
   rms_norm_kernel<<<static_cast<unsigned>(n), kThreads, 0, stream>>>(x, w, eps, dim, out);
@@ -63,5 +64,7 @@ cudaError_t add_rms_norm(float* x, const float* y, const float* w, float eps, in
   add_rms_norm_kernel<<<static_cast<unsigned>(n), kThreads, 0, stream>>>(x, y, w, eps, dim, out);
   return cudaGetLastError();
 }
+
+#endif
 
 }  // namespace troupe::cuda

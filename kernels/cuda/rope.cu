@@ -55,6 +55,7 @@ __global__ void rope_kv_write_kernel(float* qkv, int64_t ld, int64_t num_heads, 
 
 }  // namespace
 
+#ifndef TROUPE_CUDA_EMULATION  // (tests/kernels/cuda_emulation.h runs the kernels above on the CPU)
 cudaError_t rope(float* x, int64_t ld, int64_t n, int64_t num_heads, int64_t head_dim, const float* cos_sin,
                  bool neox, cudaStream_t stream) {
   if (n <= 0) return cudaSuccess;
@@ -71,5 +72,7 @@ cudaError_t rope_kv_write(const DeviceStep& step, float* qkv, int64_t ld, int64_
       reinterpret_cast<__half*>(k_cache), reinterpret_cast<__half*>(v_cache));
   return cudaGetLastError();
 }
+
+#endif
 
 }  // namespace troupe::cuda

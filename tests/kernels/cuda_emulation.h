@@ -31,7 +31,7 @@
 struct cuda_emu_dim3 {
   unsigned x = 0, y = 0, z = 0;
 };
-inline thread_local cuda_emu_dim3 threadIdx, blockIdx;
+inline thread_local cuda_emu_dim3 threadIdx, blockIdx, blockDim, gridDim;
 
 namespace cuda_emu {
 
@@ -59,6 +59,8 @@ void launch(unsigned grid, unsigned block, Kernel kernel, Args... args) {
       ts.emplace_back([=] {
         threadIdx.x = t;
         blockIdx.x = b;
+        blockDim.x = block;
+        gridDim.x = grid;
         kernel(args...);
       });
     for (auto& t : ts) t.join();
@@ -91,6 +93,12 @@ T atomicAdd(T* p, T v) {
   return std::atomic_ref<T>(*p).fetch_add(v);
 }
 
+// Rounding intrinsics: one IEEE operation each (the host compiler may not contract them;
+// nvcc's contraction of plain expressions is therefore not reproduced here).
+inline float __fmaf_rn(float a, float b, float c) { return std::fma(a, b, c); }
+inline float __fmul_rn(float a, float b) { return a * b; }
+inline float __fdiv_rn(float a, float b) { return a / b; }
+inline float rsqrtf(float x) { return 1.0f / std::sqrt(x); }  // (CUDA's is within 2 ulp of this)
 inline uint32_t __float_as_uint(float f) { return std::bit_cast<uint32_t>(f); }
 inline float __uint_as_float(uint32_t u) { return std::bit_cast<float>(u); }
 using std::isnan;

@@ -1,0 +1,103 @@
+// The fused CUDA kernels' own source (add_rms_norm in kernels/cuda/rms_norm.cu,
+// rope_kv_write in kernels/cuda/rope.cu), run on the CPU through tests/kernels/cuda_emulation.h
+// against the unfused kernels' source run the same way (the same bits: the same elements
+// in the same threads and order) and against the CPU backend (within float tolerance).
+// On a GPU, tests/kernels/cuda_ops_test.cpp checks the compiled kernels the same way.
+#define TROUPE_CUDA_EMULATION 1
+#include "tests/kernels/cuda_emulation.h"
+// (the emulation header first: it defines the CUDA keywords the kernel sources use)
+#include "kernels/cuda/kv_write.cu"
+#include "kernels/cuda/rms_norm.cu"
+#include "kernels/cuda/rope.cu"
+
+#include <catch2/catch.hpp>
+#include <cstring>
+#include <random>
+
+#include "kernels/backend.h"
+#include "tests/kernels/kernel_test_util.h"
+
+using namespace troupe;
+
+namespace {
+
+bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+double max_diff(const std::vector<float>& a, const std::vector<float>& b) {
+  double d = 0;
+  for (size_t i = 0; i < a.size(); ++i) d = std::max(d, std::fabs(double(a[i]) - b[i]));
+  return d;
+}
+
+}  // namespace
+
+TEST_CASE("the fused add+RMSNorm kernel's source, run on the CPU, gives add + rms_norm's bits", "[kernels][cuda-emulation]") {
+  std::mt19937 rng(3);
+  auto cpu = make_cpu_backend({1});
+  for (int64_t dim : {7, 576, 2050}) {
+    const int64_t n = 3;
+    const auto x0 = test::random_floats(static_cast<size_t>(n * dim), rng, 3.0f);
+    const auto y0 = test::random_floats(static_cast<size_t>(n * dim), rng, 2.0f);
+    const auto w = test::random_floats(static_cast<size_t>(dim), rng);
+    // Fused, with out aliasing y as the model calls it.
+    auto xf = x0, yf = y0;
+    cuda_emu::launch(static_cast<unsigned>(n), cuda::kThreads, cuda::add_rms_norm_kernel, xf.data(), yf.data(),
+                     w.data(), 1e-5f, dim, yf.data());
+    // Unfused: the element-wise add, then the norm kernel.
+    auto xu = x0;
+    for (size_t i = 0; i < xu.size(); ++i) xu[i] += y0[i];
+    std::vector<float> outu(xu.size());
+    cuda_emu::launch(static_cast<unsigned>(n), cuda::kThreads, cuda::rms_norm_kernel, xu.data(), w.data(), 1e-5f, dim,
+                     outu.data());
+    CHECK(same_bits(xf, xu));
+    CHECK(same_bits(yf, outu));
+    // The CPU backend's add_rms_norm.
+    auto xc = x0, yc = y0;
+    float* pw = cpu->upload(w);
+    cpu->add_rms_norm(xc.data(), yc.data(), pw, 1e-5f, n, dim, yc.data());
+    CHECK(same_bits(xc, xf));
+    CHECK(max_diff(yc, yf) <= 1e-4);
+  }
+}
+
+TEST_CASE("the fused RoPE+KV-write kernel's source, run on the CPU, gives rope + kv_write's bits", "[kernels][cuda-emulation]") {
+  std::mt19937 rng(4);
+  for (bool neox : {false, true}) {
+    const int64_t nh = 6, nkv = 2, hd = 64, n = 4, ld = (nh + 2 * nkv) * hd + 5, row = nkv * hd;
+    const std::vector<int32_t> slots = {9, 3, 30, 17};
+    const int64_t num_slots = 32;
+    const auto qkv0 = test::random_floats(static_cast<size_t>(n * ld), rng);
+    std::vector<float> cs(static_cast<size_t>(n * hd));
+    for (int64_t t = 0; t < n; ++t)
+      for (int64_t i = 0; i < hd / 2; ++i) {
+        cs[t * hd + 2 * i] = std::cos(0.37f * (t + 1) * (i + 1));
+        cs[t * hd + 2 * i + 1] = std::sin(0.37f * (t + 1) * (i + 1));
+      }
+    auto qf = qkv0;
+    std::vector<__half> kf(static_cast<size_t>(num_slots * row)), vf(kf.size());
+    cuda_emu::launch(static_cast<unsigned>(n), 256, cuda::rope_kv_write_kernel, qf.data(), ld, nh, nkv, hd, cs.data(),
+                     neox, slots.data(), kf.data(), vf.data());
+    auto qu = qkv0;
+    std::vector<__half> ku(kf.size()), vu(kf.size());
+    cuda_emu::launch(static_cast<unsigned>(n), 256, cuda::rope_kernel, qu.data(), ld, nh, hd, cs.data(), neox);
+    cuda_emu::launch(static_cast<unsigned>(n), 256, cuda::rope_kernel, qu.data() + nh * hd, ld, nkv, hd, cs.data(), neox);
+    cuda_emu::launch(static_cast<unsigned>(n), 128, cuda::kv_write_kernel, slots.data(), qu.data() + nh * hd,
+                     qu.data() + (nh + nkv) * hd, ld, row, ku.data(), vu.data());
+    CHECK(same_bits(qf, qu));
+    CHECK(std::memcmp(kf.data(), ku.data(), kf.size() * 2) == 0);
+    CHECK(std::memcmp(vf.data(), vu.data(), vf.size() * 2) == 0);
+    // The written slots hold the rotated K (f16) and V; the others stay zero.
+    int nonzero = 0;
+    for (size_t i = 0; i < kf.size(); ++i) nonzero += __half2float(kf[i]) != 0.0f;
+    CHECK(nonzero > static_cast<int>(n * row) * 9 / 10);
+    CHECK(nonzero <= static_cast<int>(n * row));
+    // The CPU backend's rope on the same rows.
+    auto cpu = make_cpu_backend({1});
+    auto qc = qkv0;
+    const RopeKind kind = neox ? RopeKind::Neox : RopeKind::Interleaved;
+    cpu->rope(qc.data(), ld, n, nh, hd, cs.data(), kind);
+    cpu->rope(qc.data() + nh * hd, ld, n, nkv, hd, cs.data(), kind);
+    CHECK(max_diff(qc, qf) <= 1e-5);
+  }
+}
