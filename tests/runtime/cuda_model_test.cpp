@@ -3,7 +3,8 @@
 // the tolerance the CPU is held to against llama.cpp; fed the CPU's greedy tokens, the GPU
 // picks the same token at every step where the CPU's choice is decisive; free-running
 // greedy tokens match the CPU's for at least 16 (of 32) on most prompts where llama.cpp
-// agrees with itself; on bf16 weights greedy tokens match for at least 16; and batch invariance holds on the GPU (the continuous-batching
+// agrees with itself; on bf16 weights (dummy, and the default model's real weights as a bf16
+// Hugging Face directory) greedy tokens match for at least 16; and batch invariance holds on the GPU (the continuous-batching
 // engine, many requests at once, with and without KV pressure, gives each request its solo
 // greedy output). Tagged [cuda]; without a GPU each case prints why it is skipped.
 #include <catch2/catch.hpp>
@@ -16,9 +17,14 @@
 #include "runtime/engine.h"
 #include "runtime/model_files.h"
 #include "runtime/sequence_runner.h"
+#include "tests/runtime/greedy_util.h"
+#include "tests/runtime/hf_from_gguf.h"
 #include "tests/test_util.h"
 
 using namespace troupe;
+using test::common_prefix;
+using test::Greedy;
+using test::greedy;
 
 namespace {
 
@@ -27,35 +33,6 @@ bool gpu_missing() {
   if (why.empty()) return false;
   WARN("skipped: " << why);
   return true;
-}
-
-struct Greedy {
-  std::vector<int32_t> tokens;
-  std::vector<float> first_logits;
-};
-
-Greedy greedy(Model& m, Backend& be, const std::vector<int32_t>& prompt, int n) {
-  auto r = SequenceRunner::create(m, be, std::min(1024, m.config().max_context));
-  if (!r) FAIL(r.error().message);
-  auto l = (*r)->feed(prompt);
-  if (!l) FAIL(be.name() << ": " << l.error().message);
-  Greedy g;
-  g.first_logits.assign(*l, *l + m.config().vocab);
-  for (int i = 0; i < n; ++i) {
-    const int32_t t = static_cast<int32_t>(std::max_element(*l, *l + m.config().vocab) - *l);
-    g.tokens.push_back(t);
-    if (i + 1 < n) {
-      l = (*r)->feed({t});
-      if (!l) FAIL(be.name() << ": " << l.error().message);
-    }
-  }
-  return g;
-}
-
-size_t common_prefix(const std::vector<int32_t>& a, const std::vector<int32_t>& b) {
-  size_t i = 0;
-  while (i < a.size() && i < b.size() && a[i] == b[i]) ++i;
-  return i;
 }
 
 void compare_backends(const ModelFiles& files, const std::vector<int32_t>& prompt, const std::string& what) {
@@ -177,6 +154,21 @@ TEST_CASE("cuda: greedy tokens on bf16 weights match the CPU backend", "[cuda][m
   auto files = open_model(test::source_dir() + "/configs/tiny-llama.json", o);
   REQUIRE(files.ok());
   compare_backends(*files, {1, 17, 300, 511, 42, 42, 9, 0, 250, 77}, "tiny-llama bf16 (dummy weights)");
+}
+
+TEST_CASE("cuda: greedy tokens on a bf16 Hugging Face directory of real weights match the CPU backend", "[cuda][model]") {
+  if (gpu_missing()) return;
+  const std::string path = test::default_model_path();
+  if (!test::file_exists(path)) FAIL(test::model_missing_message(path));
+  auto g = open_model(path, {});
+  REQUIRE(g.ok());
+  test::BfDir dir;  // the default model's weights as BF16 safetensors (tests/runtime/hf_from_gguf.h)
+  const std::string err = test::write_bf16_hf_dir(*g, dir.path);
+  if (!err.empty()) FAIL(err);
+  auto h = open_model(dir.path.string(), {});
+  if (!h) FAIL(h.error().message);
+  for (const char* text : {"The capital of France is", "Once upon a time, there was a"})
+    compare_backends(*h, g->tokenizer->encode(text, true, false), std::string("bf16 HF directory, '") + text + "'");
 }
 
 TEST_CASE("cuda: batch invariance on the GPU (engine, concurrent requests, KV pressure)", "[cuda][batch]") {
