@@ -132,20 +132,124 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
   }
 }
 
+// f16/bf16 for 2..8 tokens: each warp takes R rows, so every x vector it loads serves R
+// rows (gemv_half_kernel loads the NT tokens' x once per row: NT times the weight bytes
+// through L1). The arithmetic of each (row, token) is gemv_half_kernel's exactly -- lane l
+// sums the vectors l, l + 32, ... in order, each an fmaf chain over its 8 elements from 0,
+// then the same warp sum -- so the bits equal the one-token kernel's and stay
+// batch-invariant. Rows past the end re-read the warp's first row and are not stored.
+template <bool BF16, int NT, int R>
+__global__ void __launch_bounds__(kWarpsPerBlock * 32)
+    gemv_half_rows_kernel(const uint8_t* __restrict__ w, size_t row_bytes, int64_t rows, int64_t cols,
+                          const float* __restrict__ x, int64_t ldx, int64_t n, bool vec, float* __restrict__ y,
+                          int64_t ldy) {
+  constexpr int U = 2;  // vectors per row in flight
+  const int lane = threadIdx.x & 31;
+  const int64_t r0 = (int64_t{blockIdx.x} * kWarpsPerBlock + (threadIdx.x >> 5)) * R;
+  if (r0 >= rows) return;
+  const int nr = rows - r0 < R ? static_cast<int>(rows - r0) : R;
+  const int64_t t0 = int64_t{blockIdx.y} * NT;
+  const int nt = n - t0 < NT ? static_cast<int>(n - t0) : NT;
+  x += t0 * ldx;
+  y += t0 * ldy;
+  const uint4* wr[R];
+#pragma unroll
+  for (int i = 0; i < R; ++i)
+    wr[i] = reinterpret_cast<const uint4*>(w + static_cast<size_t>(r0 + (i < nr ? i : 0)) * row_bytes);
+  float acc[R][NT];
+#pragma unroll
+  for (int i = 0; i < R; ++i)
+#pragma unroll
+    for (int t = 0; t < NT; ++t) acc[i][t] = 0.f;
+  const int64_t num_vecs = (cols + 7) / 8;  // rows are padded to 32 columns with zeros
+  for (int64_t v0 = lane; v0 < num_vecs; v0 += 32 * U) {
+    uint4 raw[U][R];
+#pragma unroll
+    for (int u = 0; u < U; ++u)
+      if (v0 + 32 * u < num_vecs)
+#pragma unroll
+        for (int i = 0; i < R; ++i) raw[u][i] = __ldcs(wr[i] + v0 + 32 * u);
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int64_t v = v0 + 32 * u;
+      if (v >= num_vecs) break;
+      float wv[R][8];
+#pragma unroll
+      for (int i = 0; i < R; ++i) {
+        const uint32_t ws[4] = {raw[u][i].x, raw[u][i].y, raw[u][i].z, raw[u][i].w};
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          if constexpr (BF16) {
+            wv[i][2 * j] = __uint_as_float(ws[j] << 16);
+            wv[i][2 * j + 1] = __uint_as_float(ws[j] & 0xFFFF0000u);
+          } else {
+            wv[i][2 * j] = h2f(static_cast<uint16_t>(ws[j] & 0xFFFF));
+            wv[i][2 * j + 1] = h2f(static_cast<uint16_t>(ws[j] >> 16));
+          }
+        }
+      }
+      const int64_t base = v * 8;
+#pragma unroll
+      for (int t = 0; t < NT; ++t) {
+        if (t >= nt) break;
+        const float* xt = x + t * ldx + base;
+        float xv[8];
+        if (vec && base + 8 <= cols) {
+          const float4 a = reinterpret_cast<const float4*>(xt)[0], b = reinterpret_cast<const float4*>(xt)[1];
+          xv[0] = a.x; xv[1] = a.y; xv[2] = a.z; xv[3] = a.w; xv[4] = b.x; xv[5] = b.y; xv[6] = b.z; xv[7] = b.w;
+        } else {
+#pragma unroll
+          for (int j = 0; j < 8; ++j) xv[j] = base + j < cols ? xt[j] : 0.f;
+        }
+#pragma unroll
+        for (int i = 0; i < R; ++i) {
+          float s = 0.f;
+#pragma unroll
+          for (int j = 0; j < 8; ++j) s = fmaf(wv[i][j], xv[j], s);
+          acc[i][t] += s;
+        }
+      }
+    }
+  }
+#pragma unroll
+  for (int i = 0; i < R; ++i) {
+    if (i >= nr) break;
+#pragma unroll
+    for (int t = 0; t < NT; ++t) {
+      if (t >= nt) break;
+      const float s = warp_sum(acc[i][t]);
+      if (lane == 0) y[t * ldy + r0 + i] = s;
+    }
+  }
+}
+constexpr int kHalfRowsPerWarp = 4;
+constexpr int64_t kHalfMultiRowMin = 4096;  // fewer rows: one per warp, to keep every SM busy
+
+#ifndef TROUPE_CUDA_EMULATION  // (tests/kernels/cuda_emulation.h runs the kernels above on the CPU)
 // Chooses the kernel for one token-group size, by weight type only (never by batch, so
-// results stay batch-invariant): coalesced vectors for f16/bf16, the shared-x kernel for
-// the rest. `simple` forces the shared-x kernel for f16/bf16 too (benchmark comparison).
+// results stay batch-invariant): coalesced vectors for f16/bf16 (one row per warp for one
+// token or a small matrix, kHalfRowsPerWarp rows per warp otherwise: the same bits), the
+// shared-x kernel for the rest. `simple` forces the shared-x kernel for f16/bf16 too (benchmark comparison).
 template <DType T, int NT>
 void launch_gemv(dim3 grid, dim3 block, cudaStream_t stream, bool simple, const uint8_t* w, size_t row_bytes,
                  int64_t rows, int64_t cols, const float* x, int64_t ldx, int64_t n, bool vec, float* y, int64_t ldy) {
   if constexpr (T == DType::F16 || T == DType::BF16) {
-    if (!simple) {
+    if (!simple && (NT == 1 || rows < kHalfMultiRowMin)) {
       gemv_half_kernel<T == DType::BF16, NT, 4><<<grid, block, 0, stream>>>(w, row_bytes, rows, cols, x, ldx, n, vec, y, ldy);
+      return;
+    }
+    if (!simple) {
+      constexpr int64_t per_block = int64_t{kWarpsPerBlock} * kHalfRowsPerWarp;
+      const dim3 g(static_cast<unsigned>((rows + per_block - 1) / per_block), grid.y);
+      gemv_half_rows_kernel<T == DType::BF16, NT, kHalfRowsPerWarp>
+          <<<g, block, 0, stream>>>(w, row_bytes, rows, cols, x, ldx, n, vec, y, ldy);
       return;
     }
   }
   gemv_kernel<T, NT><<<grid, block, 0, stream>>>(w, row_bytes, rows, cols, x, ldx, n, y, ldy);
 }
+
+#endif
 
 template <DType T>
 __global__ void dequant_f16_kernel(const uint8_t* __restrict__ w, size_t row_bytes, int64_t rows, int64_t cols,
@@ -164,6 +268,7 @@ __global__ void dequant_f16_kernel(const uint8_t* __restrict__ w, size_t row_byt
 
 }  // namespace
 
+#ifndef TROUPE_CUDA_EMULATION
 cudaError_t gemv(DType type, const void* w, size_t row_bytes, int64_t rows, int64_t cols, const float* x, int64_t ldx,
                  int64_t n, float* y, int64_t ldy, cudaStream_t stream, bool simple) {
   if (n <= 0 || rows <= 0) return cudaSuccess;
@@ -201,5 +306,7 @@ cudaError_t dequant_to_f16(DType type, const void* w, size_t row_bytes, int64_t 
   if (!ok) return cudaErrorInvalidValue;
   return cudaGetLastError();
 }
+
+#endif
 
 }  // namespace troupe::cuda

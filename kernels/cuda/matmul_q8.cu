@@ -105,65 +105,103 @@ __host__ __device__ constexpr int block_bytes() {
   return T == DType::Q4_0 ? 18 : T == DType::Q4_1 ? 20 : T == DType::Q5_0 ? 22 : T == DType::Q5_1 ? 24 : 34;
 }
 
-template <DType T, int NT>
+// R rows per warp, so each activation block a lane loads (48 bytes per token) serves R
+// weight blocks (20-34 bytes each): with one row per warp the activations' traffic was
+// 1.4-2.4 times the weights' at one token and NT times that at NT. Lane l takes blocks l,
+// l + 32, ... of each of its rows in order; the per-block combine is written with explicit
+// rounding intrinsics, so the compiler cannot contract it differently for another R or NT:
+// a (row, token)'s bits depend on neither R nor NT nor the batch.
+template <DType T, int NT, int R>
 __global__ void __launch_bounds__(kWarpsPerBlock * 32)
     gemv_q8_kernel(const uint8_t* __restrict__ w, size_t row_bytes, int64_t rows, int64_t nb,
                    const Q8Block* __restrict__ xq, int64_t n, float* __restrict__ y, int64_t ldy) {
   const int lane = threadIdx.x & 31;
-  const int64_t r = int64_t{blockIdx.x} * kWarpsPerBlock + (threadIdx.x >> 5);
-  if (r >= rows) return;
+  const int64_t r0 = (int64_t{blockIdx.x} * kWarpsPerBlock + (threadIdx.x >> 5)) * R;
+  if (r0 >= rows) return;
+  const int nr = rows - r0 < R ? static_cast<int>(rows - r0) : R;
   const int64_t t0 = int64_t{blockIdx.y} * NT;
   const int nt = n - t0 < NT ? static_cast<int>(n - t0) : NT;
   xq += t0 * nb;
   y += t0 * ldy;
-  const uint8_t* row = w + static_cast<size_t>(r) * row_bytes;
-  float acc[NT];
+  const uint8_t* wr[R];
 #pragma unroll
-  for (int t = 0; t < NT; ++t) acc[t] = 0.f;
+  for (int i = 0; i < R; ++i) wr[i] = w + static_cast<size_t>(r0 + (i < nr ? i : 0)) * row_bytes;
+  float acc[R][NT];
+#pragma unroll
+  for (int i = 0; i < R; ++i)
+#pragma unroll
+    for (int t = 0; t < NT; ++t) acc[i][t] = 0.f;
   for (int64_t b = lane; b < nb; b += 32) {
-    int32_t v[8];
-    float d, m;
-    unpack_block<T>(row + b * block_bytes<T>(), v, &d, &m);
+    int32_t v[R][8];
+    float d[R], m[R];
+#pragma unroll
+    for (int i = 0; i < R; ++i) unpack_block<T>(wr[i] + b * block_bytes<T>(), v[i], &d[i], &m[i]);
 #pragma unroll
     for (int t = 0; t < NT; ++t) {
       if (t >= nt) break;
       const Q8Block& xb = xq[t * nb + b];
       const int4 q0 = reinterpret_cast<const int4*>(xb.q)[0], q1 = reinterpret_cast<const int4*>(xb.q)[1];
-      int isum = 0;
-      isum = __dp4a(v[0], q0.x, isum);
-      isum = __dp4a(v[1], q0.y, isum);
-      isum = __dp4a(v[2], q0.z, isum);
-      isum = __dp4a(v[3], q0.w, isum);
-      isum = __dp4a(v[4], q1.x, isum);
-      isum = __dp4a(v[5], q1.y, isum);
-      isum = __dp4a(v[6], q1.z, isum);
-      isum = __dp4a(v[7], q1.w, isum);
-      acc[t] += d * xb.d * static_cast<float>(isum) + m * xb.s;
+      const float xd = xb.d, xs = xb.s;
+#pragma unroll
+      for (int i = 0; i < R; ++i) {
+        int isum = 0;
+        isum = __dp4a(v[i][0], q0.x, isum);
+        isum = __dp4a(v[i][1], q0.y, isum);
+        isum = __dp4a(v[i][2], q0.z, isum);
+        isum = __dp4a(v[i][3], q0.w, isum);
+        isum = __dp4a(v[i][4], q1.x, isum);
+        isum = __dp4a(v[i][5], q1.y, isum);
+        isum = __dp4a(v[i][6], q1.z, isum);
+        isum = __dp4a(v[i][7], q1.w, isum);
+        // (d * xd) * isum + m * xs, the product fused into the add, then added to acc
+        acc[i][t] = __fadd_rn(acc[i][t], __fmaf_rn(__fmul_rn(d[i], xd), static_cast<float>(isum), __fmul_rn(m[i], xs)));
+      }
     }
   }
 #pragma unroll
-  for (int t = 0; t < NT; ++t) {
-    if (t >= nt) break;
-    const float s = warp_sum(acc[t]);
-    if (lane == 0) y[t * ldy + r] = s;
+  for (int i = 0; i < R; ++i) {
+    if (i >= nr) break;
+#pragma unroll
+    for (int t = 0; t < NT; ++t) {
+      if (t >= nt) break;
+      const float s = warp_sum(acc[i][t]);
+      if (lane == 0) y[t * ldy + r0 + i] = s;
+    }
   }
+}
+
+// Rows per warp by the weight's shape alone (never by batch): several where there are
+// enough rows to keep every multiprocessor busy with them, else one.
+constexpr int kQ8RowsPerWarp = 4;
+constexpr int64_t kQ8MultiRowMin = 4096;
+
+#ifndef TROUPE_CUDA_EMULATION  // (tests/kernels/cuda_emulation.h runs the kernels above on the CPU)
+template <DType T, int R>
+void launch_rows(const uint8_t* w, size_t row_bytes, int64_t rows, int64_t nb, const Q8Block* xq, int64_t n, float* y,
+                 int64_t ldy, cudaStream_t stream) {
+  const unsigned blocks = static_cast<unsigned>((rows + int64_t{kWarpsPerBlock} * R - 1) / (int64_t{kWarpsPerBlock} * R));
+  const dim3 block(kWarpsPerBlock * 32);
+  if (n == 1) gemv_q8_kernel<T, 1, R><<<dim3(blocks, 1), block, 0, stream>>>(w, row_bytes, rows, nb, xq, n, y, ldy);
+  else if (n == 2) gemv_q8_kernel<T, 2, R><<<dim3(blocks, 1), block, 0, stream>>>(w, row_bytes, rows, nb, xq, n, y, ldy);
+  else if (n <= 4) gemv_q8_kernel<T, 4, R><<<dim3(blocks, 1), block, 0, stream>>>(w, row_bytes, rows, nb, xq, n, y, ldy);
+  else
+    gemv_q8_kernel<T, 8, R><<<dim3(blocks, static_cast<unsigned>((n + 7) / 8)), block, 0, stream>>>(
+        w, row_bytes, rows, nb, xq, n, y, ldy);
 }
 
 template <DType T>
 void launch(const uint8_t* w, size_t row_bytes, int64_t rows, int64_t nb, const Q8Block* xq, int64_t n, float* y,
             int64_t ldy, cudaStream_t stream) {
-  const unsigned blocks = static_cast<unsigned>((rows + kWarpsPerBlock - 1) / kWarpsPerBlock);
-  const dim3 block(kWarpsPerBlock * 32);
-  if (n == 1) gemv_q8_kernel<T, 1><<<dim3(blocks, 1), block, 0, stream>>>(w, row_bytes, rows, nb, xq, n, y, ldy);
-  else if (n == 2) gemv_q8_kernel<T, 2><<<dim3(blocks, 1), block, 0, stream>>>(w, row_bytes, rows, nb, xq, n, y, ldy);
-  else if (n <= 4) gemv_q8_kernel<T, 4><<<dim3(blocks, 1), block, 0, stream>>>(w, row_bytes, rows, nb, xq, n, y, ldy);
+  if (rows >= kQ8MultiRowMin)
+    launch_rows<T, kQ8RowsPerWarp>(w, row_bytes, rows, nb, xq, n, y, ldy, stream);
   else
-    gemv_q8_kernel<T, 8><<<dim3(blocks, static_cast<unsigned>((n + 7) / 8)), block, 0, stream>>>(w, row_bytes, rows, nb,
-                                                                                              xq, n, y, ldy);
+    launch_rows<T, 1>(w, row_bytes, rows, nb, xq, n, y, ldy, stream);
 }
+#endif
 
 }  // namespace
 
+#ifndef TROUPE_CUDA_EMULATION
 bool uses_q8_activations(DType type) {
   return type == DType::Q4_0 || type == DType::Q4_1 || type == DType::Q5_0 || type == DType::Q5_1 ||
          type == DType::Q8_0;
@@ -194,5 +232,7 @@ cudaError_t gemv_q8(DType type, const void* w, size_t row_bytes, int64_t rows, i
   }
   return cudaGetLastError();
 }
+
+#endif
 
 }  // namespace troupe::cuda

@@ -43,29 +43,33 @@ struct Block {
 };
 inline Block* current = nullptr;
 
-// grid blocks of `block` threads (a multiple of 32), one block at a time.
+// grid blocks of `block` threads (a multiple of 32), one block at a time: the same
+// threads run every block, meeting at a barrier between blocks (so a thread that returns
+// early just waits there, and shared statics are never used by two blocks at once).
 template <typename Kernel, typename... Args>
 void launch(unsigned grid, unsigned block, Kernel kernel, Args... args) {
-  for (unsigned b = 0; b < grid; ++b) {
-    Block blk;
-    blk.threads = block;
-    blk.all = std::make_unique<std::barrier<>>(block);
-    for (unsigned w = 0; w < block / 32; ++w) blk.warps.push_back(std::make_unique<std::barrier<>>(32));
-    blk.lanes.assign(block, 0);
-    current = &blk;
-    std::vector<std::thread> ts;
-    ts.reserve(block);
-    for (unsigned t = 0; t < block; ++t)
-      ts.emplace_back([=] {
-        threadIdx.x = t;
+  Block blk;
+  blk.threads = block;
+  blk.all = std::make_unique<std::barrier<>>(block);
+  for (unsigned w = 0; w < block / 32; ++w) blk.warps.push_back(std::make_unique<std::barrier<>>(32));
+  blk.lanes.assign(block, 0);
+  std::barrier<> block_end(block);
+  current = &blk;
+  std::vector<std::thread> ts;
+  ts.reserve(block);
+  for (unsigned t = 0; t < block; ++t)
+    ts.emplace_back([=, &block_end] {
+      threadIdx.x = t;
+      blockDim.x = block;
+      gridDim.x = grid;
+      for (unsigned b = 0; b < grid; ++b) {
         blockIdx.x = b;
-        blockDim.x = block;
-        gridDim.x = grid;
         kernel(args...);
-      });
-    for (auto& t : ts) t.join();
-    current = nullptr;
-  }
+        block_end.arrive_and_wait();
+      }
+    });
+  for (auto& t : ts) t.join();
+  current = nullptr;
 }
 
 }  // namespace cuda_emu
@@ -98,7 +102,20 @@ T atomicAdd(T* p, T v) {
 inline float __fmaf_rn(float a, float b, float c) { return std::fma(a, b, c); }
 inline float __fmul_rn(float a, float b) { return a * b; }
 inline float __fdiv_rn(float a, float b) { return a / b; }
+inline float __fadd_rn(float a, float b) { return a + b; }
+inline int __float2int_rn(float x) { return static_cast<int>(std::nearbyint(x)); }  // half to even
+// Four signed 8-bit products summed into c.
+inline int __dp4a(int a, int b, int c) {
+  for (int k = 0; k < 4; ++k)
+    c += static_cast<int>(static_cast<int8_t>(static_cast<uint32_t>(a) >> (8 * k))) *
+         static_cast<int>(static_cast<int8_t>(static_cast<uint32_t>(b) >> (8 * k)));
+  return c;
+}
 inline float rsqrtf(float x) { return 1.0f / std::sqrt(x); }  // (CUDA's is within 2 ulp of this)
 inline uint32_t __float_as_uint(float f) { return std::bit_cast<uint32_t>(f); }
+template <typename T>
+T __ldcs(const T* p) {  // a streaming load: a plain load here
+  return *p;
+}
 inline float __uint_as_float(uint32_t u) { return std::bit_cast<float>(u); }
 using std::isnan;

@@ -1,0 +1,94 @@
+// The f16/bf16 GEMV kernels' source (kernels/cuda/matmul.cu), run on the CPU through
+// tests/kernels/cuda_emulation.h: the several-rows-per-warp kernel for 2..8 tokens must give
+// the one-row kernel's bits, and every token's result in a group must equal what the
+// one-token kernel computes for it alone (batch invariance), for ragged row counts, column
+// counts off the vector width and unaligned activations.
+#define TROUPE_CUDA_EMULATION 1
+#include "tests/kernels/cuda_emulation.h"
+// (the emulation header first: it defines the CUDA keywords the kernel source uses)
+#include "kernels/cuda/matmul.cu"
+
+#include <catch2/catch.hpp>
+#include <cstring>
+#include <random>
+
+#include "kernels/fp16.h"
+
+using namespace troupe;
+
+namespace {
+
+template <bool BF16, int NT>
+void check_group(const std::vector<uint8_t>& w, size_t row_bytes, int64_t rows, int64_t cols, int64_t ldx, int64_t n,
+                 const float* xp, bool vec) {
+  const unsigned groups = static_cast<unsigned>((n + NT - 1) / NT);
+  std::vector<float> y_old(static_cast<size_t>(n * rows), -1.0f), y_new(y_old.size(), -2.0f);
+  // One row per warp (blocks of kWarpsPerBlock rows) and R rows per warp; each token group
+  // is a launch whose threads set blockIdx.y (cuda_emu::launch numbers blocks in x only).
+  auto launch2d = [&](unsigned gx, auto kernel, float* y) {
+    for (unsigned gy = 0; gy < groups; ++gy)
+      cuda_emu::launch(gx, cuda::kWarpsPerBlock * 32, [=](auto... args) {
+        blockIdx.y = gy;
+        kernel(args...);
+      }, w.data(), row_bytes, rows, cols, xp, ldx, n, vec, y, int64_t{rows});
+  };
+  launch2d(static_cast<unsigned>((rows + cuda::kWarpsPerBlock - 1) / cuda::kWarpsPerBlock),
+           cuda::gemv_half_kernel<BF16, NT, 4>, y_old.data());
+  const int64_t per_block = int64_t{cuda::kWarpsPerBlock} * cuda::kHalfRowsPerWarp;
+  launch2d(static_cast<unsigned>((rows + per_block - 1) / per_block),
+           cuda::gemv_half_rows_kernel<BF16, NT, cuda::kHalfRowsPerWarp>, y_new.data());
+  CHECK(std::memcmp(y_old.data(), y_new.data(), y_old.size() * 4) == 0);
+  // Token by token through the one-token kernel: the same bits.
+  for (int64_t t = 0; t < n; ++t) {
+    std::vector<float> y1(static_cast<size_t>(rows), -3.0f);
+    const float* x1 = xp + t * ldx;
+    cuda_emu::launch(static_cast<unsigned>((rows + cuda::kWarpsPerBlock - 1) / cuda::kWarpsPerBlock),
+                     cuda::kWarpsPerBlock * 32, [=](auto... args) {
+                       blockIdx.y = 0;
+                       cuda::gemv_half_kernel<BF16, 1, 4>(args...);
+                     }, w.data(), row_bytes, rows, cols, x1, ldx, int64_t{1}, vec, y1.data(), int64_t{rows});
+    CHECK(std::memcmp(y1.data(), y_new.data() + t * rows, static_cast<size_t>(rows) * 4) == 0);
+  }
+}
+
+}  // namespace
+
+TEST_CASE("the several-rows-per-warp f16/bf16 GEMV kernel's source gives the one-row kernel's bits", "[kernels][cuda-emulation]") {
+  std::mt19937 g(8);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  for (int64_t cols : {45, 1000}) {
+    for (int64_t rows : {5, 33}) {  // ragged for both kernels (4 and 16 rows per block)
+      const int64_t padded = (cols + 31) / 32 * 32;
+      const size_t row_bytes = static_cast<size_t>(padded) * 2;
+      for (bool bf16 : {true, false}) {
+        std::vector<uint8_t> w(row_bytes * static_cast<size_t>(rows), 0);
+        for (int64_t r = 0; r < rows; ++r)
+          for (int64_t c = 0; c < cols; ++c) {
+            const uint16_t h = bf16 ? f32_to_bf16(nd(g)) : f32_to_f16(nd(g));
+            std::memcpy(w.data() + r * row_bytes + c * 2, &h, 2);
+          }
+        for (int64_t n : {2, 7, 11}) {
+          // x rows at stride cols + 4 (aligned), and one float off (unaligned: scalar loads).
+          const int64_t ldx = cols + 4;
+          std::vector<float> x(static_cast<size_t>(n * ldx + 4));
+          for (auto& v : x) v = nd(g);
+          for (bool aligned : {true, false}) {
+            const float* xp = x.data() + (aligned ? 0 : 1);
+            const bool vec = aligned && ldx % 4 == 0;
+            INFO("cols " << cols << " rows " << rows << (bf16 ? " bf16" : " f16") << " n " << n
+                         << (aligned ? " aligned" : " unaligned"));
+            if (n == 2)
+              bf16 ? check_group<true, 2>(w, row_bytes, rows, cols, ldx, n, xp, vec)
+                   : check_group<false, 2>(w, row_bytes, rows, cols, ldx, n, xp, vec);
+            else if (n <= 4)
+              bf16 ? check_group<true, 4>(w, row_bytes, rows, cols, ldx, n, xp, vec)
+                   : check_group<false, 4>(w, row_bytes, rows, cols, ldx, n, xp, vec);
+            else
+              bf16 ? check_group<true, 8>(w, row_bytes, rows, cols, ldx, n, xp, vec)
+                   : check_group<false, 8>(w, row_bytes, rows, cols, ldx, n, xp, vec);
+          }
+        }
+      }
+    }
+  }
+}

@@ -1,0 +1,99 @@
+// The int8-activation GEMV kernel's source (kernels/cuda/matmul_q8.cu), run on the CPU
+// through tests/kernels/cuda_emulation.h: four rows per warp give one row per warp's bits,
+// every token in a group of 2..8 gets what the one-token launch computes for it alone
+// (batch invariance), and the values are the blocks' dot products (a double reference of the
+// same formula) for every 32-block type.
+#define TROUPE_CUDA_EMULATION 1
+#include "tests/kernels/cuda_emulation.h"
+// (the emulation header first: it defines the CUDA keywords the kernel source uses)
+#include "kernels/cuda/matmul_q8.cu"
+
+#include <catch2/catch.hpp>
+#include <cstring>
+#include <random>
+
+#include "kernels/cpu/quant_ref.h"
+
+using namespace troupe;
+
+namespace {
+
+template <DType T, int NT, int R>
+std::vector<float> run(const std::vector<uint8_t>& w, size_t row_bytes, int64_t rows, int64_t nb,
+                       const cuda::Q8Block* xq, int64_t n) {
+  std::vector<float> y(static_cast<size_t>(n * rows), -7.0f);
+  const unsigned blocks = static_cast<unsigned>((rows + cuda::kWarpsPerBlock * R - 1) / (cuda::kWarpsPerBlock * R));
+  const unsigned groups = static_cast<unsigned>((n + NT - 1) / NT);
+  for (unsigned gy = 0; gy < groups; ++gy)  // one emulated launch per blockIdx.y
+    cuda_emu::launch(blocks, cuda::kWarpsPerBlock * 32, [=](auto... args) {
+      blockIdx.y = gy;
+      cuda::gemv_q8_kernel<T, NT, R>(args...);
+    }, w.data(), row_bytes, rows, nb, xq, n, y.data(), int64_t{rows});
+  return y;
+}
+
+template <DType T, int NT>
+void check(std::mt19937& g, int64_t rows, int64_t nb, int64_t n) {
+  const int64_t cols = nb * 32;
+  const size_t rb = *row_bytes(T, static_cast<uint64_t>(cols));
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  std::vector<uint8_t> w(rb * static_cast<size_t>(rows));
+  std::vector<float> row(static_cast<size_t>(cols));
+  for (int64_t r = 0; r < rows; ++r) {
+    for (auto& v : row) v = nd(g);
+    REQUIRE(cpu::quantize_row_ref(T, row.data(), w.data() + r * rb, cols));
+  }
+  // Activations quantized by the kernel that does it on the device.
+  std::vector<float> x(static_cast<size_t>(n * cols));
+  for (auto& v : x) v = nd(g);
+  std::vector<cuda::Q8Block> xq(static_cast<size_t>(n * nb));
+  const bool s_as_f16 = T == DType::Q4_1 || T == DType::Q5_1;
+  cuda_emu::launch(static_cast<unsigned>((n * nb + 7) / 8), 256, cuda::quantize_q8_kernel, x.data(), cols, cols, n,
+                   s_as_f16, xq.data());
+  for (int64_t i = 0; i < n * nb; ++i) {  // q = round(x / d) within a step of x's scale
+    const cuda::Q8Block& b = xq[static_cast<size_t>(i)];
+    for (int j = 0; j < 32; ++j) REQUIRE(std::fabs(b.q[j] * b.d - x[i * 32 + j]) <= 0.6 * b.d + 1e-6);  // (d is f16-rounded)
+  }
+  const auto one = run<T, NT, 1>(w, rb, rows, nb, xq.data(), n);
+  const auto four = run<T, NT, 4>(w, rb, rows, nb, xq.data(), n);
+  CHECK(std::memcmp(one.data(), four.data(), one.size() * 4) == 0);
+  for (int64_t t = 0; t < n; ++t) {
+    const auto solo = run<T, 1, 4>(w, rb, rows, nb, xq.data() + t * nb, 1);
+    CHECK(std::memcmp(solo.data(), four.data() + t * rows, static_cast<size_t>(rows) * 4) == 0);
+  }
+  // The value: sum over blocks of d_w d_x isum + m_w s_x, from the dequantized weights.
+  std::vector<float> deq(static_cast<size_t>(cols));
+  double worst = 0;
+  for (int64_t r = 0; r < rows; ++r) {
+    REQUIRE(cpu::dequantize_row_ref(T, w.data() + r * rb, deq.data(), cols));
+    for (int64_t t = 0; t < n; ++t) {
+      double ref = 0, scale = 1;
+      for (int64_t b = 0; b < nb; ++b)
+        for (int j = 0; j < 32; ++j) {
+          const double p = double(deq[b * 32 + j]) * xq[t * nb + b].d * xq[t * nb + b].q[j];
+          ref += p;
+          scale += std::fabs(p);
+        }
+      // (relative to the terms' size: the kernel's m_w s_x uses s_x as the quantizer stored
+      // it, f16-rounded for Q4_1 and Q5_1)
+      worst = std::max(worst, std::fabs(ref - four[t * rows + r]) / scale);
+    }
+  }
+  CHECK(worst < 2e-3);
+}
+
+}  // namespace
+
+TEST_CASE("the int8-activation GEMV kernel's source: rows per warp and batch never change a token's bits", "[kernels][cuda-emulation]") {
+  std::mt19937 g(12);
+  for (int64_t rows : {5, 33}) {
+    for (int64_t nb : {3, 20}) {
+      INFO("rows " << rows << " blocks " << nb);
+      check<DType::Q4_0, 4>(g, rows, nb, 3);
+      check<DType::Q4_1, 8>(g, rows, nb, 11);
+      check<DType::Q5_0, 2>(g, rows, nb, 2);
+      check<DType::Q5_1, 8>(g, rows, nb, 7);
+      check<DType::Q8_0, 4>(g, rows, nb, 4);
+    }
+  }
+}
