@@ -70,6 +70,30 @@ __device__ void load_queries(const Args& a, int t, const Heads& hs, Shared<DPL *
   __syncthreads();
 }
 
+constexpr int kVAhead = 8;  // V rows loaded ahead of their accumulation, per lane
+
+// A lane's DPL contiguous f16 values of a V row, in one load where the width allows (the
+// row offset lane * DPL halves is then aligned to the load).
+template <int DPL>
+__device__ __forceinline__ void load_v(const __half* p, float* out) {
+  if constexpr (DPL == 4) {
+    const uint2 raw = *reinterpret_cast<const uint2*>(p);
+    const float2 a = __half22float2(*reinterpret_cast<const __half2*>(&raw.x));
+    const float2 b = __half22float2(*reinterpret_cast<const __half2*>(&raw.y));
+    out[0] = a.x; out[1] = a.y; out[2] = b.x; out[3] = b.y;
+  } else if constexpr (DPL == 2 || DPL == 6 || DPL == 8) {
+#pragma unroll
+    for (int i = 0; i < DPL; i += 2) {
+      const float2 f = __half22float2(reinterpret_cast<const __half2*>(p)[i / 2]);
+      out[i] = f.x;
+      out[i + 1] = f.y;
+    }
+  } else {
+#pragma unroll
+    for (int i = 0; i < DPL; ++i) out[i] = __half2float(p[i]);
+  }
+}
+
 // The partial of keys [k0, k1) for token t and the block's heads, left in s.m, s.l, s.acc.
 template <int DPL>
 __device__ void segment_partial(const Args& a, int t, const Heads& hs, int k0, int k1, Shared<DPL * 32>& s) {
@@ -124,18 +148,28 @@ __device__ void segment_partial(const Args& a, int t, const Heads& hs, int k0, i
       for (int i = 0; i < DPL; ++i) acc[g][i] = __fmul_rn(acc[g][i], corr);
       m[g] = mn;
     }
+    // V rows of keys j0 .. j0 + kVAhead - 1 are loaded before any is accumulated (several
+    // loads in flight per lane instead of one), then accumulated in key order as before:
+    // the same arithmetic in the same order.
     const int count = min(32, k1 - base);
-    for (int j = 0; j < count; ++j) {
-      const int64_t sj = __shfl_sync(0xffffffffu, slot, j);
-      const __half* vp = a.vc + sj * row + hs.kvh * hd + lane * DPL;
-      float vv[DPL];
+    for (int j0 = 0; j0 < count; j0 += kVAhead) {
+      float vv[kVAhead][DPL];
 #pragma unroll
-      for (int i = 0; i < DPL; ++i) vv[i] = __half2float(vp[i]);
+      for (int jj = 0; jj < kVAhead; ++jj) {
+        const int j = j0 + jj;  // < 32: j0 is a multiple of kVAhead below count <= 32
+        const int64_t sj = __shfl_sync(0xffffffffu, slot, j);
+        if (j < count) load_v<DPL>(a.vc + sj * row + hs.kvh * hd + lane * DPL, vv[jj]);
+      }
 #pragma unroll
-      for (int g = 0; g < kGroup; ++g) {
-        const float wj = __shfl_sync(0xffffffffu, pw[g], j);
+      for (int jj = 0; jj < kVAhead; ++jj) {
+        const int j = j0 + jj;
+        if (j >= count) break;
 #pragma unroll
-        for (int i = 0; i < DPL; ++i) acc[g][i] = __fmaf_rn(wj, vv[i], acc[g][i]);
+        for (int g = 0; g < kGroup; ++g) {
+          const float wj = __shfl_sync(0xffffffffu, pw[g], j);
+#pragma unroll
+          for (int i = 0; i < DPL; ++i) acc[g][i] = __fmaf_rn(wj, vv[jj][i], acc[g][i]);
+        }
       }
     }
   }
@@ -255,6 +289,7 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
+#ifndef TROUPE_CUDA_EMULATION  // (tests/kernels/cuda_emulation.h runs the kernels above on the CPU)
 template <int DPL>
 cudaError_t launch(const Args& a, int num_tokens, float* out, float* partials, int max_segments, cudaStream_t stream) {
   const int group = a.num_heads / a.num_kv_heads;
@@ -268,9 +303,13 @@ cudaError_t launch(const Args& a, int num_tokens, float* out, float* partials, i
   return cudaGetLastError();
 }
 
+#endif
+
 }  // namespace
 
+#ifndef TROUPE_CUDA_EMULATION
 int attention_segments(int32_t max_context) { return (max_context + kSegment - 1) / kSegment; }
+
 
 cudaError_t attention(const DeviceStep& step, const float* q, int64_t ld_q, int32_t num_heads, int32_t num_kv_heads,
                       int32_t head_dim, int32_t block_size, float scale, const uint16_t* k_cache,
@@ -291,5 +330,7 @@ cudaError_t attention(const DeviceStep& step, const float* q, int64_t ld_q, int3
     default: return cudaErrorInvalidValue;
   }
 }
+
+#endif
 
 }  // namespace troupe::cuda

@@ -92,6 +92,23 @@ T __shfl_xor_sync(unsigned /*mask: full warps only*/, T v, int lane_mask) {
   return out;
 }
 
+// Lane `src` of the warp's value (every lane calls it).
+template <typename T>
+T __shfl_sync(unsigned /*mask: full warps only*/, T v, int src) {
+  static_assert(sizeof(T) <= 8 && std::is_trivially_copyable_v<T>);
+  auto& blk = *cuda_emu::current;
+  const unsigned me = threadIdx.x, warp = me / 32;
+  uint64_t bits = 0;
+  std::memcpy(&bits, &v, sizeof(T));
+  blk.lanes[me] = bits;
+  blk.warps[warp]->arrive_and_wait();
+  const uint64_t theirs = blk.lanes[(me & ~31u) | (static_cast<unsigned>(src) & 31u)];
+  blk.warps[warp]->arrive_and_wait();
+  T out;
+  std::memcpy(&out, &theirs, sizeof(T));
+  return out;
+}
+
 template <typename T>
 T atomicAdd(T* p, T v) {
   return std::atomic_ref<T>(*p).fetch_add(v);
@@ -119,3 +136,5 @@ T __ldcs(const T* p) {  // a streaming load: a plain load here
 }
 inline float __uint_as_float(uint32_t u) { return std::bit_cast<float>(u); }
 using std::isnan;
+using std::max;
+using std::min;
