@@ -142,37 +142,47 @@ __device__ __forceinline__ void k_scale_min_dev(int j, const uint8_t* q, float* 
     *m = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
   }
 }
+// 32 bytes at a 16-byte-aligned address as eight words (two 16-byte loads).
+__device__ __forceinline__ void ld32x8(const uint8_t* p, uint32_t* w) {
+  const uint4 a = reinterpret_cast<const uint4*>(p)[0], b = reinterpret_cast<const uint4*>(p)[1];
+  w[0] = a.x; w[1] = a.y; w[2] = a.z; w[3] = a.w; w[4] = b.x; w[5] = b.y; w[6] = b.z; w[7] = b.w;
+}
+__device__ __forceinline__ uint32_t byte_of(const uint32_t* w, int l) { return (w[l >> 2] >> (8 * (l & 3))) & 0xFF; }
+
+// Q4_K and Q5_K super-blocks (144 and 176 bytes) keep 16-byte alignment from an aligned
+// row, so their quant bytes come in 16-byte loads (rows are, on the device and in the
+// tests); Q6_K's 210-byte blocks allow 16-bit loads only.
 template <>
 __device__ __forceinline__ void dequant32<DType::Q4_K>(const uint8_t* row, int64_t c, float* out) {
   const uint8_t* b = row + (c >> 3) * 144;
   const int sub = static_cast<int>(c & 7);
-  const float d = h2f(ld16(b)), dmin = h2f(ld16(b + 2));
+  const uint32_t dm = *reinterpret_cast<const uint32_t*>(b);
+  const float d = h2f(static_cast<uint16_t>(dm & 0xFFFF)), dmin = h2f(static_cast<uint16_t>(dm >> 16));
   float sc, m;
   k_scale_min_dev(sub, b + 4, &sc, &m);
   const float d1 = d * sc, m1 = dmin * m;
-  const uint8_t* q = b + 16 + 32 * (sub >> 1);
+  uint32_t qw[8];
+  ld32x8(b + 16 + 32 * (sub >> 1), qw);
   const int shift = (sub & 1) * 4;
 #pragma unroll
-  for (int l = 0; l < 32; l += 2) {
-    const uint16_t v = ld16(q + l);
-    out[l] = d1 * ((v >> shift) & 0xF) - m1;
-    out[l + 1] = d1 * ((v >> (8 + shift)) & 0xF) - m1;
-  }
+  for (int l = 0; l < 32; ++l) out[l] = d1 * ((byte_of(qw, l) >> shift) & 0xF) - m1;
 }
 template <>
 __device__ __forceinline__ void dequant32<DType::Q5_K>(const uint8_t* row, int64_t c, float* out) {
   const uint8_t* b = row + (c >> 3) * 176;
   const int sub = static_cast<int>(c & 7);
-  const float d = h2f(ld16(b)), dmin = h2f(ld16(b + 2));
+  const uint32_t dm = *reinterpret_cast<const uint32_t*>(b);
+  const float d = h2f(static_cast<uint16_t>(dm & 0xFFFF)), dmin = h2f(static_cast<uint16_t>(dm >> 16));
   float sc, m;
   k_scale_min_dev(sub, b + 4, &sc, &m);
   const float d1 = d * sc, m1 = dmin * m;
-  const uint8_t* qh = b + 16;
-  const uint8_t* q = b + 48 + 32 * (sub >> 1);
+  uint32_t hw[8], qw[8];
+  ld32x8(b + 16, hw);
+  ld32x8(b + 48 + 32 * (sub >> 1), qw);
   const int shift = (sub & 1) * 4;
 #pragma unroll
   for (int l = 0; l < 32; ++l) {
-    const int v = ((q[l] >> shift) & 0xF) + ((qh[l] >> sub) & 1) * 16;
+    const int v = static_cast<int>((byte_of(qw, l) >> shift) & 0xF) + static_cast<int>((byte_of(hw, l) >> sub) & 1) * 16;
     out[l] = d1 * v - m1;
   }
 }
@@ -184,11 +194,15 @@ __device__ __forceinline__ void dequant32<DType::Q6_K>(const uint8_t* row, int64
   const uint8_t* qh = b + 128 + 32 * half;
   const int8_t* scales = reinterpret_cast<const int8_t*>(b + 192) + 8 * half;
   const float d = h2f(ld16(b + 208));
+  const float s0 = d * scales[2 * k], s1 = d * scales[1 + 2 * k];
   const int lshift = (k >> 1) * 4, hshift = 2 * k;
 #pragma unroll
-  for (int l = 0; l < 32; ++l) {
-    const int q = (((ql[l] >> lshift) & 0xF) | (((qh[l] >> hshift) & 3) << 4)) - 32;
-    out[l] = d * scales[l / 16 + 2 * k] * q;
+  for (int l = 0; l < 32; l += 2) {
+    const uint32_t lo = ld16(ql + l), hi = ld16(qh + l);
+    const int q0 = static_cast<int>((((lo & 0xFF) >> lshift) & 0xF) | ((((hi & 0xFF) >> hshift) & 3) << 4)) - 32;
+    const int q1 = static_cast<int>((((lo >> 8) >> lshift) & 0xF) | ((((hi >> 8) >> hshift) & 3) << 4)) - 32;
+    out[l] = (l < 16 ? s0 : s1) * q0;
+    out[l + 1] = (l < 16 ? s0 : s1) * q1;
   }
 }
 
