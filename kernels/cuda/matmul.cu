@@ -64,6 +64,56 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
   }
 }
 
+// One token, R rows per warp (f32 and the K-quants, the types without a faster kernel):
+// the staged x chunk a lane reads from shared memory serves R rows instead of one. Each
+// (row, token)'s arithmetic is gemv_kernel's (chunk order, the fmaf chain, the warp sum),
+// so the bits are the same.
+template <DType T, int R>
+__global__ void __launch_bounds__(kWarpsPerBlock * 32)
+    gemv_rows_kernel(const uint8_t* __restrict__ w, size_t row_bytes, int64_t rows, int64_t cols,
+                     const float* __restrict__ x, float* __restrict__ y) {
+  __shared__ float xs[32 * 33];
+  const int lane = threadIdx.x & 31;
+  const int64_t r0 = (int64_t{blockIdx.x} * kWarpsPerBlock + (threadIdx.x >> 5)) * R;
+  const bool active = r0 < rows;
+  const int nr = !active ? 0 : rows - r0 < R ? static_cast<int>(rows - r0) : R;
+  const uint8_t* wr[R];
+#pragma unroll
+  for (int i = 0; i < R; ++i) wr[i] = w + static_cast<size_t>(active ? r0 + (i < nr ? i : 0) : 0) * row_bytes;
+  float acc[R];
+#pragma unroll
+  for (int i = 0; i < R; ++i) acc[i] = 0.f;
+  const int64_t num_chunks = (cols + 31) / 32;
+  for (int64_t tile = 0; tile < num_chunks; tile += 32) {
+    __syncthreads();
+    for (int e = threadIdx.x; e < 1024; e += kWarpsPerBlock * 32) {
+      const int64_t col = tile * 32 + e;
+      xs[(e >> 5) * 33 + (e & 31)] = col < cols ? x[col] : 0.f;
+    }
+    __syncthreads();
+    const int64_t c = tile + lane;
+    if (!active || c >= num_chunks) continue;
+    float xv[32];
+#pragma unroll
+    for (int j = 0; j < 32; ++j) xv[j] = xs[lane * 33 + j];
+#pragma unroll
+    for (int i = 0; i < R; ++i) {
+      float wv[32];
+      dequant32<T>(wr[i], c, wv);
+      float s = 0.f;
+#pragma unroll
+      for (int j = 0; j < 32; ++j) s = fmaf(wv[j], xv[j], s);
+      acc[i] += s;
+    }
+  }
+#pragma unroll
+  for (int i = 0; i < R; ++i) {
+    if (i >= nr) break;
+    const float s = warp_sum(acc[i]);
+    if (lane == 0) y[r0 + i] = s;
+  }
+}
+
 // f16/bf16 rows read fully coalesced: lane l takes 8-element vectors l, l + 32, ... (a warp
 // reads 512 contiguous bytes per load), U vectors in flight. A token's arithmetic is fixed
 // by the row alone (vector order, then the warp sum): batch-invariant like the others.
@@ -222,7 +272,7 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
     }
   }
 }
-constexpr int kHalfRowsPerWarp = 4;
+constexpr int kHalfRowsPerWarp = 4;           // (also gemv_rows_kernel's R)
 constexpr int64_t kHalfMultiRowMin = 4096;  // fewer rows: one per warp, to keep every SM busy
 
 #ifndef TROUPE_CUDA_EMULATION  // (tests/kernels/cuda_emulation.h runs the kernels above on the CPU)
@@ -243,6 +293,14 @@ void launch_gemv(dim3 grid, dim3 block, cudaStream_t stream, bool simple, const 
       const dim3 g(static_cast<unsigned>((rows + per_block - 1) / per_block), grid.y);
       gemv_half_rows_kernel<T == DType::BF16, NT, kHalfRowsPerWarp>
           <<<g, block, 0, stream>>>(w, row_bytes, rows, cols, x, ldx, n, vec, y, ldy);
+      return;
+    }
+  }
+  if constexpr (NT == 1 && T != DType::F16 && T != DType::BF16) {
+    if (!simple && rows >= kHalfMultiRowMin) {
+      constexpr int64_t per_block = int64_t{kWarpsPerBlock} * kHalfRowsPerWarp;
+      gemv_rows_kernel<T, kHalfRowsPerWarp><<<dim3(static_cast<unsigned>((rows + per_block - 1) / per_block)), block,
+                                              0, stream>>>(w, row_bytes, rows, cols, x, y);
       return;
     }
   }

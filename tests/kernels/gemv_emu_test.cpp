@@ -13,6 +13,7 @@
 #include <random>
 
 #include "kernels/fp16.h"
+#include "tests/kernels/kernel_test_util.h"
 
 using namespace troupe;
 
@@ -91,4 +92,39 @@ TEST_CASE("the several-rows-per-warp f16/bf16 GEMV kernel's source gives the one
       }
     }
   }
+}
+
+TEST_CASE("the one-token several-rows-per-warp GEMV kernel's source gives the one-row kernel's bits", "[kernels][cuda-emulation]") {
+  std::mt19937 g(9);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  auto run_type = [&]<DType T>(int64_t cols) {
+    for (int64_t rows : {5, 33}) {
+      const bool is_float = T == DType::F32;
+      const int64_t padded = is_float ? (cols + 31) / 32 * 32 : cols;
+      const size_t src_rb = *row_bytes(T, static_cast<uint64_t>(cols)), rb = *row_bytes(T, static_cast<uint64_t>(padded));
+      const auto wsrc = test::random_weight(T, rows, cols, g);
+      std::vector<uint8_t> w(rb * static_cast<size_t>(rows), 0);
+      for (int64_t r = 0; r < rows; ++r) std::memcpy(w.data() + r * rb, wsrc.data() + r * src_rb, src_rb);
+      std::vector<float> x(static_cast<size_t>(cols));
+      for (auto& v : x) v = nd(g);
+      std::vector<float> one(static_cast<size_t>(rows), -1.0f), four(one.size(), -2.0f);
+      cuda_emu::launch(static_cast<unsigned>((rows + cuda::kWarpsPerBlock - 1) / cuda::kWarpsPerBlock),
+                       cuda::kWarpsPerBlock * 32, [=](auto... args) {
+                         blockIdx.y = 0;
+                         cuda::gemv_kernel<T, 1>(args...);
+                       }, static_cast<const uint8_t*>(w.data()), rb, rows, cols, static_cast<const float*>(x.data()),
+                       cols, int64_t{1}, one.data(), rows);
+      const int64_t per_block = int64_t{cuda::kWarpsPerBlock} * cuda::kHalfRowsPerWarp;
+      cuda_emu::launch(static_cast<unsigned>((rows + per_block - 1) / per_block), cuda::kWarpsPerBlock * 32,
+                       cuda::gemv_rows_kernel<T, cuda::kHalfRowsPerWarp>, static_cast<const uint8_t*>(w.data()), rb,
+                       rows, cols, static_cast<const float*>(x.data()), four.data());
+      INFO(dtype_traits(T).name << " rows " << rows << " cols " << cols);
+      CHECK(std::memcmp(one.data(), four.data(), one.size() * 4) == 0);
+    }
+  };
+  run_type.template operator()<DType::F32>(45);
+  run_type.template operator()<DType::F32>(1100);
+  run_type.template operator()<DType::Q4_K>(1280);
+  run_type.template operator()<DType::Q5_K>(512);
+  run_type.template operator()<DType::Q6_K>(768);
 }
