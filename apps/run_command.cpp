@@ -49,17 +49,18 @@ struct Stats {
 Status generate(SequenceRunner& runner, const Tokenizer& tok, Sampler& sampler, const std::vector<int32_t>& tokens,
                 int max_tokens, bool ignore_eos, Stats& stats, std::string* reply, std::vector<int32_t>* fed = nullptr) {
   auto t0 = Clock::now();
-  auto logits = runner.feed(tokens);
-  if (!logits) return logits.error();
+  sampler.add_prompt(tokens);
+  // Each feed also draws the next token (on the device when the backend can).
+  auto next = runner.feed_and_sample(tokens, sampler);
+  if (!next) return next.error();
   if (fed) fed->insert(fed->end(), tokens.begin(), tokens.end());
   stats.prompt_tokens = static_cast<int>(tokens.size());
   stats.prompt_s = std::chrono::duration<double>(Clock::now() - t0).count();
-  sampler.add_prompt(tokens);
   IncrementalDecoder dec(tok);
   auto t1 = Clock::now();
   stats.gen_tokens = 0;
   for (int i = 0; i < max_tokens; ++i) {
-    const SampleResult s = sampler.sample(*logits);
+    const SampleResult s = *next;
     sampler.accept(s.token);
     ++stats.gen_tokens;
     if (!ignore_eos && tok.is_eog(s.token)) break;
@@ -71,8 +72,8 @@ Status generate(SequenceRunner& runner, const Tokenizer& tok, Sampler& sampler, 
       spdlog::warn("context of {} tokens is full; stopping", runner.context());
       break;
     }
-    logits = runner.feed({s.token});
-    if (!logits) return logits.error();
+    next = runner.feed_and_sample({s.token}, sampler);
+    if (!next) return next.error();
     if (fed) fed->push_back(s.token);
   }
   const std::string rest = dec.flush();

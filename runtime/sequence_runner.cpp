@@ -31,6 +31,28 @@ Result<std::unique_ptr<SequenceRunner>> SequenceRunner::create(Model& model, Bac
 }
 
 Result<const float*> SequenceRunner::feed(const std::vector<int32_t>& tokens) {
+  TROUPE_TRY(feed_tokens(tokens, nullptr));
+  return static_cast<const float*>(logits_.data());
+}
+
+Result<SampleResult> SequenceRunner::feed_and_sample(const std::vector<int32_t>& tokens, Sampler& sampler) {
+  if (!model_->samples_on_device() || !sampler.device_eligible()) {
+    auto l = feed(tokens);
+    if (!l) return l.error();
+    return sampler.sample(*l);
+  }
+  DeviceSampleParams p = sampler.device_params();
+  p.on_device = 1;
+  SampleResult r;
+  DeviceSampling ds{&p, &r.token, &r.logprob};
+  TROUPE_TRY(feed_tokens(tokens, &ds));
+  if (r.token < 0 || r.token >= model_->config().vocab)
+    return make_error("the backend sampled token " + std::to_string(r.token) + ", outside the vocabulary");
+  sampler.skip_draw();
+  return r;
+}
+
+Status SequenceRunner::feed_tokens(const std::vector<int32_t>& tokens, const DeviceSampling* sampling) {
   if (tokens.empty()) return make_error("no tokens to feed");
   if (static_cast<int64_t>(length_) + static_cast<int64_t>(tokens.size()) > context_)
     return make_error("sequence of " + std::to_string(length_ + tokens.size()) + " tokens exceeds the context of " +
@@ -59,10 +81,10 @@ Result<const float*> SequenceRunner::feed(const std::vector<int32_t>& tokens) {
     st.max_blocks_per_seq = static_cast<int32_t>(block_table_.size());
     const bool last = off + static_cast<size_t>(n) == tokens.size();
     const int32_t row = n - 1;
-    TROUPE_TRY(model_->forward(st, *cache_, &row, last ? 1 : 0, logits_.data()));
+    TROUPE_TRY(model_->forward(st, *cache_, &row, last ? 1 : 0, logits_.data(), last ? sampling : nullptr));
     length_ += n;
   }
-  return static_cast<const float*>(logits_.data());
+  return {};
 }
 
 }  // namespace troupe

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "runtime/model.h"
+#include "runtime/sampler.h"
 
 namespace troupe {
 
@@ -16,6 +17,10 @@ class SequenceRunner {
                                                         int32_t block_size = 16);
   // Appends tokens to the sequence; returns the logits [vocab] after the last one.
   Result<const float*> feed(const std::vector<int32_t>& tokens);
+  // Appends tokens and draws the next token with `sampler` (not yet accept()ed): on the
+  // device when the backend samples and the sampler allows it (only the token comes back),
+  // else from the logits as sampler.sample() would.
+  Result<SampleResult> feed_and_sample(const std::vector<int32_t>& tokens, Sampler& sampler);
   int32_t length() const { return length_; }
   int32_t context() const { return context_; }
   void reset() { length_ = 0; }
@@ -26,6 +31,8 @@ class SequenceRunner {
 
  private:
   Model* model_ = nullptr;
+  Status feed_tokens(const std::vector<int32_t>& tokens, const DeviceSampling* sampling);
+
   std::unique_ptr<KvCache> cache_;
   int32_t context_ = 0, block_size_ = 16, length_ = 0;
   std::vector<int32_t> block_table_;

@@ -317,3 +317,48 @@ TEST_CASE("cuda: seeded sampling on the device matches the host sampler and its 
   for (const auto& [id, toks] : together) distinct.insert(toks.begin(), toks.end());
   CHECK(distinct.size() > 10);      // sampled, not stuck
 }
+
+TEST_CASE("cuda: troupe run's sampling on the device draws what the host sampler draws", "[cuda][sampling]") {
+  if (gpu_missing()) return;
+  const std::string path = test::default_model_path();
+  if (!test::file_exists(path)) FAIL(test::model_missing_message(path));
+  auto files = open_model(path, {});
+  REQUIRE(files.ok());
+  auto gpu = make_cuda_backend({});
+  REQUIRE(gpu.ok());
+  auto model = Model::build(files->config, *files->weights, **gpu, 64);
+  REQUIRE(model.ok());
+  const auto prompt = files->tokenizer->encode("Once upon a time", true, false);
+  SamplingParams p;
+  p.temperature = 0.9f;
+  p.top_p = 0.95f;
+  p.seed = 77;
+  // The device draws (SequenceRunner::feed_and_sample), then the host's from the same GPU
+  // logits (feed, then Sampler::sample).
+  auto run = [&](bool device) {
+    auto r = SequenceRunner::create(**model, **gpu, 256);
+    REQUIRE(r.ok());
+    Sampler s(p, files->config.vocab);
+    s.add_prompt(prompt);
+    std::vector<int32_t> out;
+    std::vector<int32_t> feed = prompt;
+    for (int i = 0; i < 24; ++i) {
+      SampleResult t;
+      if (device) {
+        auto x = (*r)->feed_and_sample(feed, s);
+        if (!x) FAIL(x.error().message);
+        t = *x;
+      } else {
+        auto l = (*r)->feed(feed);
+        if (!l) FAIL(l.error().message);
+        t = s.sample(*l);
+      }
+      s.accept(t.token);
+      out.push_back(t.token);
+      feed = {t.token};
+    }
+    return out;
+  };
+  const auto dev = run(true), host = run(false);
+  CHECK(dev == host);
+}
