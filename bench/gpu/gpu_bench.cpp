@@ -231,10 +231,12 @@ void bench_prefill_matmul(double gemm_tflops_unused) {
 // Attention over a paged cache: B sequences of `ctx` tokens; decode (1 query each) or one
 // prefill of ctx tokens. Llama-3-8B heads: 32 query, 8 KV, head_dim 128.
 void bench_attention(double copy_gbs, double peak_tflops) {
-  auto be = make_cuda_backend({});
-  if (!be) std::exit(1);
   const int32_t nh = 32, nkv = 8, hd = 128, bs = 16;
-  for (int mode = 0; mode < 2; ++mode) {
+  // 0: decode, 1: prefill (batch-invariant per-token kernel), 2: prefill on tensor cores
+  // (the --cuda-cublas backend).
+  for (int mode = 0; mode < 3; ++mode) {
+    auto be = make_cuda_backend(CudaBackendOptions{0, mode != 2});
+    if (!be) std::exit(1);
     const bool decode = mode == 0;
     const int32_t B = decode ? 16 : 1, ctx = 4096, per_seq = decode ? 1 : ctx;
     const int32_t blocks_per_seq = ctx / bs;
@@ -275,8 +277,8 @@ void bench_attention(double copy_gbs, double peak_tflops) {
     } else {
       const double flops = 4.0 * nh * hd * (double(ctx) * (ctx + 1) / 2);  // causal QK^T and PV
       const double tf = flops / (ms * 1e-3) / 1e12;
-      add({"prefill attention (paged, causal)", "4096 tokens, 32/8 heads, hd 128", ms, tf, "TFLOP/s",
-           100.0 * tf / peak_tflops, "bf16 GEMM"});
+      add({mode == 2 ? "prefill attention (tensor cores, --cuda-cublas)" : "prefill attention (paged, causal)",
+           "4096 tokens, 32/8 heads, hd 128", ms, tf, "TFLOP/s", 100.0 * tf / peak_tflops, "bf16 GEMM"});
     }
   }
 }

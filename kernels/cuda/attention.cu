@@ -34,6 +34,7 @@ struct Args {
   float scale;
   const __half* kc;
   const __half* vc;
+  bool skip_tc_tiles;  // tokens of tiles attention_tc takes are left to it
 };
 
 template <int HD>
@@ -220,6 +221,7 @@ __global__ void __launch_bounds__(kThreads) attention_loop_kernel(Args a, float*
   constexpr int K = kGroup * hd / kThreads;
   __shared__ Shared<hd> s;
   const int t = blockIdx.x;
+  if (a.skip_tc_tiles && tc_tile_uniform(a.step.token_seq, a.step.num_tokens, t / 16)) return;  // the whole block
   const Heads hs = block_heads(a, blockIdx.y);
   const int len = a.step.positions[t] + 1;
   load_queries<DPL>(a, t, hs, s);
@@ -313,11 +315,12 @@ int attention_segments(int32_t max_context) { return (max_context + kSegment - 1
 
 cudaError_t attention(const DeviceStep& step, const float* q, int64_t ld_q, int32_t num_heads, int32_t num_kv_heads,
                       int32_t head_dim, int32_t block_size, float scale, const uint16_t* k_cache,
-                      const uint16_t* v_cache, float* out, float* partials, cudaStream_t stream) {
+                      const uint16_t* v_cache, float* out, float* partials, cudaStream_t stream, bool skip_tc_tiles) {
   if (step.num_tokens <= 0) return cudaSuccess;
   if (num_kv_heads <= 0 || num_heads % num_kv_heads != 0) return cudaErrorInvalidValue;
+  if (skip_tc_tiles && partials) return cudaErrorInvalidValue;  // only the looped path skips
   const Args a{step, q, ld_q, num_heads, num_kv_heads, block_size, scale, reinterpret_cast<const __half*>(k_cache),
-               reinterpret_cast<const __half*>(v_cache)};
+               reinterpret_cast<const __half*>(v_cache), skip_tc_tiles};
   const int segs = attention_segments(step.max_context);
   switch (head_dim) {
     case 32: return launch<1>(a, step.num_tokens, out, partials, segs, stream);

@@ -206,6 +206,15 @@ __device__ __forceinline__ void dequant32<DType::Q6_K>(const uint8_t* row, int64
   }
 }
 
+// Whether the tensor-core prefill attention (attention_tc.cu) takes tile `tile` of the
+// step (tokens 16 tile .. 16 tile + 15): all its tokens are of one sequence. The per-token
+// kernel (attention.cu) asks the same question to skip those tokens when both run.
+__device__ __forceinline__ bool tc_tile_uniform(const int32_t* token_seq, int32_t num_tokens, int tile) {
+  const int t0 = tile * 16;
+  const int t1 = t0 + 15 < num_tokens - 1 ? t0 + 15 : num_tokens - 1;
+  return token_seq[t0] == token_seq[t1];
+}
+
 // Calls f.template operator()<T>() for the runtime type; false when unsupported.
 template <typename F>
 __host__ bool dispatch_dtype(DType t, F&& f) {

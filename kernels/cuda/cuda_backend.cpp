@@ -51,6 +51,9 @@ bool is_float_type(DType t) { return t == DType::F32 || t == DType::F16 || t == 
 // Decode batches up to this many tokens use the fused GEMV; larger ones cuBLAS unless the
 // backend is batch-invariant.
 constexpr int64_t kGemvMaxTokens = 8;
+// Steps of at least this many tokens use the tensor-core prefill attention when the backend
+// is not batch-invariant.
+constexpr int32_t kTcMinTokens = 64;
 
 class CudaBackend final : public Backend {
  public:
@@ -333,9 +336,12 @@ class CudaBackend final : public Backend {
     auto& c = static_cast<CudaKvCache&>(cache);
     // Split-KV when (token, head) blocks alone would leave most multiprocessors idle and
     // the context spans several segments; the result is the same bits either way.
+    // Not batch-invariant (--cuda-cublas) and a prefill-sized step: tiles of 16 tokens of one
+    // sequence go to the tensor-core kernel, the rest to the per-token kernel.
+    const bool tc = !batch_invariant_ && dstep_.num_tokens >= kTcMinTokens;
     float* partials = nullptr;
     const int segs = cuda::attention_segments(dstep_.max_context);
-    if (segs > 1 && int64_t{dstep_.num_tokens} * num_heads < 2 * int64_t{num_sms_}) {
+    if (!tc && segs > 1 && int64_t{dstep_.num_tokens} * num_heads < 2 * int64_t{num_sms_}) {
       const size_t floats = size_t(dstep_.num_tokens) * num_heads * segs * (c.shape_.head_dim + 2);
       if (!ensure(&partials_, &partials_cap_, floats * sizeof(float))) return;
       partials = static_cast<float*>(partials_);
@@ -344,8 +350,11 @@ class CudaBackend final : public Backend {
     const int32_t nkv = c.shape_.num_kv_heads, hd = c.shape_.head_dim, bs = c.shape_.block_size;
     const uint16_t* kc = c.k + c.layer_elems * layer;
     const uint16_t* vc = c.v + c.layer_elems * layer;
-    run("attention", __LINE__, {step_key(), P(q), U(ld_q), U(num_heads), U(nkv), U(hd), U(bs), F(scale), P(kc), P(vc), P(out), P(partials)},
-        [=](cudaStream_t st) { return cuda::attention(ds, q, ld_q, num_heads, nkv, hd, bs, scale, kc, vc, out, partials, st); });
+    if (tc)
+      run("attention_tc", __LINE__, {step_key(), P(q), U(ld_q), U(num_heads), U(nkv), U(hd), U(bs), F(scale), P(kc), P(vc), P(out)},
+          [=](cudaStream_t st) { return cuda::attention_tc(ds, q, ld_q, num_heads, nkv, hd, bs, scale, kc, vc, out, st); });
+    run("attention", __LINE__, {step_key(), P(q), U(ld_q), U(num_heads), U(nkv), U(hd), U(bs), F(scale), P(kc), P(vc), P(out), P(partials), U(tc)},
+        [=](cudaStream_t st) { return cuda::attention(ds, q, ld_q, num_heads, nkv, hd, bs, scale, kc, vc, out, partials, st, tc); });
   }
   void silu_mul(const float* gate_up, int64_t n, int64_t ffn, float* out) override {
     run("silu_mul", __LINE__, {P(gate_up), U(n), U(ffn), P(out)},

@@ -73,9 +73,18 @@ cudaError_t kv_write(const DeviceStep& step, const float* k, const float* v, int
 // (floats: n * num_heads * attention_segments(max_context) * (head_dim + 2)) each KV segment
 // gets its own block (split-KV, for small batches); without, one block per token and head.
 // Both give the same bits.
+// skip_tc_tiles (looped path only): leave the tokens of the tiles attention_tc takes.
 cudaError_t attention(const DeviceStep& step, const float* q, int64_t ld_q, int32_t num_heads, int32_t num_kv_heads,
                       int32_t head_dim, int32_t block_size, float scale, const uint16_t* k_cache,
-                      const uint16_t* v_cache, float* out, float* partials, cudaStream_t stream);
+                      const uint16_t* v_cache, float* out, float* partials, cudaStream_t stream,
+                      bool skip_tc_tiles = false);
+// Prefill attention on tensor cores (WMMA; not batch-invariant): tiles of 16 step tokens of
+// one sequence, a warp per tile and query head, over the same cache and with the same
+// output layout as attention(). Tokens in other tiles are not written: run attention()
+// with skip_tc_tiles for them.
+cudaError_t attention_tc(const DeviceStep& step, const float* q, int64_t ld_q, int32_t num_heads, int32_t num_kv_heads,
+                         int32_t head_dim, int32_t block_size, float scale, const uint16_t* k_cache,
+                         const uint16_t* v_cache, float* out, cudaStream_t stream);
 int attention_segments(int32_t max_context);
 // Samples each row of logits [n, vocab] with params[row] (device memory) as the host
 // Sampler would (sample.cu): tokens[n] and, where asked, the chosen logprobs[n].

@@ -1,13 +1,16 @@
-// The paged-attention kernels' source (kernels/cuda/attention.cu), run on the CPU through
-// tests/kernels/cuda_emulation.h: prefill, a chunk in the middle of a sequence and a decode
-// token over an f16 paged cache, GQA groups that fill the kernel's four-head groups and ones
-// that do not, contexts over several 256-key segments. The split-KV path (a block per
-// segment, then the combine) must give the looped path's bits, and both the softmax-weighted
-// values of a double reference (queries rounded to f16 as the kernel does).
+// The paged-attention kernels' source (kernels/cuda/attention.cu and the tensor-core
+// attention_tc.cu), run on the CPU through tests/kernels/cuda_emulation.h: prefill, a chunk
+// in the middle of a sequence and a decode token over an f16 paged cache, GQA groups that
+// fill the per-token kernel's four-head groups and ones that do not, contexts over several
+// 256-key segments. The split-KV path (a block per segment, then the combine) must give the
+// looped path's bits; the tensor-core kernel must take exactly the tiles of one sequence,
+// the per-token kernel the others (its bits unchanged); and every output must be within
+// tolerance of a double reference (queries rounded to f16 as the kernels do).
 #define TROUPE_CUDA_EMULATION 1
 #include "tests/kernels/cuda_emulation.h"
-// (the emulation header first: it defines the CUDA keywords the kernel source uses)
+// (the emulation header first: it defines the CUDA keywords the kernel sources use)
 #include "kernels/cuda/attention.cu"
+#include "kernels/cuda/attention_tc.cu"
 
 #include <catch2/catch.hpp>
 #include <cstring>
@@ -22,89 +25,146 @@ struct Case {
   int nh, nkv, hd;
 };
 
+// A step over three sequences with their caches filled up to each token.
+struct Fixture {
+  static constexpr int bs = 16, num_blocks = 48, max_blocks = 40;
+  Case c;
+  int64_t row = 0, ldq = 0;
+  int n = 0;
+  std::vector<int32_t> tables, pos, seq;
+  std::vector<__half> kc, vc;
+  std::vector<float> q;
+  cuda::DeviceStep st;
+
+  Fixture(const Case& cs, const std::vector<int>& first, const std::vector<int>& count, std::mt19937& g) : c(cs) {
+    row = int64_t{c.nkv} * c.hd;
+    ldq = int64_t{c.nh + 2 * c.nkv} * c.hd;
+    std::vector<int32_t> perm(num_blocks);
+    std::iota(perm.begin(), perm.end(), 0);
+    std::shuffle(perm.begin(), perm.end(), g);
+    tables.resize(first.size() * max_blocks);
+    for (size_t s = 0; s < first.size(); ++s)
+      for (int b = 0; b < max_blocks; ++b) tables[s * max_blocks + b] = perm[(s * 13 + b) % num_blocks];
+    // Sequences share some blocks here, which attention does not mind: it only reads.
+    std::normal_distribution<float> nd(0.0f, 1.0f);
+    kc.resize(static_cast<size_t>(num_blocks) * bs * row);
+    vc.resize(kc.size());
+    for (auto& h : kc) h = __float2half_rn(nd(g));
+    for (auto& h : vc) h = __float2half_rn(nd(g));
+    int max_ctx = 0;
+    for (size_t s = 0; s < first.size(); ++s)
+      for (int p = first[s]; p < first[s] + count[s]; ++p) {
+        pos.push_back(p);
+        seq.push_back(static_cast<int32_t>(s));
+        max_ctx = std::max(max_ctx, p + 1);
+      }
+    n = static_cast<int>(pos.size());
+    q.resize(static_cast<size_t>(n * ldq));
+    for (auto& v : q) v = 2.0f * nd(g);
+    st.num_tokens = n;
+    st.num_seqs = static_cast<int32_t>(first.size());
+    st.max_blocks_per_seq = max_blocks;
+    st.positions = pos.data();
+    st.token_seq = seq.data();
+    st.block_tables = tables.data();
+    st.max_context = max_ctx;
+  }
+  float scale() const { return 1.0f / std::sqrt(static_cast<float>(c.hd)); }
+  cuda::Args args(bool skip_tc) const {
+    return cuda::Args{st, q.data(), ldq, c.nh, c.nkv, bs, scale(), kc.data(), vc.data(), skip_tc};
+  }
+  // The largest |difference| from a double reference over tokens with want(t).
+  template <typename Want>
+  double worst(const std::vector<float>& out, Want want) const {
+    const int group = c.nh / c.nkv, hd = c.hd;
+    double w = 0;
+    for (int t = 0; t < n; ++t) {
+      if (!want(t)) continue;
+      for (int h = 0; h < c.nh; ++h) {
+        const int kvh = h / group;
+        std::vector<double> qh(hd), sc(static_cast<size_t>(pos[t] + 1)), o(hd, 0.0);
+        for (int d = 0; d < hd; ++d) qh[d] = __half2float(__float2half_rn(q[t * ldq + h * hd + d]));
+        double mx = -1e300, z = 0;
+        for (int p = 0; p <= pos[t]; ++p) {
+          const int64_t slot = int64_t{tables[seq[t] * max_blocks + p / bs]} * bs + p % bs;
+          double dot = 0;
+          for (int d = 0; d < hd; ++d) dot += qh[d] * __half2float(kc[slot * row + kvh * hd + d]);
+          sc[p] = dot * scale();
+          mx = std::max(mx, sc[p]);
+        }
+        for (int p = 0; p <= pos[t]; ++p) z += sc[p] = std::exp(sc[p] - mx);
+        for (int p = 0; p <= pos[t]; ++p) {
+          const int64_t slot = int64_t{tables[seq[t] * max_blocks + p / bs]} * bs + p % bs;
+          for (int d = 0; d < hd; ++d) o[d] += sc[p] / z * __half2float(vc[slot * row + kvh * hd + d]);
+        }
+        for (int d = 0; d < hd; ++d) w = std::max(w, std::fabs(o[d] - out[(static_cast<size_t>(t) * c.nh + h) * hd + d]));
+      }
+    }
+    return w;
+  }
+};
+
+// Each (y, z) of a grid is one emulated launch over x (cuda_emu::launch numbers x only).
+template <typename Kernel, typename... Args>
+void launch3(unsigned gx, unsigned gy, unsigned gz, unsigned threads, Kernel kernel, Args... args) {
+  for (unsigned z = 0; z < gz; ++z)
+    for (unsigned y = 0; y < gy; ++y)
+      cuda_emu::launch(gx, threads, [=](auto... xs) {
+        blockIdx.y = y;
+        blockIdx.z = z;
+        kernel(xs...);
+      }, args...);
+}
+
+unsigned head_groups(const Case& c) {
+  const int group = c.nh / c.nkv;
+  return static_cast<unsigned>(c.nkv * ((group + cuda::kGroup - 1) / cuda::kGroup));
+}
+
 template <int DPL>
 void check(const Case& c, std::mt19937& g) {
-  const int hd = DPL * 32, bs = 16, num_blocks = 48, max_blocks = 40;
-  const int64_t row = int64_t{c.nkv} * hd;
-  // Three sequences: positions 0..4 (prefill), 300..302 (a chunk) and 599 (decode).
-  const std::vector<int> first = {0, 300, 599}, count = {5, 3, 1};
-  std::vector<int32_t> tables(3 * max_blocks);
-  std::vector<int32_t> perm(num_blocks);
-  std::iota(perm.begin(), perm.end(), 0);
-  std::shuffle(perm.begin(), perm.end(), g);
-  for (int s = 0; s < 3; ++s)
-    for (int b = 0; b < max_blocks; ++b) tables[s * max_blocks + b] = perm[(s * 13 + b) % num_blocks];
-  // The cache: every position of every sequence up to its last token (sequences share some
-  // blocks here, which attention does not mind: it only reads).
-  std::normal_distribution<float> nd(0.0f, 1.0f);
-  std::vector<__half> kc(static_cast<size_t>(num_blocks) * bs * row), vc(kc.size());
-  for (auto& h : kc) h = __float2half_rn(nd(g));
-  for (auto& h : vc) h = __float2half_rn(nd(g));
-  std::vector<int32_t> pos, seq;
-  for (int s = 0; s < 3; ++s)
-    for (int p = first[s]; p < first[s] + count[s]; ++p) {
-      pos.push_back(p);
-      seq.push_back(s);
-    }
-  const int n = static_cast<int>(pos.size());
-  const int64_t ldq = int64_t{c.nh + 2 * c.nkv} * hd;
-  std::vector<float> q(static_cast<size_t>(n * ldq));
-  for (auto& v : q) v = 2.0f * nd(g);
-  cuda::DeviceStep st;
-  st.num_tokens = n;
-  st.num_seqs = 3;
-  st.max_blocks_per_seq = max_blocks;
-  st.positions = pos.data();
-  st.token_seq = seq.data();
-  st.block_tables = tables.data();
-  st.max_context = 600;
-  const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
-  const cuda::Args a{st, q.data(), ldq, c.nh, c.nkv, bs, scale, kc.data(), vc.data()};
-  const int group = c.nh / c.nkv;
-  const unsigned ys = static_cast<unsigned>(c.nkv * ((group + cuda::kGroup - 1) / cuda::kGroup));
-  const int segs = (st.max_context + cuda::kSegment - 1) / cuda::kSegment;  // attention_segments()
-  // Each (y, z) of the grid is one emulated launch over x (tokens).
-  auto launch = [&](unsigned gx, unsigned gy, unsigned gz, auto kernel, auto... args) {
-    for (unsigned z = 0; z < gz; ++z)
-      for (unsigned y = 0; y < gy; ++y)
-        cuda_emu::launch(gx, cuda::kThreads, [=](auto... xs) {
-          blockIdx.y = y;
-          blockIdx.z = z;
-          kernel(xs...);
-        }, args...);
-  };
-  std::vector<float> looped(static_cast<size_t>(n) * c.nh * hd, -1.0f), split(looped.size(), -2.0f);
-  launch(n, ys, 1, cuda::attention_loop_kernel<DPL>, a, looped.data());
-  std::vector<float> partials(static_cast<size_t>(n) * c.nh * segs * (hd + 2), 0.0f);
-  launch(n, ys, segs, cuda::attention_split_kernel<DPL>, a, segs, partials.data());
-  launch(n, c.nh, 1, cuda::attention_combine_kernel<DPL>, a, segs, static_cast<const float*>(partials.data()),
-         split.data());
+  Fixture f(c, {0, 300, 599}, {5, 3, 1}, g);  // prefill, a chunk, a decode token
+  const int segs = (f.st.max_context + cuda::kSegment - 1) / cuda::kSegment;  // attention_segments()
+  std::vector<float> looped(static_cast<size_t>(f.n) * c.nh * c.hd, -1.0f), split(looped.size(), -2.0f);
+  launch3(f.n, head_groups(c), 1, cuda::kThreads, cuda::attention_loop_kernel<DPL>, f.args(false), looped.data());
+  std::vector<float> partials(static_cast<size_t>(f.n) * c.nh * segs * (c.hd + 2), 0.0f);
+  launch3(f.n, head_groups(c), segs, cuda::kThreads, cuda::attention_split_kernel<DPL>, f.args(false), segs,
+          partials.data());
+  launch3(f.n, c.nh, 1, cuda::kThreads, cuda::attention_combine_kernel<DPL>, f.args(false), segs,
+          static_cast<const float*>(partials.data()), split.data());
   CHECK(std::memcmp(looped.data(), split.data(), looped.size() * 4) == 0);
-  // The double reference.
-  double worst = 0;
-  for (int t = 0; t < n; ++t)
-    for (int h = 0; h < c.nh; ++h) {
-      const int kvh = h / group;
-      std::vector<double> qh(hd), sc(static_cast<size_t>(pos[t] + 1)), o(hd, 0.0);
-      for (int d = 0; d < hd; ++d) qh[d] = __half2float(__float2half_rn(q[t * ldq + h * hd + d]));
-      double mx = -1e300, z = 0;
-      for (int p = 0; p <= pos[t]; ++p) {
-        const int64_t slot = int64_t{tables[seq[t] * max_blocks + p / bs]} * bs + p % bs;
-        double dot = 0;
-        for (int d = 0; d < hd; ++d) dot += qh[d] * __half2float(kc[slot * row + kvh * hd + d]);
-        sc[p] = dot * scale;
-        mx = std::max(mx, sc[p]);
-      }
-      for (int p = 0; p <= pos[t]; ++p) z += sc[p] = std::exp(sc[p] - mx);
-      for (int p = 0; p <= pos[t]; ++p) {
-        const int64_t slot = int64_t{tables[seq[t] * max_blocks + p / bs]} * bs + p % bs;
-        for (int d = 0; d < hd; ++d) o[d] += sc[p] / z * __half2float(vc[slot * row + kvh * hd + d]);
-      }
-      for (int d = 0; d < hd; ++d)
-        worst = std::max(worst, std::fabs(o[d] - looped[(static_cast<size_t>(t) * c.nh + h) * hd + d]));
+  const double w = f.worst(looped, [](int) { return true; });
+  INFO("heads " << c.nh << "/" << c.nkv << " hd " << c.hd << ": max |diff| from the double reference " << w);
+  CHECK(w < 2e-3);
+}
+
+template <int DPL>
+void check_tc(const Case& c, std::mt19937& g) {
+  constexpr int HD = DPL * 32;
+  // Token 0 decodes (position 300), tokens 1..20 are a chunk (100..119), tokens 21..65 a
+  // prefill (0..44): tiles 0 and 1 mix sequences, tiles 2, 3 and the partial tile 4 do not.
+  Fixture f(c, {300, 100, 0}, {1, 20, 45}, g);
+  std::vector<float> pure(static_cast<size_t>(f.n) * c.nh * HD, -1.0f), mixed(pure.size(), -3.0f);
+  launch3(f.n, head_groups(c), 1, cuda::kThreads, cuda::attention_loop_kernel<DPL>, f.args(false), pure.data());
+  const unsigned tiles = static_cast<unsigned>((f.n + 15) / 16);
+  launch3(tiles, c.nh, 1, 32, cuda::attention_tc_kernel<HD>, f.st, static_cast<const float*>(f.q.data()), f.ldq,
+          c.nh, c.nkv, Fixture::bs, f.scale(), static_cast<const __half*>(f.kc.data()),
+          static_cast<const __half*>(f.vc.data()), mixed.data());
+  launch3(f.n, head_groups(c), 1, cuda::kThreads, cuda::attention_loop_kernel<DPL>, f.args(true), mixed.data());
+  auto in_tc = [&](int t) { return t >= 32; };  // tiles 2, 3, 4
+  const size_t per_token = static_cast<size_t>(c.nh) * HD;
+  for (int t = 0; t < f.n; ++t) {
+    INFO("token " << t);
+    if (in_tc(t)) {
+      CHECK(std::memcmp(pure.data() + t * per_token, mixed.data() + t * per_token, per_token * 4) != 0);
+    } else {
+      CHECK(std::memcmp(pure.data() + t * per_token, mixed.data() + t * per_token, per_token * 4) == 0);
     }
-  INFO("heads " << c.nh << "/" << c.nkv << " hd " << hd << ": max |diff| from the double reference " << worst);
-  CHECK(worst < 2e-3);
+  }
+  const double w = f.worst(mixed, in_tc), w_all = f.worst(mixed, [](int) { return true; });
+  INFO("heads " << c.nh << "/" << c.nkv << " hd " << HD << ": tensor-core tiles max |diff| " << w << ", all " << w_all);
+  CHECK(w < 2e-3);  // (P is rounded to f16 before P V: about 3e-4 here)
+  CHECK(w_all < 2e-3);
 }
 
 }  // namespace
@@ -115,4 +175,10 @@ TEST_CASE("the paged-attention kernels' source: split-KV gives the looped path's
   check<4>({6, 1, 128}, g);  // group 6: a full group and a half-empty one
   check<1>({3, 3, 32}, g);   // MHA: group 1
   check<8>({4, 2, 256}, g);  // the widest head
+}
+
+TEST_CASE("the tensor-core prefill attention's source takes the one-sequence tiles and matches the reference", "[kernels][cuda-emulation]") {
+  std::mt19937 g(32);
+  check_tc<2>({8, 2, 64}, g);
+  check_tc<4>({6, 3, 128}, g);
 }

@@ -129,6 +129,9 @@ inline int __dp4a(int a, int b, int c) {
   return c;
 }
 inline float rsqrtf(float x) { return 1.0f / std::sqrt(x); }  // (CUDA's is within 2 ulp of this)
+inline void __syncwarp(unsigned /*mask*/ = 0xffffffffu) {
+  cuda_emu::current->warps[threadIdx.x / 32]->arrive_and_wait();
+}
 inline uint32_t __float_as_uint(float f) { return std::bit_cast<uint32_t>(f); }
 template <typename T>
 T __ldcs(const T* p) {  // a streaming load: a plain load here
@@ -138,3 +141,59 @@ inline float __uint_as_float(uint32_t u) { return std::bit_cast<float>(u); }
 using std::isnan;
 using std::max;
 using std::min;
+
+// WMMA (16 x 16 x 16 only). Each thread's fragment holds the whole tile, so loads need no
+// exchange and every lane computes the same product (in double, rounded to float: the
+// tensor cores' own accumulation order is unspecified); lane 0 alone stores, and kernels
+// __syncwarp() before reading what was stored, as CUDA requires.
+#include <cuda_fp16.h>
+#include <vector_functions.h>
+namespace nvcuda::wmma {
+struct matrix_a {};
+struct matrix_b {};
+struct accumulator {};
+struct row_major {};
+struct col_major {};
+enum layout_t { mem_row_major, mem_col_major };
+template <typename Use, int M, int N, int K, typename T, typename Layout = void>
+struct fragment {
+  static_assert(M == 16 && N == 16 && K == 16, "the emulation knows 16 x 16 x 16 only");
+  float v[16][16];  // (row, col) of the tile
+};
+template <typename U, typename T, typename L>
+void fill_fragment(fragment<U, 16, 16, 16, T, L>& f, float x) {
+  for (auto& r : f.v)
+    for (auto& e : r) e = x;
+}
+inline float emu_load(const __half* p) { return __half2float(*p); }
+inline float emu_load(const float* p) { return *p; }
+template <typename U, typename T, typename L, typename P>
+void load_matrix_sync(fragment<U, 16, 16, 16, T, L>& f, const P* p, unsigned ldm) {
+  for (int r = 0; r < 16; ++r)
+    for (int c = 0; c < 16; ++c)
+      f.v[r][c] = emu_load(std::is_same_v<L, col_major> ? p + c * ldm + r : p + r * ldm + c);
+}
+template <typename T>
+void load_matrix_sync(fragment<accumulator, 16, 16, 16, T, void>& f, const float* p, unsigned ldm, layout_t l) {
+  for (int r = 0; r < 16; ++r)
+    for (int c = 0; c < 16; ++c) f.v[r][c] = l == mem_col_major ? p[c * ldm + r] : p[r * ldm + c];
+}
+template <typename T, typename LA, typename LB>
+void mma_sync(fragment<accumulator, 16, 16, 16, float, void>& d, const fragment<matrix_a, 16, 16, 16, T, LA>& a,
+              const fragment<matrix_b, 16, 16, 16, T, LB>& b, const fragment<accumulator, 16, 16, 16, float, void>& c) {
+  float out[16][16];
+  for (int r = 0; r < 16; ++r)
+    for (int col = 0; col < 16; ++col) {
+      double acc = c.v[r][col];
+      for (int k = 0; k < 16; ++k) acc += double(a.v[r][k]) * b.v[k][col];
+      out[r][col] = static_cast<float>(acc);
+    }
+  std::memcpy(d.v, out, sizeof(out));
+}
+template <typename T>
+void store_matrix_sync(float* p, const fragment<accumulator, 16, 16, 16, T, void>& f, unsigned ldm, layout_t l) {
+  if ((threadIdx.x & 31) != 0) return;
+  for (int r = 0; r < 16; ++r)
+    for (int c = 0; c < 16; ++c) (l == mem_col_major ? p[c * ldm + r] : p[r * ldm + c]) = f.v[r][c];
+}
+}  // namespace nvcuda::wmma
