@@ -13,15 +13,23 @@ void prepare_sampling(StageState& st, StageStep& s) {
   for (auto& ns : s.new_seqs) {
     Sampler smp(ns.sampling, st.vocab);
     smp.add_prompt(ns.prompt);
-    st.samplers.insert_or_assign(ns.seq_id, std::move(smp));
+    if (st.samplers.count(ns.seq_id))  // a reused id: the old one's release is still on its way
+      st.pending.insert_or_assign(ns.seq_id, std::make_pair(s.step_no, std::move(smp)));
+    else
+      st.samplers.insert_or_assign(ns.seq_id, std::move(smp));
   }
   s.new_seqs.clear();
   s.sampling.clear();
   for (int64_t id : s.logit_seq) {
     DeviceSampleParams p;
-    if (auto it = st.samplers.find(id); it != st.samplers.end()) {
-      p = it->second.device_params();
-      p.on_device = it->second.device_eligible() ? 1 : 0;
+    const Sampler* smp = nullptr;
+    if (auto pit = st.pending.find(id); pit != st.pending.end())
+      smp = &pit->second.second;
+    else if (auto it = st.samplers.find(id); it != st.samplers.end())
+      smp = &it->second;
+    if (smp) {
+      p = smp->device_params();
+      p.on_device = smp->device_eligible() ? 1 : 0;
     }
     s.sampling.push_back(p);
   }
@@ -32,6 +40,14 @@ void prepare_sampling(StageState& st, StageStep& s) {
 Result<StepDone> sample_rows(StageState& st, const LayersDone& d) {
   const StageStep& s = d.step;
   for (int64_t id : s.released) st.samplers.erase(id);
+  for (auto it = st.pending.begin(); it != st.pending.end();) {  // reused ids, now released
+    if (it->second.first <= s.step_no) {
+      st.samplers.insert_or_assign(it->first, std::move(it->second.second));
+      it = st.pending.erase(it);
+    } else {
+      ++it;
+    }
+  }
   const size_t rows = s.logit_rows.size();
   if (!d.device_tokens.empty() && (d.device_tokens.size() != rows || d.device_logprobs.size() != rows))
     return make_error("worker returned device samples of the wrong size");

@@ -21,6 +21,10 @@ struct StageState {
   bool is_last = true;
   int32_t vocab = 0;                      // last stage: the logits' row length
   std::map<int64_t, Sampler> samplers;    // last stage only
+  // A new sequence whose id still has a sampler (the id was released in a step whose
+  // answer has not come back): its sampler waits here, with the step that brought it,
+  // until that step's answer installs it after the release.
+  std::map<int64_t, std::pair<uint64_t, Sampler>> pending;
   static inline const char* name = "stage";
 };
 

@@ -213,6 +213,10 @@ Status Model::forward(const StepInputs& s, KvCache& cache, const int32_t* rows, 
 Status Model::forward_stage(const StepInputs& s, KvCache& cache, const float* hidden_in, float* hidden_out,
                             const int32_t* rows, int32_t num_logits, float* logits, const DeviceSampling* sampling) {
   TROUPE_TRY(validate_step(s, cache, rows, num_logits));
+  const bool dev_sample = sampling && sampling->params && sampling->tokens && sampling->logprobs && backend_->can_sample();
+  auto on_device = [&](int32_t i) { return dev_sample && sampling->params[i].on_device != 0; };
+  for (int32_t i = 0; i < num_logits; ++i)
+    if (!on_device(i) && !logits) return make_error("forward(): a logits buffer is needed for rows sampled on the host");
   if (!is_first_stage() && !hidden_in) return make_error("a later pipeline stage needs the previous stage's activations");
   if (!is_last_stage() && !hidden_out) return make_error("a pipeline stage before the last needs an activation buffer");
   Backend& be = *backend_;
@@ -277,11 +281,7 @@ Status Model::forward_stage(const StepInputs& s, KvCache& cache, const float* hi
   be.gather_rows(x_, H, rows, num_logits, last_);
   be.rms_norm(last_, output_norm_, cfg_.rms_eps, num_logits, H, h_);
   const Weight& out_w = output_ ? *output_ : *embed_;
-  const bool dev_sample = sampling && sampling->params && sampling->tokens && sampling->logprobs && be.can_sample();
-  auto on_device = [&](int32_t i) { return dev_sample && sampling->params[i].on_device != 0; };
   if (sampling && sampling->tokens) std::fill(sampling->tokens, sampling->tokens + num_logits, -1);
-  for (int32_t i = 0; i < num_logits; ++i)
-    if (!on_device(i) && !logits) return make_error("forward(): a logits buffer is needed for rows sampled on the host");
   if (be.is_host_memory()) {
     be.matmul(out_w, h_, num_logits, logits, cfg_.vocab);
   } else {
@@ -293,7 +293,11 @@ Status Model::forward_stage(const StepInputs& s, KvCache& cache, const float* hi
       bool any_dev = false, any_host = false;
       for (int32_t i = r; i < r + cnt; ++i) (on_device(i) ? any_dev : any_host) = true;
       if (any_dev) {
-        TROUPE_TRY(be.sample(logits_dev_, cnt, cfg_.vocab, sampling->params + r, sampling->tokens + r,
+        // Rows the host samples ride along as cheap greedy rows, their results dropped.
+        chunk_params_.assign(sampling->params + r, sampling->params + r + cnt);
+        for (int32_t i = 0; i < cnt; ++i)
+          if (!on_device(r + i)) chunk_params_[i] = DeviceSampleParams{};
+        TROUPE_TRY(be.sample(logits_dev_, cnt, cfg_.vocab, chunk_params_.data(), sampling->tokens + r,
                              sampling->logprobs + r));
         for (int32_t i = r; i < r + cnt; ++i)
           if (!on_device(i)) sampling->tokens[i] = -1;

@@ -84,6 +84,7 @@ class Model {
   float *cos_sin_ = nullptr, *last_ = nullptr;
   float* logits_dev_ = nullptr;           // [kLogitChunk, vocab], device backends only
   std::vector<float> cos_sin_host_;       // [max_batch_tokens, head_dim]
+  std::vector<DeviceSampleParams> chunk_params_;  // one logits chunk's sampling settings
   static constexpr int32_t kLogitChunk = 64;
 };
 

@@ -7,10 +7,11 @@
 namespace troupe::cuda {
 namespace {
 
-// One rotation, written once so that both kernels round alike.
+// One rotation, with explicit rounding so that both kernels round alike whatever the
+// compiler would contract.
 __device__ __forceinline__ void rotate(float x0, float x1, float c, float s, float* y0, float* y1) {
-  *y0 = x0 * c - x1 * s;
-  *y1 = x0 * s + x1 * c;
+  *y0 = __fmaf_rn(x0, c, -__fmul_rn(x1, s));
+  *y1 = __fmaf_rn(x0, s, __fmul_rn(x1, c));
 }
 
 __global__ void rope_kernel(float* x, int64_t ld, int64_t num_heads, int64_t head_dim, const float* cos_sin, bool neox) {

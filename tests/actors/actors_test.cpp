@@ -326,3 +326,51 @@ TEST_CASE("actors: a worker refuses a malformed step with an error its stage tur
   CHECK(seen->done[0].sampled[0].result.token == solo_greedy(tf.files, {1, 2, 3}, 1)[0]);
   caf::anon_send_exit(sink, caf::exit_reason::user_shutdown);
 }
+
+TEST_CASE("actors: an id released and reused while its last step is in flight keeps a sampler", "[actors][lifecycle]") {
+  // Step A samples sequence 7; step B, sent before A's answer is back, releases 7 and
+  // brings a new sequence 7 (a client reusing an id). The new sampler must survive A's
+  // answer and B's release, and C must find it.
+  TinyFiles tf;
+  TestNode t(tf.files, 1, 32);
+  auto failed = std::make_shared<std::vector<std::string>>();
+  auto done = std::make_shared<std::vector<StepDone>>();
+  step_sink_actor sink = t.sys->spawn([failed, done]() -> step_sink_actor::behavior_type {
+    return {[done](StepDone& d) { done->push_back(std::move(d)); },
+            [failed](StepFailed& f) { failed->push_back(f.error); }};
+  });
+  auto step = [](uint64_t no, std::vector<int32_t> toks, int32_t pos0, int32_t block, bool is_new, bool release) {
+    StageStep s;
+    s.step_no = no;
+    s.token_ids = toks;
+    for (size_t i = 0; i < toks.size(); ++i) {
+      s.positions.push_back(pos0 + static_cast<int32_t>(i));
+      s.slot_mapping.push_back(block * 8 + pos0 + static_cast<int32_t>(i));
+    }
+    s.query_start = {0, static_cast<int32_t>(toks.size())};
+    s.context_lens = {pos0 + static_cast<int32_t>(toks.size())};
+    s.block_tables = {block};
+    s.max_blocks_per_seq = 1;
+    s.logit_rows = {static_cast<int32_t>(toks.size()) - 1};
+    s.logit_seq = {7};
+    if (release) s.released = {7};
+    if (is_new) {
+      NewSeqSampling ns;
+      ns.seq_id = 7;
+      ns.sampling.temperature = 1.0f;
+      ns.sampling.seed = no;
+      ns.prompt = toks;
+      s.new_seqs.push_back(ns);
+    }
+    return s;
+  };
+  caf::anon_send(t.node.stages.front(), step(1, {1, 2, 3}, 0, 0, true, false), sink);
+  caf::anon_send(t.node.stages.front(), step(2, {4, 5}, 0, 1, true, true), sink);
+  t.coordinator().run();
+  caf::anon_send(t.node.stages.front(), step(3, {6}, 2, 1, false, false), sink);
+  t.coordinator().run();
+  INFO((failed->empty() ? std::string() : failed->front()));
+  CHECK(failed->empty());
+  REQUIRE(done->size() == 3);
+  caf::anon_send_exit(sink, caf::exit_reason::user_shutdown);
+}
