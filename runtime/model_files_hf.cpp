@@ -122,6 +122,9 @@ Result<ModelFiles> open_hf_dir(const std::string& dir) {
   return m;
 }
 
+// Dummy models whose layers would take more host memory than this share one layer.
+constexpr double kDummyShareBytes = 2.0 * (1 << 30);
+
 Result<ModelFiles> open_dummy(const std::string& config_path, const OpenOptions& opts) {
   auto cj = read_json(config_path);
   if (!cj) return cj.error();
@@ -159,8 +162,28 @@ Result<ModelFiles> open_dummy(const std::string& config_path, const OpenOptions&
   TROUPE_TRY(add("token_embd.weight", *dt, H, c.vocab, 1.0f, 0));
   TROUPE_TRY(add("output_norm.weight", DType::F32, H, 1, 0.1f, 1.0f));
   if (!c.tied_embeddings) TROUPE_TRY(add("output.weight", *dt, H, c.vocab, ws, 0));
+  // Large shapes (Llama-3-8B, -70B) would need the whole model in host memory (141 GB for
+  // 70B in bf16) and minutes of generation: above kDummyShareBytes every layer shares layer
+  // 0's tensors (a device backend still gets its own copy per layer), which is all a
+  // benchmark needs. (The 70B shape on the GPU: --dtype q4_0 fits an H200, bf16 does not
+  // leave room for a KV cache.)
+  const double layer_values = double(H) * (q + 2 * kv) + double(q) * H + 3.0 * double(H) * c.ffn;
+  const double layer_bytes = layer_values * dtype_traits(*dt).type_size / dtype_traits(*dt).block_size;
+  const bool share = layer_bytes * c.num_layers > kDummyShareBytes;
   for (int32_t i = 0; i < c.num_layers; ++i) {
     const std::string p = "blk." + std::to_string(i) + ".";
+    if (share && i > 0) {
+      for (const char* part : {"attn_norm.weight", "ffn_norm.weight", "attn_q.weight", "attn_k.weight", "attn_v.weight",
+                               "attn_output.weight", "ffn_gate.weight", "ffn_up.weight", "ffn_down.weight",
+                               "attn_q.bias", "attn_k.bias", "attn_v.bias"}) {
+        const TensorRef* first = src->find(std::string("blk.0.") + part);
+        if (!first) continue;  // (biases only where the family has them)
+        TensorRef t = *first;
+        t.name = p + part;
+        src->add(std::move(t));
+      }
+      continue;
+    }
     TROUPE_TRY(add(p + "attn_norm.weight", DType::F32, H, 1, 0.1f, 1.0f));
     TROUPE_TRY(add(p + "ffn_norm.weight", DType::F32, H, 1, 0.1f, 1.0f));
     TROUPE_TRY(add(p + "attn_q.weight", *dt, H, q, ws, 0));

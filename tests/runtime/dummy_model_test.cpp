@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstring>
 #include <fstream>
+#include <map>
 #include <nlohmann/json.hpp>
 
 #include "runtime/architectures.h"
@@ -144,4 +145,33 @@ TEST_CASE("the Llama-3 8B and 70B configs parse into the real shapes", "[model][
   CHECK(tiny->num_layers == 2);
   CHECK(tiny->head_dim == 32);
   CHECK(tiny->vocab == 512);
+}
+
+TEST_CASE("dummy weights of a large shape share one layer; small shapes keep distinct layers", "[model][dummy]") {
+  OpenOptions o;
+  o.load_format = "dummy";
+  o.dummy_dtype = "q4_0";
+  // Llama-3-8B in q4_0: 3.9 GB of layers, over the 2 GiB sharing threshold.
+  auto big = open_model(config_path("llama-3-8b.json"), o);
+  if (!big) FAIL(big.error().message);
+  std::map<const void*, uint64_t> unique;
+  for (const auto& [name, t] : big->weights->tensors()) unique[t.data] = t.nbytes;
+  uint64_t host = 0;
+  for (const auto& [p, n] : unique) host += n;
+  CHECK(big->weights->tensors().size() == 3 + 9 * 32);
+  for (const char* part : {"attn_q.weight", "ffn_down.weight", "attn_norm.weight"}) {
+    const TensorRef* first = big->weights->find(std::string("blk.0.") + part);
+    const TensorRef* last = big->weights->find(std::string("blk.31.") + part);
+    REQUIRE(first);
+    REQUIRE(last);
+    CHECK(first->data == last->data);
+    CHECK(first->shape == last->shape);
+  }
+  CHECK(host < (uint64_t{1} << 30));  // embeddings, output and one layer: about 0.8 GB
+  // The tiny shape: every layer its own random tensors.
+  auto tiny = open_model(config_path("tiny-llama.json"), o);
+  if (!tiny) FAIL(tiny.error().message);
+  CHECK(tiny->weights->find("blk.0.attn_q.weight")->data != tiny->weights->find("blk.1.attn_q.weight")->data);
+  CHECK(std::memcmp(tiny->weights->find("blk.0.attn_q.weight")->data, tiny->weights->find("blk.1.attn_q.weight")->data,
+                    tiny->weights->find("blk.0.attn_q.weight")->nbytes) != 0);
 }
