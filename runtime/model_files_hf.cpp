@@ -165,8 +165,8 @@ Result<ModelFiles> open_dummy(const std::string& config_path, const OpenOptions&
   // Large shapes (Llama-3-8B, -70B) would need the whole model in host memory (141 GB for
   // 70B in bf16) and minutes of generation: above kDummyShareBytes every layer shares layer
   // 0's tensors (a device backend still gets its own copy per layer), which is all a
-  // benchmark needs. (The 70B shape on the GPU: --dtype q4_0 fits an H200, bf16 does not
-  // leave room for a KV cache.)
+  // benchmark needs. (The 70B shape on one H200: --dtype q4_0 takes 40 GB; bf16, 141 GB,
+  // leaves little for the KV cache.)
   const double layer_values = double(H) * (q + 2 * kv) + double(q) * H + 3.0 * double(H) * c.ffn;
   const double layer_bytes = layer_values * dtype_traits(*dt).type_size / dtype_traits(*dt).block_size;
   const bool share = layer_bytes * c.num_layers > kDummyShareBytes;
