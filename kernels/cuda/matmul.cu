@@ -114,6 +114,34 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
   }
 }
 
+// Eight f16/bf16 weights of a 16-byte vector as floats.
+template <bool BF16>
+__device__ __forceinline__ void unpack8(const uint4& raw, float* wv) {
+  const uint32_t ws[4] = {raw.x, raw.y, raw.z, raw.w};
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    if constexpr (BF16) {
+      wv[2 * j] = __uint_as_float(ws[j] << 16);
+      wv[2 * j + 1] = __uint_as_float(ws[j] & 0xFFFF0000u);
+    } else {
+      wv[2 * j] = h2f(static_cast<uint16_t>(ws[j] & 0xFFFF));
+      wv[2 * j + 1] = h2f(static_cast<uint16_t>(ws[j] >> 16));
+    }
+  }
+}
+
+// Activations [base, base + 8) of one token (zeros past cols), in two 16-byte loads when
+// aligned (vec) and whole.
+__device__ __forceinline__ void load_x8(const float* xt, int64_t base, int64_t cols, bool vec, float* xv) {
+  if (vec && base + 8 <= cols) {
+    const float4 a = reinterpret_cast<const float4*>(xt)[0], b = reinterpret_cast<const float4*>(xt)[1];
+    xv[0] = a.x; xv[1] = a.y; xv[2] = a.z; xv[3] = a.w; xv[4] = b.x; xv[5] = b.y; xv[6] = b.z; xv[7] = b.w;
+  } else {
+#pragma unroll
+    for (int j = 0; j < 8; ++j) xv[j] = base + j < cols ? xt[j] : 0.f;
+  }
+}
+
 // f16/bf16 rows read fully coalesced: lane l takes 8-element vectors l, l + 32, ... (a warp
 // reads 512 contiguous bytes per load), U vectors in flight. A token's arithmetic is fixed
 // by the row alone (vector order, then the warp sum): batch-invariant like the others.
@@ -143,30 +171,13 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
       const int64_t v = v0 + 32 * u;
       if (v >= num_vecs) break;
       float wv[8];
-      const uint32_t ws[4] = {raw[u].x, raw[u].y, raw[u].z, raw[u].w};
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        if constexpr (BF16) {
-          wv[2 * j] = __uint_as_float(ws[j] << 16);
-          wv[2 * j + 1] = __uint_as_float(ws[j] & 0xFFFF0000u);
-        } else {
-          wv[2 * j] = h2f(static_cast<uint16_t>(ws[j] & 0xFFFF));
-          wv[2 * j + 1] = h2f(static_cast<uint16_t>(ws[j] >> 16));
-        }
-      }
+      unpack8<BF16>(raw[u], wv);
       const int64_t base = v * 8;
 #pragma unroll
       for (int t = 0; t < NT; ++t) {
         if (t >= nt) break;
-        const float* xt = x + t * ldx + base;
         float xv[8];
-        if (vec && base + 8 <= cols) {
-          const float4 a = reinterpret_cast<const float4*>(xt)[0], b = reinterpret_cast<const float4*>(xt)[1];
-          xv[0] = a.x; xv[1] = a.y; xv[2] = a.z; xv[3] = a.w; xv[4] = b.x; xv[5] = b.y; xv[6] = b.z; xv[7] = b.w;
-        } else {
-#pragma unroll
-          for (int j = 0; j < 8; ++j) xv[j] = base + j < cols ? xt[j] : 0.f;
-        }
+        load_x8(x + t * ldx + base, base, cols, vec, xv);
         float s = 0.f;
 #pragma unroll
         for (int j = 0; j < 8; ++j) s = fmaf(wv[j], xv[j], s);
@@ -225,32 +236,13 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
       if (v >= num_vecs) break;
       float wv[R][8];
 #pragma unroll
-      for (int i = 0; i < R; ++i) {
-        const uint32_t ws[4] = {raw[u][i].x, raw[u][i].y, raw[u][i].z, raw[u][i].w};
-#pragma unroll
-        for (int j = 0; j < 4; ++j) {
-          if constexpr (BF16) {
-            wv[i][2 * j] = __uint_as_float(ws[j] << 16);
-            wv[i][2 * j + 1] = __uint_as_float(ws[j] & 0xFFFF0000u);
-          } else {
-            wv[i][2 * j] = h2f(static_cast<uint16_t>(ws[j] & 0xFFFF));
-            wv[i][2 * j + 1] = h2f(static_cast<uint16_t>(ws[j] >> 16));
-          }
-        }
-      }
+      for (int i = 0; i < R; ++i) unpack8<BF16>(raw[u][i], wv[i]);
       const int64_t base = v * 8;
 #pragma unroll
       for (int t = 0; t < NT; ++t) {
         if (t >= nt) break;
-        const float* xt = x + t * ldx + base;
         float xv[8];
-        if (vec && base + 8 <= cols) {
-          const float4 a = reinterpret_cast<const float4*>(xt)[0], b = reinterpret_cast<const float4*>(xt)[1];
-          xv[0] = a.x; xv[1] = a.y; xv[2] = a.z; xv[3] = a.w; xv[4] = b.x; xv[5] = b.y; xv[6] = b.z; xv[7] = b.w;
-        } else {
-#pragma unroll
-          for (int j = 0; j < 8; ++j) xv[j] = base + j < cols ? xt[j] : 0.f;
-        }
+        load_x8(x + t * ldx + base, base, cols, vec, xv);
 #pragma unroll
         for (int i = 0; i < R; ++i) {
           float s = 0.f;

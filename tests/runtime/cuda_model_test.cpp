@@ -58,6 +58,26 @@ void compare_backends(const ModelFiles& files, const std::vector<int32_t>& promp
   CHECK(max_diff <= 0.05 * max_abs);
 }
 
+// The default model on GPU 0 (at most 64 tokens a step); FAILs when the file is missing.
+struct GpuModel {
+  ModelFiles files;
+  std::unique_ptr<Backend> gpu;
+  std::unique_ptr<Model> model;  // (destroyed first: it uses the backend and the weights)
+};
+GpuModel default_model_on_gpu() {
+  const std::string path = test::default_model_path();
+  if (!test::file_exists(path)) FAIL(test::model_missing_message(path));
+  auto files = open_model(path, {});
+  REQUIRE(files.ok());
+  auto gpu = make_cuda_backend({});
+  REQUIRE(gpu.ok());
+  GpuModel m{std::move(*files), std::move(*gpu), nullptr};
+  auto model = Model::build(m.files.config, *m.files.weights, *m.gpu, 64);
+  REQUIRE(model.ok());
+  m.model = std::move(*model);
+  return m;
+}
+
 }  // namespace
 
 TEST_CASE("cuda: the default model (Q4_1) matches llama.cpp's logits and the CPU's greedy tokens", "[cuda][model]") {
@@ -173,14 +193,7 @@ TEST_CASE("cuda: greedy tokens on a bf16 Hugging Face directory of real weights 
 
 TEST_CASE("cuda: batch invariance on the GPU (engine, concurrent requests, KV pressure)", "[cuda][batch]") {
   if (gpu_missing()) return;
-  const std::string path = test::default_model_path();
-  if (!test::file_exists(path)) FAIL(test::model_missing_message(path));
-  auto files = open_model(path, {});
-  REQUIRE(files.ok());
-  auto gpu = make_cuda_backend({});
-  REQUIRE(gpu.ok());
-  auto model = Model::build(files->config, *files->weights, **gpu, 64);
-  REQUIRE(model.ok());
+  auto g = default_model_on_gpu();
   std::vector<std::vector<int32_t>> prompts;
   for (int i = 0; i < 8; ++i) {
     std::vector<int32_t> p;
@@ -190,12 +203,12 @@ TEST_CASE("cuda: batch invariance on the GPU (engine, concurrent requests, KV pr
   const int n_new = 12;
   std::map<int64_t, std::vector<int32_t>> solo;
   for (size_t i = 0; i < prompts.size(); ++i)
-    solo[static_cast<int64_t>(i)] = greedy(**model, **gpu, prompts[i], n_new).tokens;
+    solo[static_cast<int64_t>(i)] = greedy(*g.model, *g.gpu, prompts[i], n_new).tokens;
   for (int32_t blocks : {256, 20}) {  // plenty, then oversubscribed (preemption)
     EngineConfig cfg;
     cfg.scheduler = {64, 8};
     cfg.kv = {blocks, 16, true};
-    auto e = Engine::create(**model, **gpu, cfg, SchedulingPolicy::fcfs(), nullptr);
+    auto e = Engine::create(*g.model, *g.gpu, cfg, SchedulingPolicy::fcfs(), nullptr);
     REQUIRE(e.ok());
     for (size_t i = 0; i < prompts.size(); ++i) {
       EngineRequest r;
@@ -262,15 +275,8 @@ TEST_CASE("cuda: decode replayed from CUDA graphs gives the same logits as eager
 
 TEST_CASE("cuda: seeded sampling on the device matches the host sampler and its batch", "[cuda][sampling]") {
   if (gpu_missing()) return;
-  const std::string path = test::default_model_path();
-  if (!test::file_exists(path)) FAIL(test::model_missing_message(path));
-  auto files = open_model(path, {});
-  REQUIRE(files.ok());
-  auto gpu = make_cuda_backend({});
-  REQUIRE(gpu.ok());
-  REQUIRE((*gpu)->can_sample());
-  auto model = Model::build(files->config, *files->weights, **gpu, 64);
-  REQUIRE(model.ok());
+  auto g = default_model_on_gpu();
+  REQUIRE(g.gpu->can_sample());
   const int n_req = 6, n_new = 16;
   // Each request's settings; host = true asks for one top logprob, which keeps its
   // sampling on the host (the same draws through Sampler::sample).
@@ -291,7 +297,7 @@ TEST_CASE("cuda: seeded sampling on the device matches the host sampler and its 
     EngineConfig cfg;
     cfg.scheduler = {64, 8};
     cfg.kv = {256, 16, true};
-    auto e = Engine::create(**model, **gpu, cfg, SchedulingPolicy::fcfs(), nullptr);
+    auto e = Engine::create(*g.model, *g.gpu, cfg, SchedulingPolicy::fcfs(), nullptr);
     REQUIRE(e.ok());
     for (const auto& r : reqs) REQUIRE((*e)->add(r).ok());
     std::map<int64_t, std::vector<int32_t>> out;
@@ -320,15 +326,8 @@ TEST_CASE("cuda: seeded sampling on the device matches the host sampler and its 
 
 TEST_CASE("cuda: troupe run's sampling on the device draws what the host sampler draws", "[cuda][sampling]") {
   if (gpu_missing()) return;
-  const std::string path = test::default_model_path();
-  if (!test::file_exists(path)) FAIL(test::model_missing_message(path));
-  auto files = open_model(path, {});
-  REQUIRE(files.ok());
-  auto gpu = make_cuda_backend({});
-  REQUIRE(gpu.ok());
-  auto model = Model::build(files->config, *files->weights, **gpu, 64);
-  REQUIRE(model.ok());
-  const auto prompt = files->tokenizer->encode("Once upon a time", true, false);
+  auto g = default_model_on_gpu();
+  const auto prompt = g.files.tokenizer->encode("Once upon a time", true, false);
   SamplingParams p;
   p.temperature = 0.9f;
   p.top_p = 0.95f;
@@ -336,9 +335,9 @@ TEST_CASE("cuda: troupe run's sampling on the device draws what the host sampler
   // The device draws (SequenceRunner::feed_and_sample), then the host's from the same GPU
   // logits (feed, then Sampler::sample).
   auto run = [&](bool device) {
-    auto r = SequenceRunner::create(**model, **gpu, 256);
+    auto r = SequenceRunner::create(*g.model, *g.gpu, 256);
     REQUIRE(r.ok());
-    Sampler s(p, files->config.vocab);
+    Sampler s(p, g.files.config.vocab);
     s.add_prompt(prompt);
     std::vector<int32_t> out;
     std::vector<int32_t> feed = prompt;
