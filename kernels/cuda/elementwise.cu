@@ -41,6 +41,7 @@ __global__ void to_bf16_kernel(const float* x, int64_t count, __nv_bfloat16* out
 
 }  // namespace
 
+#ifndef TROUPE_CUDA_EMULATION  // (tests/kernels/cuda_emulation.h runs the kernels above on the CPU)
 cudaError_t silu_mul(const float* gate_up, int64_t n, int64_t ffn, float* out, cudaStream_t stream) {
   if (n * ffn <= 0) return cudaSuccess;
   silu_mul_kernel<<<blocks_for(n * ffn), kThreads, 0, stream>>>(gate_up, n, ffn, out);
@@ -69,5 +70,7 @@ cudaError_t to_half(const float* x, int64_t count, void* out, bool to_bf16, cuda
     to_half_kernel<<<blocks_for(count), kThreads, 0, stream>>>(x, count, static_cast<__half*>(out));
   return cudaGetLastError();
 }
+
+#endif
 
 }  // namespace troupe::cuda

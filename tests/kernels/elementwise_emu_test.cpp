@@ -1,0 +1,61 @@
+// The CUDA element-wise kernels' source (kernels/cuda/elementwise.cu: SiLU-gate, residual
+// add, bias add, row gather, f32 -> f16/bf16), run on the CPU through
+// tests/kernels/cuda_emulation.h with grids smaller than the data (so the grid-stride loops
+// wrap), against the CPU backend and exact conversions.
+#define TROUPE_CUDA_EMULATION 1
+#include "tests/kernels/cuda_emulation.h"
+// (the emulation header first: it defines the CUDA keywords the kernel source uses)
+#include "kernels/cuda/elementwise.cu"
+
+#include <catch2/catch.hpp>
+#include <cstring>
+#include <random>
+
+#include "kernels/backend.h"
+#include "kernels/fp16.h"
+#include "tests/kernels/kernel_test_util.h"
+
+using namespace troupe;
+
+TEST_CASE("the CUDA element-wise kernels' source matches the CPU backend", "[kernels][cuda-emulation]") {
+  std::mt19937 g(14);
+  auto cpu = make_cpu_backend({1});
+  const int64_t n = 5, ffn = 301, dim = 37, ld = 45;
+  // Three blocks of 64 threads for hundreds of elements: every thread strides.
+  const auto gu = test::random_floats(static_cast<size_t>(n * 2 * ffn), g, 4.0f);
+  std::vector<float> act(static_cast<size_t>(n * ffn)), act_cpu(act.size());
+  cuda_emu::launch(3, 64, cuda::silu_mul_kernel, gu.data(), n, ffn, act.data());
+  cpu->silu_mul(gu.data(), n, ffn, act_cpu.data());
+  for (size_t i = 0; i < act.size(); ++i) CHECK(std::fabs(act[i] - act_cpu[i]) <= 1e-6f + 1e-5f * std::fabs(act_cpu[i]));
+
+  auto x = test::random_floats(static_cast<size_t>(n * ld), g), y = test::random_floats(x.size(), g);
+  auto bias = test::random_floats(static_cast<size_t>(dim), g);
+  auto xg = x, xc = x;
+  cuda_emu::launch(2, 64, cuda::add_kernel, xg.data(), static_cast<const float*>(y.data()), n * ld);
+  cuda_emu::launch(2, 64, cuda::add_bias_kernel, xg.data(), int64_t{ld}, static_cast<const float*>(bias.data()), n,
+                   int64_t{dim});
+  cpu->add(xc.data(), y.data(), n * ld);
+  cpu->add_bias(xc.data(), ld, bias.data(), n, dim);
+  CHECK(std::memcmp(xg.data(), xc.data(), xg.size() * 4) == 0);  // exact: the same additions
+
+  const std::vector<int32_t> rows = {4, 0, 4, 2};
+  std::vector<float> gat(rows.size() * ld), gat_cpu(gat.size());
+  cuda_emu::launch(static_cast<unsigned>(rows.size()), 32, cuda::gather_kernel, static_cast<const float*>(xg.data()),
+                   int64_t{ld}, rows.data(), gat.data());
+  cpu->gather_rows(xg.data(), ld, rows.data(), static_cast<int64_t>(rows.size()), gat_cpu.data());
+  CHECK(std::memcmp(gat.data(), gat_cpu.data(), gat.size() * 4) == 0);
+
+  std::vector<__half> h(x.size());
+  std::vector<__nv_bfloat16> b(x.size());
+  cuda_emu::launch(2, 64, cuda::to_half_kernel, static_cast<const float*>(x.data()), static_cast<int64_t>(x.size()),
+                   h.data());
+  cuda_emu::launch(2, 64, cuda::to_bf16_kernel, static_cast<const float*>(x.data()), static_cast<int64_t>(x.size()),
+                   b.data());
+  for (size_t i = 0; i < x.size(); ++i) {
+    uint16_t hb, bb;
+    std::memcpy(&hb, &h[i], 2);
+    std::memcpy(&bb, &b[i], 2);
+    CHECK(hb == f32_to_f16(x[i]));   // round to nearest even, as the host converters
+    CHECK(bb == f32_to_bf16(x[i]));
+  }
+}
