@@ -21,17 +21,12 @@ void prepare_sampling(StageState& st, StageStep& s) {
   s.new_seqs.clear();
   s.sampling.clear();
   for (int64_t id : s.logit_seq) {
-    DeviceSampleParams p;
     const Sampler* smp = nullptr;
     if (auto pit = st.pending.find(id); pit != st.pending.end())
       smp = &pit->second.second;
     else if (auto it = st.samplers.find(id); it != st.samplers.end())
       smp = &it->second;
-    if (smp) {
-      p = smp->device_params();
-      p.on_device = smp->device_eligible() ? 1 : 0;
-    }
-    s.sampling.push_back(p);
+    s.sampling.push_back(smp ? smp->device_params() : DeviceSampleParams{});
   }
 }
 
@@ -53,10 +48,7 @@ Result<StepDone> sample_rows(StageState& st, const LayersDone& d) {
     return make_error("worker returned device samples of the wrong size");
   auto on_device = [&](size_t i) { return !d.device_tokens.empty() && d.device_tokens[i] >= 0; };
   bool any_host = false;
-  for (size_t i = 0; i < rows; ++i) {
-    if (!on_device(i)) any_host = true;
-    else if (d.device_tokens[i] >= st.vocab) return make_error("worker sampled a token outside the vocabulary");
-  }
+  for (size_t i = 0; i < rows; ++i) any_host = any_host || !on_device(i);
   if (any_host && d.logits.size() != rows * static_cast<size_t>(st.vocab))
     return make_error("worker returned logits of the wrong size");
   for (int64_t id : s.logit_seq)
@@ -67,9 +59,9 @@ Result<StepDone> sample_rows(StageState& st, const LayersDone& d) {
     Sampler& smp = st.samplers.at(s.logit_seq[i]);
     SampleResult r;
     if (on_device(i)) {
-      smp.skip_draw();
-      r.token = d.device_tokens[i];
-      r.logprob = d.device_logprobs[i];
+      auto drawn = smp.device_draw(d.device_tokens[i], d.device_logprobs[i]);
+      if (!drawn) return make_error("worker: " + drawn.error().message);
+      r = std::move(*drawn);
     } else {
       r = smp.sample(d.logits.data() + i * static_cast<size_t>(st.vocab));
     }

@@ -132,11 +132,7 @@ Result<std::vector<EngineEvent>> Engine::step() {
   std::vector<float> dev_logprobs(rows, 0.0f);
   DeviceSampling ds;
   if (model_->samples_on_device()) {
-    for (size_t i = 0; i < rows; ++i) {
-      const Sampler& s = samplers_.at(ps->logit_seq[i]);
-      dev_params.push_back(s.device_params());
-      dev_params.back().on_device = s.device_eligible() ? 1 : 0;
-    }
+    for (size_t i = 0; i < rows; ++i) dev_params.push_back(samplers_.at(ps->logit_seq[i]).device_params());
     ds = DeviceSampling{dev_params.data(), dev_tokens.data(), dev_logprobs.data()};
   }
   TROUPE_TRY(model_->forward(ps->inputs(), *cache_, ps->logit_rows.data(), static_cast<int32_t>(rows), logits_.data(),
@@ -147,10 +143,9 @@ Result<std::vector<EngineEvent>> Engine::step() {
     Sampler& s = samplers_.at(ps->logit_seq[i]);
     SampleResult r;
     if (dev_tokens[i] >= 0) {
-      if (dev_tokens[i] >= vocab) return make_error("the backend sampled a token outside the vocabulary");
-      s.skip_draw();
-      r.token = dev_tokens[i];
-      r.logprob = dev_logprobs[i];
+      auto d = s.device_draw(dev_tokens[i], dev_logprobs[i]);
+      if (!d) return d.error();
+      r = std::move(*d);
     } else {
       r = s.sample(logits_.data() + i * vocab);
     }

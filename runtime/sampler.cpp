@@ -192,7 +192,18 @@ DeviceSampleParams Sampler::device_params() const {
   d.seed = p_.seed;
   d.counter = draws_;
   d.want_logprob = p_.report_logprob ? 1 : 0;
+  d.on_device = device_eligible() ? 1 : 0;
   return d;
+}
+
+Result<SampleResult> Sampler::device_draw(int32_t token, float logprob) {
+  if (token < 0 || token >= vocab_)
+    return make_error("the backend sampled token " + std::to_string(token) + ", outside the vocabulary");
+  ++draws_;
+  SampleResult r;
+  r.token = token;
+  r.logprob = logprob;
+  return r;
 }
 
 }  // namespace troupe

@@ -55,10 +55,12 @@ class Sampler {
   SampleResult sample(const float* logits);
 
   // Whether a backend may make this request's draws (Backend::sample): no penalties, no
-  // logit bias, no top-logprob lists. device_params() describes the next draw; after the
-  // backend made it, skip_draw() counts it (then accept() the token as usual).
+  // logit bias, no top-logprob lists. device_params() describes the next draw (on_device
+  // set when eligible); device_draw() takes the token a backend drew and counts the draw
+  // (then accept() it as usual); skip_draw() counts a draw without a token.
   bool device_eligible() const;
   DeviceSampleParams device_params() const;
+  Result<SampleResult> device_draw(int32_t token, float logprob);
   void skip_draw() { ++draws_; }
   uint64_t draws() const { return draws_; }
 

@@ -41,15 +41,12 @@ Result<SampleResult> SequenceRunner::feed_and_sample(const std::vector<int32_t>&
     if (!l) return l.error();
     return sampler.sample(*l);
   }
-  DeviceSampleParams p = sampler.device_params();
-  p.on_device = 1;
-  SampleResult r;
-  DeviceSampling ds{&p, &r.token, &r.logprob};
+  const DeviceSampleParams p = sampler.device_params();
+  int32_t token = -1;
+  float logprob = 0;
+  DeviceSampling ds{&p, &token, &logprob};
   TROUPE_TRY(feed_tokens(tokens, &ds));
-  if (r.token < 0 || r.token >= model_->config().vocab)
-    return make_error("the backend sampled token " + std::to_string(r.token) + ", outside the vocabulary");
-  sampler.skip_draw();
-  return r;
+  return sampler.device_draw(token, logprob);
 }
 
 Status SequenceRunner::feed_tokens(const std::vector<int32_t>& tokens, const DeviceSampling* sampling) {

@@ -104,18 +104,6 @@ struct Fixture {
   }
 };
 
-// Each (y, z) of a grid is one emulated launch over x (cuda_emu::launch numbers x only).
-template <typename Kernel, typename... Args>
-void launch3(unsigned gx, unsigned gy, unsigned gz, unsigned threads, Kernel kernel, Args... args) {
-  for (unsigned z = 0; z < gz; ++z)
-    for (unsigned y = 0; y < gy; ++y)
-      cuda_emu::launch(gx, threads, [=](auto... xs) {
-        blockIdx.y = y;
-        blockIdx.z = z;
-        kernel(xs...);
-      }, args...);
-}
-
 unsigned head_groups(const Case& c) {
   const int group = c.nh / c.nkv;
   return static_cast<unsigned>(c.nkv * ((group + cuda::kGroup - 1) / cuda::kGroup));
@@ -126,11 +114,11 @@ void check(const Case& c, std::mt19937& g) {
   Fixture f(c, {0, 300, 599}, {5, 3, 1}, g);  // prefill, a chunk, a decode token
   const int segs = (f.st.max_context + cuda::kSegment - 1) / cuda::kSegment;  // attention_segments()
   std::vector<float> looped(static_cast<size_t>(f.n) * c.nh * c.hd, -1.0f), split(looped.size(), -2.0f);
-  launch3(f.n, head_groups(c), 1, cuda::kThreads, cuda::attention_loop_kernel<DPL>, f.args(false), looped.data());
+  cuda_emu::launch3(f.n, head_groups(c), 1, cuda::kThreads, cuda::attention_loop_kernel<DPL>, f.args(false), looped.data());
   std::vector<float> partials(static_cast<size_t>(f.n) * c.nh * segs * (c.hd + 2), 0.0f);
-  launch3(f.n, head_groups(c), segs, cuda::kThreads, cuda::attention_split_kernel<DPL>, f.args(false), segs,
+  cuda_emu::launch3(f.n, head_groups(c), segs, cuda::kThreads, cuda::attention_split_kernel<DPL>, f.args(false), segs,
           partials.data());
-  launch3(f.n, c.nh, 1, cuda::kThreads, cuda::attention_combine_kernel<DPL>, f.args(false), segs,
+  cuda_emu::launch3(f.n, c.nh, 1, cuda::kThreads, cuda::attention_combine_kernel<DPL>, f.args(false), segs,
           static_cast<const float*>(partials.data()), split.data());
   CHECK(std::memcmp(looped.data(), split.data(), looped.size() * 4) == 0);
   const double w = f.worst(looped, [](int) { return true; });
@@ -145,12 +133,12 @@ void check_tc(const Case& c, std::mt19937& g) {
   // prefill (0..44): tiles 0 and 1 mix sequences, tiles 2, 3 and the partial tile 4 do not.
   Fixture f(c, {300, 100, 0}, {1, 20, 45}, g);
   std::vector<float> pure(static_cast<size_t>(f.n) * c.nh * HD, -1.0f), mixed(pure.size(), -3.0f);
-  launch3(f.n, head_groups(c), 1, cuda::kThreads, cuda::attention_loop_kernel<DPL>, f.args(false), pure.data());
+  cuda_emu::launch3(f.n, head_groups(c), 1, cuda::kThreads, cuda::attention_loop_kernel<DPL>, f.args(false), pure.data());
   const unsigned tiles = static_cast<unsigned>((f.n + 15) / 16);
-  launch3(tiles, c.nh, 1, 32, cuda::attention_tc_kernel<HD>, f.st, static_cast<const float*>(f.q.data()), f.ldq,
+  cuda_emu::launch3(tiles, c.nh, 1, 32, cuda::attention_tc_kernel<HD>, f.st, static_cast<const float*>(f.q.data()), f.ldq,
           c.nh, c.nkv, Fixture::bs, f.scale(), static_cast<const __half*>(f.kc.data()),
           static_cast<const __half*>(f.vc.data()), mixed.data());
-  launch3(f.n, head_groups(c), 1, cuda::kThreads, cuda::attention_loop_kernel<DPL>, f.args(true), mixed.data());
+  cuda_emu::launch3(f.n, head_groups(c), 1, cuda::kThreads, cuda::attention_loop_kernel<DPL>, f.args(true), mixed.data());
   auto in_tc = [&](int t) { return t >= 32; };  // tiles 2, 3, 4
   const size_t per_token = static_cast<size_t>(c.nh) * HD;
   for (int t = 0; t < f.n; ++t) {

@@ -72,6 +72,18 @@ void launch(unsigned grid, unsigned block, Kernel kernel, Args... args) {
   current = nullptr;
 }
 
+// A grid of gx x gy x gz blocks: one launch() per (y, z), its threads setting blockIdx.y/z.
+template <typename Kernel, typename... Args>
+void launch3(unsigned gx, unsigned gy, unsigned gz, unsigned block, Kernel kernel, Args... args) {
+  for (unsigned z = 0; z < gz; ++z)
+    for (unsigned y = 0; y < gy; ++y)
+      launch(gx, block, [=](auto... xs) {
+        blockIdx.y = y;
+        blockIdx.z = z;
+        kernel(xs...);
+      }, args...);
+}
+
 }  // namespace cuda_emu
 
 inline void __syncthreads() { cuda_emu::current->all->arrive_and_wait(); }

@@ -24,14 +24,11 @@ void check_group(const std::vector<uint8_t>& w, size_t row_bytes, int64_t rows, 
                  const float* xp, bool vec) {
   const unsigned groups = static_cast<unsigned>((n + NT - 1) / NT);
   std::vector<float> y_old(static_cast<size_t>(n * rows), -1.0f), y_new(y_old.size(), -2.0f);
-  // One row per warp (blocks of kWarpsPerBlock rows) and R rows per warp; each token group
-  // is a launch whose threads set blockIdx.y (cuda_emu::launch numbers blocks in x only).
+  // One row per warp (blocks of kWarpsPerBlock rows) and R rows per warp; blockIdx.y picks
+  // the token group.
   auto launch2d = [&](unsigned gx, auto kernel, float* y) {
-    for (unsigned gy = 0; gy < groups; ++gy)
-      cuda_emu::launch(gx, cuda::kWarpsPerBlock * 32, [=](auto... args) {
-        blockIdx.y = gy;
-        kernel(args...);
-      }, w.data(), row_bytes, rows, cols, xp, ldx, n, vec, y, int64_t{rows});
+    cuda_emu::launch3(gx, groups, 1, cuda::kWarpsPerBlock * 32, kernel, w.data(), row_bytes, rows, cols, xp, ldx, n,
+                      vec, y, int64_t{rows});
   };
   launch2d(static_cast<unsigned>((rows + cuda::kWarpsPerBlock - 1) / cuda::kWarpsPerBlock),
            cuda::gemv_half_kernel<BF16, NT, 4>, y_old.data());
@@ -43,11 +40,9 @@ void check_group(const std::vector<uint8_t>& w, size_t row_bytes, int64_t rows, 
   for (int64_t t = 0; t < n; ++t) {
     std::vector<float> y1(static_cast<size_t>(rows), -3.0f);
     const float* x1 = xp + t * ldx;
-    cuda_emu::launch(static_cast<unsigned>((rows + cuda::kWarpsPerBlock - 1) / cuda::kWarpsPerBlock),
-                     cuda::kWarpsPerBlock * 32, [=](auto... args) {
-                       blockIdx.y = 0;
-                       cuda::gemv_half_kernel<BF16, 1, 4>(args...);
-                     }, w.data(), row_bytes, rows, cols, x1, ldx, int64_t{1}, vec, y1.data(), int64_t{rows});
+    cuda_emu::launch3(static_cast<unsigned>((rows + cuda::kWarpsPerBlock - 1) / cuda::kWarpsPerBlock), 1, 1,
+                      cuda::kWarpsPerBlock * 32, cuda::gemv_half_kernel<BF16, 1, 4>, w.data(), row_bytes, rows, cols,
+                      x1, ldx, int64_t{1}, vec, y1.data(), int64_t{rows});
     CHECK(std::memcmp(y1.data(), y_new.data() + t * rows, static_cast<size_t>(rows) * 4) == 0);
   }
 }
@@ -108,12 +103,9 @@ TEST_CASE("the one-token several-rows-per-warp GEMV kernel's source gives the on
       std::vector<float> x(static_cast<size_t>(cols));
       for (auto& v : x) v = nd(g);
       std::vector<float> one(static_cast<size_t>(rows), -1.0f), four(one.size(), -2.0f);
-      cuda_emu::launch(static_cast<unsigned>((rows + cuda::kWarpsPerBlock - 1) / cuda::kWarpsPerBlock),
-                       cuda::kWarpsPerBlock * 32, [=](auto... args) {
-                         blockIdx.y = 0;
-                         cuda::gemv_kernel<T, 1>(args...);
-                       }, static_cast<const uint8_t*>(w.data()), rb, rows, cols, static_cast<const float*>(x.data()),
-                       cols, int64_t{1}, one.data(), rows);
+      cuda_emu::launch3(static_cast<unsigned>((rows + cuda::kWarpsPerBlock - 1) / cuda::kWarpsPerBlock), 1, 1,
+                        cuda::kWarpsPerBlock * 32, cuda::gemv_kernel<T, 1>, static_cast<const uint8_t*>(w.data()), rb,
+                        rows, cols, static_cast<const float*>(x.data()), cols, int64_t{1}, one.data(), rows);
       const int64_t per_block = int64_t{cuda::kWarpsPerBlock} * cuda::kHalfRowsPerWarp;
       cuda_emu::launch(static_cast<unsigned>((rows + per_block - 1) / per_block), cuda::kWarpsPerBlock * 32,
                        cuda::gemv_rows_kernel<T, cuda::kHalfRowsPerWarp>, static_cast<const uint8_t*>(w.data()), rb,

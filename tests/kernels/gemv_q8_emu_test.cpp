@@ -24,11 +24,8 @@ std::vector<float> run(const std::vector<uint8_t>& w, size_t row_bytes, int64_t 
   std::vector<float> y(static_cast<size_t>(n * rows), -7.0f);
   const unsigned blocks = static_cast<unsigned>((rows + cuda::kWarpsPerBlock * R - 1) / (cuda::kWarpsPerBlock * R));
   const unsigned groups = static_cast<unsigned>((n + NT - 1) / NT);
-  for (unsigned gy = 0; gy < groups; ++gy)  // one emulated launch per blockIdx.y
-    cuda_emu::launch(blocks, cuda::kWarpsPerBlock * 32, [=](auto... args) {
-      blockIdx.y = gy;
-      cuda::gemv_q8_kernel<T, NT, R>(args...);
-    }, w.data(), row_bytes, rows, nb, xq, n, y.data(), int64_t{rows});
+  cuda_emu::launch3(blocks, groups, 1, cuda::kWarpsPerBlock * 32, cuda::gemv_q8_kernel<T, NT, R>, w.data(), row_bytes,
+                    rows, nb, xq, n, y.data(), int64_t{rows});
   return y;
 }
 

@@ -16,6 +16,7 @@
 #include "kernels/cpu/quant_ref.h"
 #include "kernels/fp16.h"
 #include "runtime/model_files.h"
+#include "tests/runtime/safetensors_writer.h"
 
 namespace troupe::test {
 
@@ -65,8 +66,8 @@ inline std::string write_bf16_hf_dir(const ModelFiles& gguf, const std::filesyst
       if (rest == from) return p + to;
     return "";
   };
-  json header = {{"__metadata__", {{"format", "pt"}}}};
-  std::vector<uint8_t> data;
+  SafetensorsWriter st;
+  std::vector<uint8_t> bf;
   for (const auto& [name, t] : gguf.weights->tensors()) {
     const std::string hf = hf_name(name);
     if (hf.empty()) return "no Hugging Face name for GGUF tensor " + name;
@@ -79,25 +80,15 @@ inline std::string write_bf16_hf_dir(const ModelFiles& gguf, const std::filesyst
         return "tensor " + name + ": no reference dequantizer";
     if (name.find("attn_q.weight") != std::string::npos) v = unpermute_rows(v, rows, cols, c.num_heads);
     if (name.find("attn_k.weight") != std::string::npos) v = unpermute_rows(v, rows, cols, c.num_kv_heads);
-    const size_t off = data.size();
-    data.resize(off + v.size() * 2);
+    bf.resize(v.size() * 2);
     for (size_t i = 0; i < v.size(); ++i) {
       const uint16_t b = f32_to_bf16(v[i]);
-      std::memcpy(data.data() + off + 2 * i, &b, 2);
+      std::memcpy(bf.data() + 2 * i, &b, 2);
     }
-    std::vector<int64_t> shape = t.shape.size() == 1 ? std::vector<int64_t>{cols} : std::vector<int64_t>{rows, cols};
-    header[hf] = {{"dtype", "BF16"}, {"shape", shape}, {"data_offsets", {off, data.size()}}};
+    st.add(hf, "BF16", t.shape.size() == 1 ? std::vector<int64_t>{cols} : std::vector<int64_t>{rows, cols}, bf.data(),
+           bf.size());
   }
-  std::string hs = header.dump();
-  hs.append((8 - hs.size() % 8) % 8, ' ');
-  const uint64_t hlen = hs.size();
-  {
-    std::ofstream f(dir / "model.safetensors", std::ios::binary);
-    f.write(reinterpret_cast<const char*>(&hlen), 8);
-    f.write(hs.data(), static_cast<std::streamsize>(hs.size()));
-    f.write(reinterpret_cast<const char*>(data.data()), static_cast<std::streamsize>(data.size()));
-    if (!f) return "could not write " + (dir / "model.safetensors").string();
-  }
+  if (!st.write(dir / "model.safetensors")) return "could not write " + (dir / "model.safetensors").string();
   const json config = {{"architectures", {"LlamaForCausalLM"}},
                        {"model_type", "llama"},
                        {"hidden_size", c.hidden},

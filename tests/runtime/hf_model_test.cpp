@@ -21,6 +21,7 @@
 #include "runtime/model.h"
 #include "runtime/model_files.h"
 #include "runtime/sequence_runner.h"
+#include "tests/runtime/safetensors_writer.h"
 
 using namespace troupe;
 using nlohmann::json;
@@ -96,22 +97,13 @@ std::vector<uint8_t> to_bytes(const std::vector<float>& v, DType t) {
   return b;
 }
 
-// A safetensors file as the Python writer lays it out (header padded with spaces to 8).
 void write_safetensors(const std::filesystem::path& path, const HfWeights& w, DType t) {
-  json h = {{"__metadata__", {{"format", "pt"}}}};
-  std::vector<uint8_t> data;
+  test::SafetensorsWriter st;
   for (const auto& [name, tensor] : w) {
     const auto b = to_bytes(tensor.v, t);
-    h[name] = {{"dtype", t == DType::F32 ? "F32" : "BF16"}, {"shape", tensor.shape}, {"data_offsets", {data.size(), data.size() + b.size()}}};
-    data.insert(data.end(), b.begin(), b.end());
+    st.add(name, t == DType::F32 ? "F32" : "BF16", tensor.shape, b.data(), b.size());
   }
-  std::string hs = h.dump();
-  hs.append((8 - hs.size() % 8) % 8, ' ');
-  const uint64_t hlen = hs.size();
-  std::ofstream f(path, std::ios::binary);
-  f.write(reinterpret_cast<const char*>(&hlen), 8);
-  f.write(hs.data(), static_cast<std::streamsize>(hs.size()));
-  f.write(reinterpret_cast<const char*>(data.data()), static_cast<std::streamsize>(data.size()));
+  st.write(path);
 }
 
 // Specials, "▁", a..z, then "▁a", "▁b", ... up to `vocab` tokens.

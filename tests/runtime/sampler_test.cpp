@@ -496,6 +496,17 @@ TEST_CASE("only requests without penalties, bias or top-logprob lists may sample
   CHECK(d.seed == 3);
   CHECK(d.counter == 0);
   CHECK(d.want_logprob == 1);
+  CHECK(d.on_device == 1);
+  // A backend's draw: counted, and refused outside the vocabulary.
+  Sampler taker(p, 100);
+  auto drawn = taker.device_draw(42, -0.5f);
+  REQUIRE(drawn.ok());
+  CHECK(drawn->token == 42);
+  CHECK(drawn->logprob == -0.5f);
+  CHECK(taker.draws() == 1);
+  CHECK_FALSE(taker.device_draw(100, 0.0f).ok());
+  CHECK_FALSE(taker.device_draw(-1, 0.0f).ok());
+  CHECK(taker.draws() == 1);
   auto with = [&](auto change) {
     SamplingParams q = p;
     change(q);
@@ -506,4 +517,7 @@ TEST_CASE("only requests without penalties, bias or top-logprob lists may sample
   CHECK_FALSE(with([](SamplingParams& q) { q.frequency_penalty = -0.5f; }));
   CHECK_FALSE(with([](SamplingParams& q) { q.logit_bias[5] = 2.0f; }));
   CHECK_FALSE(with([](SamplingParams& q) { q.logprobs = 3; }));
+  SamplingParams pen = p;
+  pen.repetition_penalty = 1.2f;
+  CHECK(Sampler(pen, 100).device_params().on_device == 0);
 }
