@@ -25,7 +25,7 @@ Result<LocalNode> spawn_local_node(caf::actor_system& sys, const ModelFiles& fil
   size_t done_layers = 0;
   for (int32_t s = 0; s < opt.num_stages; ++s) {
     LayerRange r{c.num_layers * s / opt.num_stages, c.num_layers * (s + 1) / opt.num_stages};
-    auto made = make_backend(opt.device, opt.threads, opt.batch_invariant, opt.cuda_graph_max_tokens);
+    auto made = make_backend(opt.device, opt.threads, opt.cuda);
     if (!made) return made.error();
     auto backend = std::move(*made);
     const size_t before = done_layers;

@@ -21,8 +21,7 @@ struct NodeOptions {
   int32_t num_stages = 1;        // layers split evenly over the stages
   int32_t threads = 0;           // CPU threads per worker (0: all cores)
   std::string device = "cpu";    // cpu | cuda | cuda:N (every stage on that device)
-  bool batch_invariant = true;   // CUDA: batch-invariant GEMV for every batch size
-  int32_t cuda_graph_max_tokens = 0;  // CUDA: graph replay for steps up to this size
+  CudaBackendOptions cuda;       // CUDA: batch invariance, graphs, tensor-core matmul (device from `device`)
   int32_t max_batch_tokens = 512;
   int32_t num_tokenizers = 1;
   bool detached_workers = true;  // workers on their own threads (false: deterministic tests)

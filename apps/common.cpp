@@ -23,6 +23,10 @@ void ModelFlags::add_to(CLI::App& app) {
   app.add_flag("--cuda-cublas", cuda_cublas,
                "CUDA: run batches above 8 tokens through cuBLAS (faster long prefills; a token's result then "
                "depends on its batch neighbours). Default: batch-invariant fused GEMV for every batch");
+  app.add_flag("--cuda-tc-gemm", cuda_tc_gemm,
+               "CUDA, batch-invariant mode: f16/bf16 weights through the tensor-core matmul at every batch size "
+               "(still batch-invariant; activations rounded to the weight's type) instead of the fused GEMV; "
+               "no effect with --cuda-cublas or on quantized weights (experimental: not yet measured on a GPU)");
   app.add_option("--cuda-graph-max-tokens", cuda_graph_max_tokens,
                  "CUDA: steps of at most this many tokens (decode) are captured once per shape and replayed as CUDA "
                  "graphs (experimental: replay is not yet verified on a GPU by the tests); 0 (default) turns graphs off")
@@ -57,7 +61,7 @@ Result<LoadedEngine> load_engine(const ModelFlags& flags) {
   e.files = std::move(*files);
   if (flags.threads < 0 || flags.threads > 1024) return make_error("--threads must be 0..1024");
   if (flags.batch <= 0 || flags.batch > 65536) return make_error("--batch must be 1..65536");
-  auto backend = make_backend(flags.device, flags.threads, !flags.cuda_cublas, flags.cuda_graph_max_tokens);
+  auto backend = make_backend(flags.device, flags.threads, flags.cuda_options());
   if (!backend) return backend.error();
   e.backend = std::move(*backend);
   auto model = Model::build(e.files.config, *e.files.weights, *e.backend, flags.batch,

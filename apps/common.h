@@ -18,9 +18,17 @@ struct ModelFlags {
   std::string device = "cpu";
   bool cuda_cublas = false;
   int cuda_graph_max_tokens = 0;
+  bool cuda_tc_gemm = false;
   int ctx = 4096;
   int batch = 512;
   void add_to(CLI::App& app);
+  CudaBackendOptions cuda_options() const {
+    CudaBackendOptions o;
+    o.batch_invariant = !cuda_cublas;
+    o.graph_max_tokens = cuda_graph_max_tokens;
+    o.tc_gemm = cuda_tc_gemm;
+    return o;
+  }
 };
 
 struct LoadedEngine {

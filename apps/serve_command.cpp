@@ -123,8 +123,7 @@ int serve(ServeFlags f) {
   no.num_stages = f.pipeline_stages;
   no.threads = f.model.threads;
   no.device = f.model.device;
-  no.batch_invariant = !f.model.cuda_cublas;
-  no.cuda_graph_max_tokens = f.model.cuda_graph_max_tokens;
+  no.cuda = f.model.cuda_options();
   no.max_batch_tokens = f.model.batch;
   no.num_tokenizers = f.tokenizer_actors;
   no.scheduler.scheduler.max_batched_tokens = f.max_num_batched_tokens > 0 ? f.max_num_batched_tokens : f.model.batch;

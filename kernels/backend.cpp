@@ -31,15 +31,18 @@ void Backend::rope_kv_write(KvCache& cache, int32_t layer, float* qkv, int64_t l
   kv_write(cache, layer, k, k + int64_t{num_kv_heads} * head_dim, ld);
 }
 
-Result<std::unique_ptr<Backend>> make_backend(const std::string& device, int cpu_threads, bool batch_invariant,
-                                              int graph_max_tokens) {
+Result<std::unique_ptr<Backend>> make_backend(const std::string& device, int cpu_threads,
+                                              const CudaBackendOptions& cuda) {
   if (device == "cpu") return make_cpu_backend(CpuBackendOptions{cpu_threads});
-  if (device == "cuda") return make_cuda_backend(CudaBackendOptions{0, batch_invariant, graph_max_tokens});
+  CudaBackendOptions opts = cuda;
+  opts.device = 0;
+  if (device == "cuda") return make_cuda_backend(opts);
   if (device.rfind("cuda:", 0) == 0) {
     const std::string num = device.substr(5);
     if (num.empty() || num.size() > 3 || num.find_first_not_of("0123456789") != std::string::npos)
       return make_error("--device '" + device + "': expected cuda:N with N a device number");
-    return make_cuda_backend(CudaBackendOptions{std::stoi(num), batch_invariant, graph_max_tokens});
+    opts.device = std::stoi(num);
+    return make_cuda_backend(opts);
   }
   return make_error("--device '" + device + "' is not one of cpu, cuda, cuda:N");
 }

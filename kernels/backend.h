@@ -139,6 +139,10 @@ struct CudaBackendOptions {
   // GPU in the benchmark, but the test comparing replayed and eager logits has not yet
   // passed on a GPU (docs/gpu.md).
   int graph_max_tokens = 0;
+  // With batch_invariant: f16/bf16 weights go through the tensor-core matmul (matmul_tc.cu)
+  // at every batch size instead of the GEMV -- also batch-invariant, with x rounded to the
+  // weight's type (other bits than the GEMV's). Opt-in until measured on a GPU (docs/gpu.md).
+  bool tc_gemm = false;
 };
 // kernels/cuda/: an error (never a crash) when the build has no CUDA, no GPU is present
 // or the device ordinal is out of range.
@@ -147,8 +151,8 @@ Result<std::unique_ptr<Backend>> make_cuda_backend(const CudaBackendOptions& opt
 std::string cuda_unavailable_reason();
 
 // "cpu" or "cuda" / "cuda:N": the backend a --device flag names.
-// batch_invariant and graph_max_tokens: CudaBackendOptions (ignored for the CPU).
-Result<std::unique_ptr<Backend>> make_backend(const std::string& device, int cpu_threads, bool batch_invariant = true,
-                                              int graph_max_tokens = 0);
+// cuda: the CUDA backend's options (ignored for the CPU); its device is the one named.
+Result<std::unique_ptr<Backend>> make_backend(const std::string& device, int cpu_threads,
+                                              const CudaBackendOptions& cuda = {});
 
 }  // namespace troupe

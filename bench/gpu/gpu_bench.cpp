@@ -3,7 +3,8 @@
 // Measures, in one run: the ceilings (device-to-device copy bandwidth, cuBLAS bf16 GEMM at
 // 8192^3), each CUDA op through the backend interface (time, GB/s or TFLOP/s, % of the
 // ceiling), and Llama-3-8B-shaped dummy bf16 decode at batch 1/8/64/256 with 1024-token
-// contexts and a 2048-token prefill, in the batch-invariant (default) and cuBLAS modes.
+// contexts and a 2048-token prefill, in the batch-invariant (default), cuBLAS and batch-invariant
+// tensor-core (--cuda-tc-gemm) modes.
 // Writes OUT_DIR/gpu-check.md and OUT_DIR/gpu-check.json.
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>
@@ -226,6 +227,45 @@ void bench_prefill_matmul(double gemm_tflops_unused) {
   const double tfi = 2.0 * rows * cols * n / (msi * 1e-3) / 1e12;
   add({"prefill matmul bf16 (batch-invariant GEMV)", "14336x4096 x 2048 tokens", msi, tfi, "TFLOP/s", 100.0 * tfi / ref,
        "cuBLAS same shape"});
+  CudaBackendOptions to;
+  to.tc_gemm = true;
+  auto tcb = make_cuda_backend(to);
+  auto wt = (*tcb)->make_weight(DType::BF16, cols, {{v.data(), rows}});
+  float* xt = (*tcb)->upload(test::random_floats(size_t(cols) * n, rng));
+  float* yt = (*tcb)->alloc(size_t(rows) * n);
+  const double mst = time_ms(**tcb, [&] { (*tcb)->matmul(**wt, xt, n, yt, rows); });
+  const double tft = 2.0 * rows * cols * n / (mst * 1e-3) / 1e12;
+  add({"prefill matmul bf16 (batch-invariant tensor cores)", "14336x4096 x 2048 tokens", mst, tft, "TFLOP/s",
+       100.0 * tft / ref, "cuBLAS same shape"});
+}
+
+// The batch-invariant tensor-core matmul (--cuda-tc-gemm) at decode batch sizes, as the
+// GEMV rows: weight bytes streamed per call against the copy bandwidth.
+void bench_tc_decode(double copy_gbs) {
+  CudaBackendOptions o;
+  o.tc_gemm = true;
+  auto be = make_cuda_backend(o);
+  if (!be) std::exit(1);
+  std::mt19937 rng(3);
+  const int64_t rows = 14336, cols = 4096;
+  auto v = random_bf16(size_t(rows) * cols, 0.02f);
+  const size_t bytes = v.size() * 2;
+  const size_t copies = (size_t{512} << 20) / bytes + 1;
+  std::vector<std::unique_ptr<Weight>> ws;
+  for (size_t i = 0; i < copies; ++i) {
+    auto w = (*be)->make_weight(DType::BF16, cols, {{v.data(), rows}});
+    if (!w) { std::fprintf(stderr, "%s\n", w.error().message.c_str()); std::exit(1); }
+    ws.push_back(std::move(*w));
+  }
+  float* x = (*be)->upload(test::random_floats(size_t(cols) * 64, rng));
+  float* y = (*be)->alloc(size_t(rows) * 64);
+  for (int64_t n : {1, 8, 16, 64}) {
+    size_t k = 0;
+    const double ms = time_ms(**be, [&] { (*be)->matmul(*ws[k++ % copies], x, n, y, rows); });
+    const double gbs = bytes / (ms * 1e-3) / 1e9;
+    add({"matmul bf16 (batch-invariant tensor cores)", "14336x4096, n=" + std::to_string(n), ms, gbs, "GB/s",
+         100.0 * gbs / copy_gbs, "copy"});
+  }
 }
 
 // Attention over a paged cache: B sequences of `ctx` tokens; decode (1 query each) or one
@@ -398,10 +438,15 @@ void bench_end_to_end(const ModelConfig& cfg, double copy_gbs) {
                              2.0 * cfg.hidden * int64_t{cfg.num_heads} * cfg.head_dim + 3 * 2.0 * cfg.hidden * cfg.ffn;
   const double step_bytes = cfg.num_layers * layer_bytes + 2.0 * cfg.vocab * cfg.hidden;  // + output matrix
   json e2e = json::array();
-  for (int mode = 0; mode < 3; ++mode) {
-    // 0: batch-invariant GEMV, 1: cuBLAS above 8 tokens, 2: as 0 without CUDA graphs.
+  for (int mode = 0; mode < 4; ++mode) {
+    // 0: batch-invariant GEMV, 1: cuBLAS above 8 tokens, 2: as 0 without CUDA graphs,
+    // 3: batch-invariant tensor-core matmul (--cuda-tc-gemm).
     const bool invariant = mode != 1;
-    auto be = make_cuda_backend(CudaBackendOptions{0, invariant, mode == 2 ? 0 : 256});
+    CudaBackendOptions o;
+    o.batch_invariant = invariant;
+    o.graph_max_tokens = mode == 2 ? 0 : 256;
+    o.tc_gemm = mode == 3;
+    auto be = make_cuda_backend(o);
     if (!be) std::exit(1);
     const double t0 = now();
     auto model = Model::build(cfg, src, **be, 2048);
@@ -413,7 +458,8 @@ void bench_end_to_end(const ModelConfig& cfg, double copy_gbs) {
     if (!cache) { std::fprintf(stderr, "%s\n", cache.error().message.c_str()); std::exit(1); }
     const std::string mode_name = mode == 0   ? "batch-invariant GEMV, CUDA graphs"
                                   : mode == 1 ? "cuBLAS above 8 tokens, CUDA graphs"
-                                              : "batch-invariant GEMV, no CUDA graphs";
+                                  : mode == 2 ? "batch-invariant GEMV, no CUDA graphs"
+                                              : "batch-invariant tensor cores, CUDA graphs";
     std::vector<float> logits;
     for (int32_t B : {1, 8, 64, 256}) {
       if (mode == 2 && B > 8) break;
@@ -500,6 +546,7 @@ int main(int argc, char** argv) {
   add({"ceiling: cuBLAS bf16 GEMM", "8192^3", gemm_ms, peak, "TFLOP/s", -1, ""});
   bench_gemv(copy, false);
   bench_gemv(copy, true);  // the f32-activation kernel for every type, for comparison
+  bench_tc_decode(copy);
   bench_attention(copy, peak);
   bench_small_ops(copy);
   bench_prefill_matmul(peak);

@@ -58,7 +58,12 @@ constexpr int32_t kTcMinTokens = 64;
 class CudaBackend final : public Backend {
  public:
   CudaBackend(const CudaBackendOptions& opts, cudaStream_t stream, cublasHandle_t blas, std::string name)
-      : device_(opts.device), batch_invariant_(opts.batch_invariant), stream_(stream), blas_(blas), name_(std::move(name)) {
+      : device_(opts.device),
+        batch_invariant_(opts.batch_invariant),
+        tc_gemm_(opts.batch_invariant && opts.tc_gemm),
+        stream_(stream),
+        blas_(blas),
+        name_(std::move(name)) {
     graph_max_tokens_ = std::max(0, opts.graph_max_tokens);
     cudaDeviceGetAttribute(&num_sms_, cudaDevAttrMultiProcessorCount, device_);
   }
@@ -266,6 +271,15 @@ class CudaBackend final : public Backend {
     const size_t rb = w.row_bytes;
     const int64_t rows = w.rows, cols = w.cols;
     const std::initializer_list<uint64_t> key = {P(data), rb, U(rows), U(cols), P(x), U(n), P(y), U(ldy)};
+    if (tc_gemm_ && cuda::has_gemm_tc(type) && !simple_gemv_) {
+      // Tensor cores at every batch size, batch-invariant (matmul_tc.cu); capturable.
+      if (!ensure(&xh_, &xh_cap_, cuda::gemm_tc_scratch_bytes(rb, n))) return;
+      void* xh = xh_;
+      run("gemm_tc", __LINE__, {P(data), rb, U(rows), U(cols), P(x), U(n), P(y), U(ldy), P(xh)}, [=](cudaStream_t st) {
+        return cuda::gemm_tc(type, data, rb, rows, cols, x, cols, n, xh, y, ldy, st);
+      });
+      return;
+    }
     if ((n <= kGemvMaxTokens || batch_invariant_) && cuda::uses_q8_activations(type) && !simple_gemv_) {
       // As the CPU and llama.cpp: int8 activations per 32 values, integer dot products.
       const size_t bytes = size_t(n) * size_t(cols / 32) * sizeof(cuda::Q8Block);
@@ -519,6 +533,7 @@ class CudaBackend final : public Backend {
 
   int device_;
   bool batch_invariant_;
+  bool tc_gemm_;  // batch-invariant f16/bf16 matmuls on tensor cores
   // TROUPE_CUDA_GEMV=simple: the plain f32-activation GEMV for every type (benchmarks).
   bool simple_gemv_ = [] {
     const char* e = std::getenv("TROUPE_CUDA_GEMV");
@@ -580,7 +595,10 @@ Result<std::unique_ptr<Backend>> make_cuda_backend(const CudaBackendOptions& opt
   const std::string name = "cuda:" + std::to_string(opts.device) + "(" + prop.name + ", sm_" +
                            std::to_string(prop.major) + std::to_string(prop.minor) + ", " +
                            std::to_string(prop.totalGlobalMem >> 30) + " GiB, " +
-                           (opts.batch_invariant ? "batch-invariant GEMV" : "cuBLAS above 8 tokens") + ")";
+                           (!opts.batch_invariant ? "cuBLAS above 8 tokens"
+                            : opts.tc_gemm        ? "batch-invariant, tensor-core matmul for f16/bf16"
+                                                  : "batch-invariant GEMV") +
+                           ")";
   return std::unique_ptr<Backend>(std::make_unique<CudaBackend>(opts, stream, blas, name));
 }
 

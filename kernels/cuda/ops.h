@@ -38,6 +38,14 @@ cudaError_t add_rms_norm(float* x, const float* y, const float* w, float eps, in
 // simple: the plain kernel even where a prefetching one exists (same bits; for benchmarks).
 cudaError_t gemv(DType type, const void* w, size_t row_bytes, int64_t rows, int64_t cols, const float* x,
                  int64_t ldx, int64_t n, float* y, int64_t ldy, cudaStream_t stream, bool simple = false);
+// The same product on tensor cores for F16/BF16 weights (matmul_tc.cu): x rounded to the
+// weight's type, f32 accumulation in a fixed order per element, so a token's result never
+// depends on n (batch-invariant; not the bits of gemv()). row_bytes: a multiple of 64 (the
+// backend pads float rows to 32 columns, with zeros). scratch: gemm_tc_scratch_bytes().
+bool has_gemm_tc(DType type);
+size_t gemm_tc_scratch_bytes(size_t row_bytes, int64_t n);
+cudaError_t gemm_tc(DType type, const void* w, size_t row_bytes, int64_t rows, int64_t cols, const float* x,
+                    int64_t ldx, int64_t n, void* scratch, float* y, int64_t ldy, cudaStream_t stream);
 // Activations quantized per 32 values for the 32-block weight types (matmul_q8.cu).
 struct alignas(16) Q8Block {
   int8_t q[32];

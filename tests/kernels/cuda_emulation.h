@@ -19,6 +19,7 @@
 #include <math.h>
 #include <memory>
 #include <thread>
+#include <type_traits>
 #include <vector>
 
 #define __global__
@@ -154,10 +155,11 @@ using std::isnan;
 using std::max;
 using std::min;
 
-// WMMA (16 x 16 x 16 only). Each thread's fragment holds the whole tile, so loads need no
+// WMMA (16 x 16 x 16, f16 or bf16 inputs, f32 accumulators). Each thread's fragment holds the whole tile, so loads need no
 // exchange and every lane computes the same product (in double, rounded to float: the
 // tensor cores' own accumulation order is unspecified); lane 0 alone stores, and kernels
 // __syncwarp() before reading what was stored, as CUDA requires.
+#include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <vector_functions.h>
 namespace nvcuda::wmma {
@@ -170,42 +172,48 @@ enum layout_t { mem_row_major, mem_col_major };
 template <typename Use, int M, int N, int K, typename T, typename Layout = void>
 struct fragment {
   static_assert(M == 16 && N == 16 && K == 16, "the emulation knows 16 x 16 x 16 only");
-  float v[16][16];  // (row, col) of the tile
+  // The whole tile, (row, col) at x[row * 16 + col]: the same element of two fragments of
+  // one type has one index, as CUDA promises (element-wise arithmetic on x is portable).
+  static constexpr int num_elements = 256;
+  float x[256];
+  float& at(int r, int c) { return x[r * 16 + c]; }
+  float at(int r, int c) const { return x[r * 16 + c]; }
 };
 template <typename U, typename T, typename L>
-void fill_fragment(fragment<U, 16, 16, 16, T, L>& f, float x) {
-  for (auto& r : f.v)
-    for (auto& e : r) e = x;
+void fill_fragment(fragment<U, 16, 16, 16, T, L>& f, float v) {
+  for (auto& e : f.x) e = v;
 }
 inline float emu_load(const __half* p) { return __half2float(*p); }
+inline float emu_load(const __nv_bfloat16* p) { return __bfloat162float(*p); }
 inline float emu_load(const float* p) { return *p; }
 template <typename U, typename T, typename L, typename P>
 void load_matrix_sync(fragment<U, 16, 16, 16, T, L>& f, const P* p, unsigned ldm) {
+  static_assert(std::is_same_v<std::remove_cv_t<P>, T>, "the pointer's type is the fragment's");
   for (int r = 0; r < 16; ++r)
     for (int c = 0; c < 16; ++c)
-      f.v[r][c] = emu_load(std::is_same_v<L, col_major> ? p + c * ldm + r : p + r * ldm + c);
+      f.at(r, c) = emu_load(std::is_same_v<L, col_major> ? p + c * ldm + r : p + r * ldm + c);
 }
 template <typename T>
 void load_matrix_sync(fragment<accumulator, 16, 16, 16, T, void>& f, const float* p, unsigned ldm, layout_t l) {
   for (int r = 0; r < 16; ++r)
-    for (int c = 0; c < 16; ++c) f.v[r][c] = l == mem_col_major ? p[c * ldm + r] : p[r * ldm + c];
+    for (int c = 0; c < 16; ++c) f.at(r, c) = l == mem_col_major ? p[c * ldm + r] : p[r * ldm + c];
 }
 template <typename T, typename LA, typename LB>
 void mma_sync(fragment<accumulator, 16, 16, 16, float, void>& d, const fragment<matrix_a, 16, 16, 16, T, LA>& a,
               const fragment<matrix_b, 16, 16, 16, T, LB>& b, const fragment<accumulator, 16, 16, 16, float, void>& c) {
-  float out[16][16];
+  float out[256];
   for (int r = 0; r < 16; ++r)
     for (int col = 0; col < 16; ++col) {
-      double acc = c.v[r][col];
-      for (int k = 0; k < 16; ++k) acc += double(a.v[r][k]) * b.v[k][col];
-      out[r][col] = static_cast<float>(acc);
+      double acc = c.at(r, col);
+      for (int k = 0; k < 16; ++k) acc += double(a.at(r, k)) * b.at(k, col);
+      out[r * 16 + col] = static_cast<float>(acc);
     }
-  std::memcpy(d.v, out, sizeof(out));
+  std::memcpy(d.x, out, sizeof(out));
 }
 template <typename T>
 void store_matrix_sync(float* p, const fragment<accumulator, 16, 16, 16, T, void>& f, unsigned ldm, layout_t l) {
   if ((threadIdx.x & 31) != 0) return;
   for (int r = 0; r < 16; ++r)
-    for (int c = 0; c < 16; ++c) (l == mem_col_major ? p[c * ldm + r] : p[r * ldm + c]) = f.v[r][c];
+    for (int c = 0; c < 16; ++c) (l == mem_col_major ? p[c * ldm + r] : p[r * ldm + c]) = f.at(r, c);
 }
 }  // namespace nvcuda::wmma

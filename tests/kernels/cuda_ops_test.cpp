@@ -19,13 +19,16 @@ using namespace troupe;
 
 namespace {
 
-std::unique_ptr<Backend> gpu_or_skip(bool batch_invariant = true) {
+std::unique_ptr<Backend> gpu_or_skip(bool batch_invariant = true, bool tc_gemm = false) {
   const std::string why = cuda_unavailable_reason();
   if (!why.empty()) {
     WARN("skipped: " << why);
     return nullptr;
   }
-  auto b = make_cuda_backend(CudaBackendOptions{0, batch_invariant});
+  CudaBackendOptions o;
+  o.batch_invariant = batch_invariant;
+  o.tc_gemm = tc_gemm;
+  auto b = make_cuda_backend(o);
   if (!b) FAIL(b.error().message);
   return std::move(*b);
 }
@@ -170,8 +173,10 @@ TEST_CASE("cuda: embedding rows of every weight type dequantize exactly as the r
 }
 
 TEST_CASE("cuda: matmul of every weight type matches the double reference and the CPU", "[cuda][kernels]") {
-  for (bool invariant : {true, false}) {
-    auto gpu = gpu_or_skip(invariant);
+  // The batch-invariant GEMV, cuBLAS above 8 tokens, the tensor-core matmul (--cuda-tc-gemm).
+  for (int mode : {0, 1, 2}) {
+    const bool invariant = mode != 1, tc = mode == 2;
+    auto gpu = gpu_or_skip(invariant, tc);
     if (!gpu) return;
     auto cpu = make_cpu_backend({2});
     std::mt19937 rng(13);
@@ -183,7 +188,7 @@ TEST_CASE("cuda: matmul of every weight type matches the double reference and th
         std::vector<float> wf(static_cast<size_t>(rows * cols));
         const size_t rb = *row_bytes(t, static_cast<uint64_t>(cols));
         for (int64_t r = 0; r < rows; ++r) cpu::dequantize_row_ref(t, data.data() + rb * r, wf.data() + r * cols, cols);
-        for (int64_t n : {1, 2, 3, 5, 8, 9, 33}) {
+        for (int64_t n : {1, 2, 3, 5, 8, 9, 33, 70}) {
           const int64_t ldy = rows + 3;  // strided output rows
           auto x = test::random_floats(static_cast<size_t>(n * cols), rng);
           std::vector<float> ref(static_cast<size_t>(n * ldy), 0.f), mag(ref.size(), 0.f);
@@ -208,15 +213,17 @@ TEST_CASE("cuda: matmul of every weight type matches the double reference and th
           // Three numerics: f32 activations (floats, K-quants): an fp32 dot product; the
           // 32-block types: int8 activations as the CPU and llama.cpp (close to the CPU,
           // about 1% from the exact product); the cuBLAS path: x and W rounded to f16.
-          const bool half_path = !invariant && n > 8;
+          // The tensor-core matmul: x rounded to the weight's f16/bf16.
+          const bool tc_path = tc && (t == DType::F16 || t == DType::BF16);
+          const bool half_path = (!invariant && n > 8) || tc_path;
           const bool q8 = !half_path && (t == DType::Q4_0 || t == DType::Q4_1 || t == DType::Q5_0 ||
                                          t == DType::Q5_1 || t == DType::Q8_0);
-          const double rel = half_path ? 2e-3 : q8 ? 2e-2 : 2e-5;
+          const double rel = tc_path && t == DType::BF16 ? 5e-3 : half_path ? 2e-3 : q8 ? 2e-2 : 2e-5;
           size_t bad = 0;
           for (size_t i = 0; i < got.size(); ++i)
             if (!(std::fabs(double(got[i]) - ref[i]) <= 1e-5 + rel * mag[i])) ++bad;
           INFO(dtype_traits(t).name << " rows " << rows << " cols " << cols << " n " << n
-                                    << (invariant ? " (GEMV)" : " (cuBLAS above 8)"));
+                                    << (tc ? " (tensor-core matmul)" : invariant ? " (GEMV)" : " (cuBLAS above 8)"));
           CHECK(bad == 0);
           auto cpu_y = run(*cpu);
           size_t far = 0;
@@ -231,23 +238,32 @@ TEST_CASE("cuda: matmul of every weight type matches the double reference and th
 }
 
 TEST_CASE("cuda: a token's matmul result does not depend on its batch (bit for bit)", "[cuda][kernels][batch]") {
-  auto gpu = gpu_or_skip(true);
-  if (!gpu) return;
-  std::mt19937 rng(14);
-  const int64_t rows = 200, cols = 576;
-  auto data = test::random_weight(DType::Q4_1, rows, cols, rng);
-  auto w = gpu->make_weight(DType::Q4_1, cols, {{data.data(), rows}});
-  REQUIRE(w.ok());
-  const int64_t n = 41;
-  auto x = test::random_floats(static_cast<size_t>(n * cols), rng);
-  float* px = put(*gpu, x);
-  float* y = gpu->alloc(static_cast<size_t>(n * rows));
-  gpu->matmul(**w, px, n, y, rows);
-  auto all = get(*gpu, y, static_cast<size_t>(n * rows));
-  for (int64_t i : {0L, 7L, 8L, 40L}) {
-    gpu->matmul(**w, px + i * cols, 1, y, rows);
-    auto one = get(*gpu, y, static_cast<size_t>(rows));
-    for (int64_t r = 0; r < rows; ++r) REQUIRE(one[r] == all[i * rows + r]);
+  // Q4_1 through the GEMV; bf16 through the tensor-core matmul, whose 41- and 200-token
+  // batches take the tiled kernel and single tokens the small-batch one.
+  for (const DType t : {DType::Q4_1, DType::BF16}) {
+    auto gpu = gpu_or_skip(true, t == DType::BF16);
+    if (!gpu) return;
+    std::mt19937 rng(14);
+    const int64_t rows = 200, cols = t == DType::BF16 ? 1100 : 576;
+    auto data = test::random_weight(t, rows, cols, rng);
+    auto w = gpu->make_weight(t, cols, {{data.data(), rows}});
+    REQUIRE(w.ok());
+    for (const int64_t n : {41L, 200L}) {
+      auto x = test::random_floats(static_cast<size_t>(n * cols), rng);
+      float* px = put(*gpu, x);
+      float* y = gpu->alloc(static_cast<size_t>(n * rows));
+      gpu->matmul(**w, px, n, y, rows);
+      auto all = get(*gpu, y, static_cast<size_t>(n * rows));
+      for (int64_t i : {0L, 7L, 8L, 40L}) {
+        for (const int64_t m : {1L, 3L}) {  // token i alone, and first of three
+          if (i + m > n) continue;
+          gpu->matmul(**w, px + i * cols, m, y, rows);
+          auto some = get(*gpu, y, static_cast<size_t>(rows));
+          INFO(dtype_traits(t).name << " token " << i << " of " << n << " alone or first of " << m);
+          for (int64_t r = 0; r < rows; ++r) REQUIRE(some[r] == all[i * rows + r]);
+        }
+      }
+    }
   }
 }
 

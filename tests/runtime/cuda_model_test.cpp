@@ -35,9 +35,10 @@ bool gpu_missing() {
   return true;
 }
 
-void compare_backends(const ModelFiles& files, const std::vector<int32_t>& prompt, const std::string& what) {
+void compare_backends(const ModelFiles& files, const std::vector<int32_t>& prompt, const std::string& what,
+                      const CudaBackendOptions& opts = {}) {
   auto cpu = make_cpu_backend({0});
-  auto gpu = make_cuda_backend({});
+  auto gpu = make_cuda_backend(opts);
   REQUIRE(gpu.ok());
   auto mc = Model::build(files.config, *files.weights, *cpu, 64);
   auto mg = Model::build(files.config, *files.weights, **gpu, 64);
@@ -174,6 +175,9 @@ TEST_CASE("cuda: greedy tokens on bf16 weights match the CPU backend", "[cuda][m
   auto files = open_model(test::source_dir() + "/configs/tiny-llama.json", o);
   REQUIRE(files.ok());
   compare_backends(*files, {1, 17, 300, 511, 42, 42, 9, 0, 250, 77}, "tiny-llama bf16 (dummy weights)");
+  CudaBackendOptions tc;
+  tc.tc_gemm = true;
+  compare_backends(*files, {1, 17, 300, 511, 42, 42, 9, 0, 250, 77}, "tiny-llama bf16 (dummy weights), tensor cores", tc);
 }
 
 TEST_CASE("cuda: greedy tokens on a bf16 Hugging Face directory of real weights match the CPU backend", "[cuda][model]") {
@@ -187,28 +191,33 @@ TEST_CASE("cuda: greedy tokens on a bf16 Hugging Face directory of real weights 
   if (!err.empty()) FAIL(err);
   auto h = open_model(dir.path.string(), {});
   if (!h) FAIL(h.error().message);
-  for (const char* text : {"The capital of France is", "Once upon a time, there was a"})
+  CudaBackendOptions tc;
+  tc.tc_gemm = true;
+  for (const char* text : {"The capital of France is", "Once upon a time, there was a"}) {
     compare_backends(*h, g->tokenizer->encode(text, true, false), std::string("bf16 HF directory, '") + text + "'");
+    compare_backends(*h, g->tokenizer->encode(text, true, false),
+                     std::string("bf16 HF directory, tensor-core matmul, '") + text + "'", tc);
+  }
 }
 
-TEST_CASE("cuda: batch invariance on the GPU (engine, concurrent requests, KV pressure)", "[cuda][batch]") {
-  if (gpu_missing()) return;
-  auto g = default_model_on_gpu();
+// Eight concurrent greedy requests through the engine, with plenty of KV blocks and then
+// with preemption: each must produce its solo run's tokens.
+void check_engine_invariance(Model& model, Backend& gpu, int32_t vocab) {
   std::vector<std::vector<int32_t>> prompts;
   for (int i = 0; i < 8; ++i) {
     std::vector<int32_t> p;
-    for (int j = 0; j < 5 + 23 * i; ++j) p.push_back((j * 131 + i * 17 + 7) % 48000 + 100);
+    for (int j = 0; j < 5 + 23 * i; ++j) p.push_back((j * 131 + i * 17 + 7) % std::min(48000, vocab - 200) + 100);
     prompts.push_back(p);
   }
   const int n_new = 12;
   std::map<int64_t, std::vector<int32_t>> solo;
   for (size_t i = 0; i < prompts.size(); ++i)
-    solo[static_cast<int64_t>(i)] = greedy(*g.model, *g.gpu, prompts[i], n_new).tokens;
+    solo[static_cast<int64_t>(i)] = greedy(model, gpu, prompts[i], n_new).tokens;
   for (int32_t blocks : {256, 20}) {  // plenty, then oversubscribed (preemption)
     EngineConfig cfg;
     cfg.scheduler = {64, 8};
     cfg.kv = {blocks, 16, true};
-    auto e = Engine::create(*g.model, *g.gpu, cfg, SchedulingPolicy::fcfs(), nullptr);
+    auto e = Engine::create(model, gpu, cfg, SchedulingPolicy::fcfs(), nullptr);
     REQUIRE(e.ok());
     for (size_t i = 0; i < prompts.size(); ++i) {
       EngineRequest r;
@@ -225,10 +234,33 @@ TEST_CASE("cuda: batch invariance on the GPU (engine, concurrent requests, KV pr
       if (!ev) FAIL(ev.error().message);
       for (const auto& x : *ev) out[x.id].push_back(x.token);
     }
-    INFO("KV blocks " << blocks);
+    INFO("KV blocks " << blocks << " on " << gpu.name());
     CHECK(out == solo);
     if (blocks == 20) CHECK((*e)->scheduler().num_preemptions() > 0);
   }
+}
+
+TEST_CASE("cuda: batch invariance on the GPU (engine, concurrent requests, KV pressure)", "[cuda][batch]") {
+  if (gpu_missing()) return;
+  auto g = default_model_on_gpu();
+  check_engine_invariance(*g.model, *g.gpu, g.files.config.vocab);
+}
+
+TEST_CASE("cuda: batch invariance with the tensor-core matmul (bf16 weights, engine)", "[cuda][batch]") {
+  if (gpu_missing()) return;
+  OpenOptions o;
+  o.load_format = "dummy";
+  o.dummy_dtype = "bf16";
+  o.seed = 9;
+  auto files = open_model(test::source_dir() + "/configs/tiny-llama.json", o);
+  REQUIRE(files.ok());
+  CudaBackendOptions tc;
+  tc.tc_gemm = true;
+  auto gpu = make_cuda_backend(tc);
+  REQUIRE(gpu.ok());
+  auto model = Model::build(files->config, *files->weights, **gpu, 64);
+  if (!model) FAIL(model.error().message);
+  check_engine_invariance(**model, **gpu, files->config.vocab);
 }
 
 TEST_CASE("cuda: decode replayed from CUDA graphs gives the same logits as eager launches", "[cuda][model]") {
