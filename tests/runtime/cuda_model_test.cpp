@@ -166,13 +166,18 @@ TEST_CASE("cuda: the default model (Q4_1) matches llama.cpp's logits and the CPU
   CHECK(stable_16 * 2 > stable);
 }
 
-TEST_CASE("cuda: greedy tokens on bf16 weights match the CPU backend", "[cuda][model]") {
-  if (gpu_missing()) return;
+// configs/tiny-llama.json with random bf16 weights.
+Result<ModelFiles> tiny_bf16_files(uint64_t seed) {
   OpenOptions o;
   o.load_format = "dummy";
   o.dummy_dtype = "bf16";
-  o.seed = 5;
-  auto files = open_model(test::source_dir() + "/configs/tiny-llama.json", o);
+  o.seed = seed;
+  return open_model(test::source_dir() + "/configs/tiny-llama.json", o);
+}
+
+TEST_CASE("cuda: greedy tokens on bf16 weights match the CPU backend", "[cuda][model]") {
+  if (gpu_missing()) return;
+  auto files = tiny_bf16_files(5);
   REQUIRE(files.ok());
   compare_backends(*files, {1, 17, 300, 511, 42, 42, 9, 0, 250, 77}, "tiny-llama bf16 (dummy weights)");
   CudaBackendOptions tc;
@@ -248,11 +253,7 @@ TEST_CASE("cuda: batch invariance on the GPU (engine, concurrent requests, KV pr
 
 TEST_CASE("cuda: batch invariance with the tensor-core matmul (bf16 weights, engine)", "[cuda][batch]") {
   if (gpu_missing()) return;
-  OpenOptions o;
-  o.load_format = "dummy";
-  o.dummy_dtype = "bf16";
-  o.seed = 9;
-  auto files = open_model(test::source_dir() + "/configs/tiny-llama.json", o);
+  auto files = tiny_bf16_files(9);
   REQUIRE(files.ok());
   CudaBackendOptions tc;
   tc.tc_gemm = true;
