@@ -312,6 +312,12 @@ cudaError_t launch(const Args& a, int num_tokens, float* out, float* partials, i
 #ifndef TROUPE_CUDA_EMULATION
 int attention_segments(int32_t max_context) { return (max_context + kSegment - 1) / kSegment; }
 
+int64_t attention_loop_blocks(int32_t num_tokens, int32_t num_heads, int32_t num_kv_heads) {
+  if (num_kv_heads <= 0) return 0;
+  const int group = num_heads / num_kv_heads;
+  return int64_t{num_tokens} * num_kv_heads * ((group + kGroup - 1) / kGroup);
+}
+
 
 cudaError_t attention(const DeviceStep& step, const float* q, int64_t ld_q, int32_t num_heads, int32_t num_kv_heads,
                       int32_t head_dim, int32_t block_size, float scale, const uint16_t* k_cache,

@@ -54,6 +54,7 @@ constexpr int64_t kGemvMaxTokens = 8;
 // Steps of at least this many tokens use the tensor-core prefill attention when the backend
 // is not batch-invariant.
 constexpr int32_t kTcMinTokens = 64;
+constexpr size_t kMaxPartialBytes = size_t{512} << 20;  // split-KV partials, at most
 
 class CudaBackend final : public Backend {
  public:
@@ -348,15 +349,19 @@ class CudaBackend final : public Backend {
                  float* out) override {
     if (failed()) return;
     auto& c = static_cast<CudaKvCache&>(cache);
-    // Split-KV when (token, head) blocks alone would leave most multiprocessors idle and
-    // the context spans several segments; the result is the same bits either way.
+    // Split-KV when the looped path's blocks (a token and up to four query heads of a KV
+    // head each, so 16 decoding sequences of a 32/8-head model are 128 blocks) would give
+    // a multiprocessor fewer than four, and the context spans several segments; the result
+    // is the same bits either way. The partials (about an eighth of the KV bytes read for
+    // four query heads per KV head) are capped at kMaxPartialBytes.
     // Not batch-invariant (--cuda-cublas) and a prefill-sized step: tiles of 16 tokens of one
     // sequence go to the tensor-core kernel, the rest to the per-token kernel.
     const bool tc = !batch_invariant_ && dstep_.num_tokens >= kTcMinTokens;
     float* partials = nullptr;
     const int segs = cuda::attention_segments(dstep_.max_context);
-    if (!tc && segs > 1 && int64_t{dstep_.num_tokens} * num_heads < 2 * int64_t{num_sms_}) {
-      const size_t floats = size_t(dstep_.num_tokens) * num_heads * segs * (c.shape_.head_dim + 2);
+    const size_t floats = size_t(dstep_.num_tokens) * num_heads * segs * (c.shape_.head_dim + 2);
+    if (!tc && segs > 1 && floats * sizeof(float) <= kMaxPartialBytes &&
+        cuda::attention_loop_blocks(dstep_.num_tokens, num_heads, c.shape_.num_kv_heads) < 4 * int64_t{num_sms_}) {
       if (!ensure(&partials_, &partials_cap_, floats * sizeof(float))) return;
       partials = static_cast<float*>(partials_);
     }

@@ -94,6 +94,9 @@ cudaError_t attention_tc(const DeviceStep& step, const float* q, int64_t ld_q, i
                          int32_t head_dim, int32_t block_size, float scale, const uint16_t* k_cache,
                          const uint16_t* v_cache, float* out, cudaStream_t stream);
 int attention_segments(int32_t max_context);
+// Blocks of attention()'s looped path (one per token and group of up to four query heads
+// of a KV head): the split-KV path multiplies them by the segment count.
+int64_t attention_loop_blocks(int32_t num_tokens, int32_t num_heads, int32_t num_kv_heads);
 // Samples each row of logits [n, vocab] with params[row] (device memory) as the host
 // Sampler would (sample.cu): tokens[n] and, where asked, the chosen logprobs[n].
 cudaError_t sample(const float* logits, int64_t n, int64_t vocab, const DeviceSampleParams* params, int32_t* tokens,
