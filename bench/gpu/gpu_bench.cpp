@@ -188,7 +188,7 @@ void bench_gemv(double copy_gbs, bool simple) {
       size_t k = 0;
       const double ms = time_ms(**be, [&] { (*be)->matmul(*ws[k++ % copies], x, n, y, rows); });
       const double gbs = data.size() / (ms * 1e-3) / 1e9;
-      const bool q8 = t == DType::Q4_0 || t == DType::Q4_1 || t == DType::Q8_0;
+      const bool q8 = t != DType::BF16;  // every quantized type: int8 activations
       const std::string kernel = simple ? " (f32 x in shared memory)"
                                  : t == DType::BF16 ? " (coalesced, f32 x)"
                                  : q8 ? " (int8 x, dp4a)" : " (f32 x in shared memory)";

@@ -1,9 +1,13 @@
-// GEMV of the 32-block quantized types (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0) against activations
-// quantized to int8 per 32 values, as GGML's q8_0/q8_1 (and the CPU backend) do: id =
-// 127 / amax, round half to even, d kept as f16, and s = d * sum(q) (as f16 for the types
-// with a min, Q4_1 and Q5_1). Integer dot products with __dp4a; per block the float
-// combine is (d_w * d_x) * isum + m_w * s_x, so logits agree with the CPU and llama.cpp on
-// the same file. A token's arithmetic does not depend on its batch (batch-invariant).
+// GEMV of the quantized types against activations quantized to int8 per 32 values, as
+// GGML's q8_0/q8_1 (and the CPU backend) do: id = 127 / amax, round half to even, d kept as
+// f16 for the 32-block types (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0) and s = d * sum(q) (as f16 for
+// the types with a min, Q4_1 and Q5_1). Integer dot products with __dp4a; per 32 values the
+// float combine is (d_w * d_x) * isum + m_w * s_x, so logits agree with the CPU and
+// llama.cpp on the same file. The K-quants take the same path per 32-value sub-block, with
+// d and s in f32 as the CPU backend keeps them for these types: Q4_K and Q5_K as d_w = d *
+// scale and m_w = -dmin * min, Q6_K with its two 16-value scales inside the integer sum
+// (isum = scale_a * isum_a + scale_b * isum_b, exact) and d_w = d. A token's arithmetic
+// does not depend on its batch (batch-invariant).
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/ops.h"
 
@@ -14,7 +18,7 @@ constexpr int kWarpsPerBlock = 4;
 
 // One warp per (token, 32-block group): lane j quantizes element j of the block.
 __global__ void quantize_q8_kernel(const float* __restrict__ x, int64_t ldx, int64_t cols, int64_t n,
-                                   bool s_as_f16, Q8Block* __restrict__ out) {
+                                   bool d_as_f16, bool s_as_f16, Q8Block* __restrict__ out) {
   const int64_t nb = cols / 32;
   const int64_t warp = (int64_t{blockIdx.x} * blockDim.x + threadIdx.x) >> 5;
   const int lane = threadIdx.x & 31;
@@ -31,18 +35,27 @@ __global__ void quantize_q8_kernel(const float* __restrict__ x, int64_t ldx, int
   Q8Block& blk = out[t * nb + b];
   blk.q[lane] = static_cast<int8_t>(q);
   if (lane == 0) {
-    const float d = __half2float(__float2half_rn(dd));
+    const float d = d_as_f16 ? __half2float(__float2half_rn(dd)) : dd;
     blk.d = d;
     blk.s = s_as_f16 ? __half2float(__float2half_rn(dd * static_cast<float>(sum))) : d * static_cast<float>(sum);
   }
 }
 
-// Weight block j as 8 words of 4 signed/unsigned bytes in element order, plus d and m.
 template <DType T>
-__device__ __forceinline__ void unpack_block(const uint8_t* b, int32_t* v, float* d, float* m);
+__host__ __device__ constexpr int block_bytes() {
+  return T == DType::Q4_0 ? 18 : T == DType::Q4_1 ? 20 : T == DType::Q5_0 ? 22 : T == DType::Q5_1 ? 24 : 34;
+}
+constexpr bool is_k_quant(DType t) { return t == DType::Q4_K || t == DType::Q5_K || t == DType::Q6_K; }
+
+// 32-value block j of a row as 8 words of 4 signed/unsigned bytes in element order, plus d
+// and m; for Q6_K also the two 16-value scales (sc[0] for words 0-3, sc[1] for 4-7).
+template <DType T>
+__device__ __forceinline__ void unpack_block(const uint8_t* row, int64_t j, int32_t* v, float* d, float* m, int* sc);
 
 template <>
-__device__ __forceinline__ void unpack_block<DType::Q4_0>(const uint8_t* b, int32_t* v, float* d, float* m) {
+__device__ __forceinline__ void unpack_block<DType::Q4_0>(const uint8_t* row, int64_t j, int32_t* v, float* d, float* m,
+                                                         int* /*sc*/) {
+  const uint8_t* b = row + j * block_bytes<DType::Q4_0>();
   *d = h2f(ld16(b));
   *m = -8.0f * *d;
 #pragma unroll
@@ -53,7 +66,9 @@ __device__ __forceinline__ void unpack_block<DType::Q4_0>(const uint8_t* b, int3
   }
 }
 template <>
-__device__ __forceinline__ void unpack_block<DType::Q4_1>(const uint8_t* b, int32_t* v, float* d, float* m) {
+__device__ __forceinline__ void unpack_block<DType::Q4_1>(const uint8_t* row, int64_t j, int32_t* v, float* d, float* m,
+                                                         int* /*sc*/) {
+  const uint8_t* b = row + j * block_bytes<DType::Q4_1>();
   const uint32_t* p = reinterpret_cast<const uint32_t*>(b);
   const uint32_t dm = p[0];
   *d = h2f(static_cast<uint16_t>(dm & 0xFFFF));
@@ -80,19 +95,25 @@ __device__ __forceinline__ void q5_words(const uint8_t* qs, uint32_t qh, int32_t
   }
 }
 template <>
-__device__ __forceinline__ void unpack_block<DType::Q5_0>(const uint8_t* b, int32_t* v, float* d, float* m) {
+__device__ __forceinline__ void unpack_block<DType::Q5_0>(const uint8_t* row, int64_t j, int32_t* v, float* d, float* m,
+                                                         int* /*sc*/) {
+  const uint8_t* b = row + j * block_bytes<DType::Q5_0>();
   *d = h2f(ld16(b));
   *m = -16.0f * *d;
   q5_words(b + 6, static_cast<uint32_t>(ld16(b + 2)) | (static_cast<uint32_t>(ld16(b + 4)) << 16), v);
 }
 template <>
-__device__ __forceinline__ void unpack_block<DType::Q5_1>(const uint8_t* b, int32_t* v, float* d, float* m) {
+__device__ __forceinline__ void unpack_block<DType::Q5_1>(const uint8_t* row, int64_t j, int32_t* v, float* d, float* m,
+                                                         int* /*sc*/) {
+  const uint8_t* b = row + j * block_bytes<DType::Q5_1>();
   *d = h2f(ld16(b));
   *m = h2f(ld16(b + 2));
   q5_words(b + 8, *reinterpret_cast<const uint32_t*>(b + 4), v);
 }
 template <>
-__device__ __forceinline__ void unpack_block<DType::Q8_0>(const uint8_t* b, int32_t* v, float* d, float* m) {
+__device__ __forceinline__ void unpack_block<DType::Q8_0>(const uint8_t* row, int64_t j, int32_t* v, float* d, float* m,
+                                                         int* /*sc*/) {
+  const uint8_t* b = row + j * block_bytes<DType::Q8_0>();
   *d = h2f(ld16(b));
   *m = 0.0f;
 #pragma unroll
@@ -100,9 +121,63 @@ __device__ __forceinline__ void unpack_block<DType::Q8_0>(const uint8_t* b, int3
     v[i] = static_cast<int32_t>(static_cast<uint32_t>(ld16(b + 2 + 4 * i)) | (static_cast<uint32_t>(ld16(b + 4 + 4 * i)) << 16));
 }
 
-template <DType T>
-__host__ __device__ constexpr int block_bytes() {
-  return T == DType::Q4_0 ? 18 : T == DType::Q4_1 ? 20 : T == DType::Q5_0 ? 22 : T == DType::Q5_1 ? 24 : 34;
+// Sub-block j & 7 of super-block j >> 3. Q4_K/Q5_K super-blocks (144, 176 bytes) keep the
+// row's 16-byte alignment; Q6_K's (210 bytes) only 2-byte alignment (16-bit loads).
+template <>
+__device__ __forceinline__ void unpack_block<DType::Q4_K>(const uint8_t* row, int64_t j, int32_t* v, float* d, float* m,
+                                                         int* /*sc*/) {
+  const uint8_t* b = row + (j >> 3) * 144;
+  const int sub = static_cast<int>(j & 7);
+  const uint32_t dm = *reinterpret_cast<const uint32_t*>(b);
+  float sc, mn;
+  k_scale_min_dev(sub, b + 4, &sc, &mn);
+  *d = __fmul_rn(h2f(static_cast<uint16_t>(dm & 0xFFFF)), sc);
+  *m = -__fmul_rn(h2f(static_cast<uint16_t>(dm >> 16)), mn);
+  uint32_t qw[8];
+  ld32x8(b + 16 + 32 * (sub >> 1), qw);
+  const int shift = (sub & 1) * 4;
+#pragma unroll
+  for (int i = 0; i < 8; ++i) v[i] = static_cast<int32_t>((qw[i] >> shift) & 0x0F0F0F0Fu);
+}
+template <>
+__device__ __forceinline__ void unpack_block<DType::Q5_K>(const uint8_t* row, int64_t j, int32_t* v, float* d, float* m,
+                                                         int* /*sc*/) {
+  const uint8_t* b = row + (j >> 3) * 176;
+  const int sub = static_cast<int>(j & 7);
+  const uint32_t dm = *reinterpret_cast<const uint32_t*>(b);
+  float sc, mn;
+  k_scale_min_dev(sub, b + 4, &sc, &mn);
+  *d = __fmul_rn(h2f(static_cast<uint16_t>(dm & 0xFFFF)), sc);
+  *m = -__fmul_rn(h2f(static_cast<uint16_t>(dm >> 16)), mn);
+  uint32_t hw[8], qw[8];
+  ld32x8(b + 16, hw);
+  ld32x8(b + 48 + 32 * (sub >> 1), qw);
+  const int shift = (sub & 1) * 4;
+#pragma unroll
+  for (int i = 0; i < 8; ++i)
+    v[i] = static_cast<int32_t>(((qw[i] >> shift) & 0x0F0F0F0Fu) | (((hw[i] >> sub) & 0x01010101u) << 4));
+}
+template <>
+__device__ __forceinline__ void unpack_block<DType::Q6_K>(const uint8_t* row, int64_t j, int32_t* v, float* d, float* m,
+                                                         int* sc) {
+  const uint8_t* b = row + (j >> 3) * 210;
+  const int rem = static_cast<int>(j & 7), half = rem >> 2, k = rem & 3;
+  const uint8_t* ql = b + 64 * half + ((k & 1) ? 32 : 0);
+  const uint8_t* qh = b + 128 + 32 * half;
+  const uint16_t s01 = ld16(b + 192 + 8 * half + 2 * k);
+  sc[0] = static_cast<int8_t>(s01 & 0xFF);
+  sc[1] = static_cast<int8_t>(s01 >> 8);
+  *d = h2f(ld16(b + 208));
+  *m = 0.0f;
+  const int lshift = (k >> 1) * 4, hshift = 2 * k;
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+    const uint32_t lo = static_cast<uint32_t>(ld16(ql + 4 * i)) | (static_cast<uint32_t>(ld16(ql + 4 * i + 2)) << 16);
+    const uint32_t hi = static_cast<uint32_t>(ld16(qh + 4 * i)) | (static_cast<uint32_t>(ld16(qh + 4 * i + 2)) << 16);
+    // q = 0..63 per byte; q - 32 as a signed byte is the 6-bit value q ^ 32 sign-extended.
+    const uint32_t x = (((lo >> lshift) & 0x0F0F0F0Fu) | (((hi >> hshift) & 0x03030303u) << 4)) ^ 0x20202020u;
+    v[i] = static_cast<int32_t>((x & 0x1F1F1F1Fu) | ((x & 0x20202020u) * 7u));
+  }
 }
 
 // R rows per warp, so each activation block a lane loads (48 bytes per token) serves R
@@ -134,8 +209,9 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
   for (int64_t b = lane; b < nb; b += 32) {
     int32_t v[R][8];
     float d[R], m[R];
+    int sc[R][2];
 #pragma unroll
-    for (int i = 0; i < R; ++i) unpack_block<T>(wr[i] + b * block_bytes<T>(), v[i], &d[i], &m[i]);
+    for (int i = 0; i < R; ++i) unpack_block<T>(wr[i], b, v[i], &d[i], &m[i], sc[i]);
 #pragma unroll
     for (int t = 0; t < NT; ++t) {
       if (t >= nt) break;
@@ -149,10 +225,19 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
         isum = __dp4a(v[i][1], q0.y, isum);
         isum = __dp4a(v[i][2], q0.z, isum);
         isum = __dp4a(v[i][3], q0.w, isum);
-        isum = __dp4a(v[i][4], q1.x, isum);
-        isum = __dp4a(v[i][5], q1.y, isum);
-        isum = __dp4a(v[i][6], q1.z, isum);
-        isum = __dp4a(v[i][7], q1.w, isum);
+        if constexpr (T == DType::Q6_K) {  // the first 16 values' scale, then the second's
+          int hsum = 0;
+          hsum = __dp4a(v[i][4], q1.x, hsum);
+          hsum = __dp4a(v[i][5], q1.y, hsum);
+          hsum = __dp4a(v[i][6], q1.z, hsum);
+          hsum = __dp4a(v[i][7], q1.w, hsum);
+          isum = isum * sc[i][0] + hsum * sc[i][1];
+        } else {
+          isum = __dp4a(v[i][4], q1.x, isum);
+          isum = __dp4a(v[i][5], q1.y, isum);
+          isum = __dp4a(v[i][6], q1.z, isum);
+          isum = __dp4a(v[i][7], q1.w, isum);
+        }
         // (d * xd) * isum + m * xs, the product fused into the add, then added to acc
         acc[i][t] = __fadd_rn(acc[i][t], __fmaf_rn(__fmul_rn(d[i], xd), static_cast<float>(isum), __fmul_rn(m[i], xs)));
       }
@@ -204,7 +289,7 @@ void launch(const uint8_t* w, size_t row_bytes, int64_t rows, int64_t nb, const 
 #ifndef TROUPE_CUDA_EMULATION
 bool uses_q8_activations(DType type) {
   return type == DType::Q4_0 || type == DType::Q4_1 || type == DType::Q5_0 || type == DType::Q5_1 ||
-         type == DType::Q8_0;
+         type == DType::Q8_0 || is_k_quant(type);
 }
 
 cudaError_t quantize_q8(DType weight_type, const float* x, int64_t ldx, int64_t cols, int64_t n, Q8Block* out,
@@ -213,7 +298,8 @@ cudaError_t quantize_q8(DType weight_type, const float* x, int64_t ldx, int64_t 
   if (cols % 32 != 0) return cudaErrorInvalidValue;
   const int64_t warps = n * (cols / 32);
   const bool s_as_f16 = weight_type == DType::Q4_1 || weight_type == DType::Q5_1;
-  quantize_q8_kernel<<<static_cast<unsigned>((warps + 7) / 8), 256, 0, stream>>>(x, ldx, cols, n, s_as_f16, out);
+  quantize_q8_kernel<<<static_cast<unsigned>((warps + 7) / 8), 256, 0, stream>>>(x, ldx, cols, n,
+                                                                                 !is_k_quant(weight_type), s_as_f16, out);
   return cudaGetLastError();
 }
 
@@ -228,6 +314,9 @@ cudaError_t gemv_q8(DType type, const void* w, size_t row_bytes, int64_t rows, i
     case DType::Q5_0: launch<DType::Q5_0>(wb, row_bytes, rows, nb, xq, n, y, ldy, stream); break;
     case DType::Q5_1: launch<DType::Q5_1>(wb, row_bytes, rows, nb, xq, n, y, ldy, stream); break;
     case DType::Q8_0: launch<DType::Q8_0>(wb, row_bytes, rows, nb, xq, n, y, ldy, stream); break;
+    case DType::Q4_K: launch<DType::Q4_K>(wb, row_bytes, rows, nb, xq, n, y, ldy, stream); break;
+    case DType::Q5_K: launch<DType::Q5_K>(wb, row_bytes, rows, nb, xq, n, y, ldy, stream); break;
+    case DType::Q6_K: launch<DType::Q6_K>(wb, row_bytes, rows, nb, xq, n, y, ldy, stream); break;
     default: return cudaErrorInvalidValue;
   }
   return cudaGetLastError();

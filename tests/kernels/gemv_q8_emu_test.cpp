@@ -2,7 +2,7 @@
 // through tests/kernels/cuda_emulation.h: four rows per warp give one row per warp's bits,
 // every token in a group of 2..8 gets what the one-token launch computes for it alone
 // (batch invariance), and the values are the blocks' dot products (a double reference of the
-// same formula) for every 32-block type.
+// same formula) for every 32-block type and the K-quants.
 #define TROUPE_CUDA_EMULATION 1
 #include "tests/kernels/cuda_emulation.h"
 // (the emulation header first: it defines the CUDA keywords the kernel source uses)
@@ -13,6 +13,7 @@
 #include <random>
 
 #include "kernels/cpu/quant_ref.h"
+#include "tests/kernels/kernel_test_util.h"
 
 using namespace troupe;
 
@@ -34,19 +35,16 @@ void check(std::mt19937& g, int64_t rows, int64_t nb, int64_t n) {
   const int64_t cols = nb * 32;
   const size_t rb = *row_bytes(T, static_cast<uint64_t>(cols));
   std::normal_distribution<float> nd(0.0f, 1.0f);
-  std::vector<uint8_t> w(rb * static_cast<size_t>(rows));
-  std::vector<float> row(static_cast<size_t>(cols));
-  for (int64_t r = 0; r < rows; ++r) {
-    for (auto& v : row) v = nd(g);
-    REQUIRE(cpu::quantize_row_ref(T, row.data(), w.data() + r * rb, cols));
-  }
+  // (random blocks for the K-quants, which have no quantizer here)
+  const std::vector<uint8_t> w = test::random_weight(T, rows, cols, g);
   // Activations quantized by the kernel that does it on the device.
   std::vector<float> x(static_cast<size_t>(n * cols));
   for (auto& v : x) v = nd(g);
   std::vector<cuda::Q8Block> xq(static_cast<size_t>(n * nb));
   const bool s_as_f16 = T == DType::Q4_1 || T == DType::Q5_1;
+  const bool d_as_f16 = !cuda::is_k_quant(T);
   cuda_emu::launch(static_cast<unsigned>((n * nb + 7) / 8), 256, cuda::quantize_q8_kernel, x.data(), cols, cols, n,
-                   s_as_f16, xq.data());
+                   d_as_f16, s_as_f16, xq.data());
   for (int64_t i = 0; i < n * nb; ++i) {  // q = round(x / d) within a step of x's scale
     const cuda::Q8Block& b = xq[static_cast<size_t>(i)];
     for (int j = 0; j < 32; ++j) REQUIRE(std::fabs(b.q[j] * b.d - x[i * 32 + j]) <= 0.6 * b.d + 1e-6);  // (d is f16-rounded)
@@ -91,6 +89,13 @@ TEST_CASE("the int8-activation GEMV kernel's source: rows per warp and batch nev
       check<DType::Q5_0, 2>(g, rows, nb, 2);
       check<DType::Q5_1, 8>(g, rows, nb, 7);
       check<DType::Q8_0, 4>(g, rows, nb, 4);
+    }
+    for (int64_t nb : {8, 24}) {  // K-quants: 256-value super-blocks of eight 32-value sub-blocks
+      INFO("rows " << rows << " blocks " << nb);
+      check<DType::Q4_K, 4>(g, rows, nb, 3);
+      check<DType::Q5_K, 8>(g, rows, nb, 9);
+      check<DType::Q6_K, 2>(g, rows, nb, 2);
+      check<DType::Q6_K, 8>(g, rows, nb, 8);
     }
   }
 }
