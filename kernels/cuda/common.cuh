@@ -4,6 +4,7 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cstdint>
+#include <type_traits>
 
 #include "kernels/dtype.h"
 
@@ -203,6 +204,45 @@ __device__ __forceinline__ void dequant32<DType::Q6_K>(const uint8_t* row, int64
     const int q1 = static_cast<int>((((lo >> 8) >> lshift) & 0xF) | ((((hi >> 8) >> hshift) & 3) << 4)) - 32;
     out[l] = (l < 16 ? s0 : s1) * q0;
     out[l + 1] = (l < 16 ? s0 : s1) * q1;
+  }
+}
+
+// f32 rows -> f16/bf16 rows, for the cuBLAS and tensor-core matmuls: x [n, ldx] (the first
+// cols values of each row) -> out [n_pad, ld_out], zero past cols and past row n. With kVec
+// (ldx, cols and ld_out multiples of 4, x 16-byte and out 8-byte aligned: to_half_rows()
+// checks) a thread converts four adjacent values, one 16-byte load and one 8-byte store;
+// each value is rounded alone (to nearest even), so the bits are the same either way.
+template <typename H>
+__device__ __forceinline__ H round_to(float v) {
+  if constexpr (std::is_same_v<H, __half>)
+    return __float2half_rn(v);
+  else
+    return __float2bfloat16_rn(v);
+}
+template <typename H>
+struct alignas(8) Half4 {
+  H v[4];
+};
+template <typename H, bool kVec>
+__global__ void to_half_rows_kernel(const float* __restrict__ x, int64_t ldx, int64_t n, int64_t cols, int64_t ld_out,
+                                    int64_t n_pad, H* __restrict__ out) {
+  constexpr int kE = kVec ? 4 : 1;
+  const int64_t per_row = ld_out / kE;
+  const int64_t total = n_pad * per_row;
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < total; i += int64_t{gridDim.x} * blockDim.x) {
+    const int64_t t = i / per_row, k = (i % per_row) * kE;
+    const bool in = t < n && k < cols;  // (kVec: cols % 4 == 0, so k + 3 < cols too)
+    if constexpr (kVec) {
+      const float4 f = in ? *reinterpret_cast<const float4*>(x + t * ldx + k) : make_float4(0.f, 0.f, 0.f, 0.f);
+      Half4<H> h;
+      h.v[0] = round_to<H>(f.x);
+      h.v[1] = round_to<H>(f.y);
+      h.v[2] = round_to<H>(f.z);
+      h.v[3] = round_to<H>(f.w);
+      *reinterpret_cast<Half4<H>*>(out + t * ld_out + k) = h;
+    } else {
+      out[i] = round_to<H>(in ? x[t * ldx + k] : 0.0f);
+    }
   }
 }
 

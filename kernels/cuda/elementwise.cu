@@ -1,4 +1,6 @@
-// Small element-wise ops: SiLU-gated multiply, residual add, bias add, row gather, f32->f16/bf16.
+// Small element-wise ops: SiLU-gated multiply, residual add, bias add, row gather, f32->f16/bf16
+// (to_half_rows_kernel, in common.cuh).
+#include <algorithm>
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/ops.h"
 
@@ -6,7 +8,7 @@ namespace troupe::cuda {
 namespace {
 
 constexpr int kThreads = 256;
-unsigned blocks_for(int64_t count) {
+[[maybe_unused]] unsigned blocks_for(int64_t count) {  // (unused where the emulation tests include this)
   const int64_t b = (count + kThreads - 1) / kThreads;
   return static_cast<unsigned>(b < 65535 * 16 ? b : 65535 * 16);
 }
@@ -29,14 +31,6 @@ __global__ void add_bias_kernel(float* y, int64_t ld, const float* bias, int64_t
 __global__ void gather_kernel(const float* x, int64_t dim, const int32_t* rows, float* out) {
   const float* src = x + static_cast<int64_t>(rows[blockIdx.x]) * dim;
   for (int64_t j = threadIdx.x; j < dim; j += blockDim.x) out[blockIdx.x * dim + j] = src[j];
-}
-__global__ void to_half_kernel(const float* x, int64_t count, __half* out) {
-  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < count; i += int64_t{gridDim.x} * blockDim.x)
-    out[i] = __float2half_rn(x[i]);
-}
-__global__ void to_bf16_kernel(const float* x, int64_t count, __nv_bfloat16* out) {
-  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < count; i += int64_t{gridDim.x} * blockDim.x)
-    out[i] = __float2bfloat16_rn(x[i]);
 }
 
 }  // namespace
@@ -62,13 +56,30 @@ cudaError_t gather_rows(const float* x, int64_t dim, const int32_t* rows, int64_
   gather_kernel<<<static_cast<unsigned>(n), kThreads, 0, stream>>>(x, dim, rows, out);
   return cudaGetLastError();
 }
-cudaError_t to_half(const float* x, int64_t count, void* out, bool to_bf16, cudaStream_t stream) {
-  if (count <= 0) return cudaSuccess;
-  if (to_bf16)
-    to_bf16_kernel<<<blocks_for(count), kThreads, 0, stream>>>(x, count, static_cast<__nv_bfloat16*>(out));
+template <typename H>
+void launch_to_half_rows(const float* x, int64_t ldx, int64_t n, int64_t cols, int64_t ld_out, int64_t n_pad, H* out,
+                         cudaStream_t stream) {
+  const bool vec = ldx % 4 == 0 && cols % 4 == 0 && ld_out % 4 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0 &&
+                   reinterpret_cast<uintptr_t>(out) % 8 == 0;
+  const int64_t items = n_pad * (vec ? ld_out / 4 : ld_out);
+  const unsigned blocks = static_cast<unsigned>(std::min<int64_t>((items + kThreads - 1) / kThreads, 8192));
+  if (vec)
+    to_half_rows_kernel<H, true><<<blocks, kThreads, 0, stream>>>(x, ldx, n, cols, ld_out, n_pad, out);
   else
-    to_half_kernel<<<blocks_for(count), kThreads, 0, stream>>>(x, count, static_cast<__half*>(out));
+    to_half_rows_kernel<H, false><<<blocks, kThreads, 0, stream>>>(x, ldx, n, cols, ld_out, n_pad, out);
+}
+cudaError_t to_half_rows(const float* x, int64_t ldx, int64_t n, int64_t cols, int64_t ld_out, int64_t n_pad,
+                         void* out, bool to_bf16, cudaStream_t stream) {
+  if (n_pad <= 0 || ld_out <= 0) return cudaSuccess;
+  if (n < 0 || n > n_pad || cols < 0 || cols > ld_out || (n > 0 && cols > ldx)) return cudaErrorInvalidValue;
+  if (to_bf16)
+    launch_to_half_rows(x, ldx, n, cols, ld_out, n_pad, static_cast<__nv_bfloat16*>(out), stream);
+  else
+    launch_to_half_rows(x, ldx, n, cols, ld_out, n_pad, static_cast<__half*>(out), stream);
   return cudaGetLastError();
+}
+cudaError_t to_half(const float* x, int64_t count, void* out, bool to_bf16, cudaStream_t stream) {
+  return to_half_rows(x, count, 1, count, count, 1, out, to_bf16, stream);
 }
 
 #endif

@@ -33,21 +33,9 @@ constexpr int kSlice = 512;     // columns per accumulation chain
 constexpr int kTokenPad = 16;   // the converted activations have rows up to a multiple of this
 constexpr int64_t kSmallMaxTokens = 32;  // up to this many tokens: the small-batch kernel
 
-// x [n, ldx] f32 -> xh [n_pad, kp] in the weight's half type, zero past cols and past n.
-// (For f16 weights an activation beyond f16's range, 65504, becomes +-inf, as on the cuBLAS path.)
-template <typename H>
-__global__ void to_half_padded_kernel(const float* __restrict__ x, int64_t ldx, int64_t n, int64_t cols, int64_t kp,
-                                      int64_t n_pad, H* __restrict__ out) {
-  const int64_t total = n_pad * kp;
-  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < total; i += int64_t{gridDim.x} * blockDim.x) {
-    const int64_t t = i / kp, k = i % kp;
-    const float v = t < n && k < cols ? x[t * ldx + k] : 0.0f;
-    if constexpr (std::is_same_v<H, __half>)
-      out[i] = __float2half_rn(v);
-    else
-      out[i] = __float2bfloat16_rn(v);
-  }
-}
+// x [n, ldx] f32 -> xh [n_pad, kp] in the weight's half type, zero past cols and past n:
+// to_half_rows_kernel (common.cuh). (For f16 weights an activation beyond f16's range,
+// 65504, becomes +-inf, as on the cuBLAS path.)
 
 // ---- small batches --------------------------------------------------------------------
 constexpr int kSmallWarps = 8;
@@ -234,9 +222,8 @@ template <typename H>
 cudaError_t launch_tc(const H* w, int64_t ldw, int64_t rows, int64_t cols, const float* x, int64_t ldx, int64_t n,
                       H* xh, float* y, int64_t ldy, cudaStream_t stream) {
   const int64_t kp = ldw, n_pad = (n + kTokenPad - 1) / kTokenPad * kTokenPad;
-  const int64_t elems = n_pad * kp;
-  const unsigned cblocks = static_cast<unsigned>(std::min<int64_t>((elems + 255) / 256, 4096));
-  to_half_padded_kernel<H><<<cblocks, 256, 0, stream>>>(x, ldx, n, cols, kp, n_pad, xh);
+  const cudaError_t e = to_half_rows(x, ldx, n, cols, kp, n_pad, xh, std::is_same_v<H, __nv_bfloat16>, stream);
+  if (e != cudaSuccess) return e;
   if (n <= kSmallMaxTokens) {
     const dim3 grid(static_cast<unsigned>((rows + kF - 1) / kF), static_cast<unsigned>(n_pad / kF));
     gemm_tc_small_kernel<H><<<grid, kSmallWarps * 32, 0, stream>>>(w, ldw, rows, kp, xh, n, y, ldy);

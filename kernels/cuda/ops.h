@@ -64,6 +64,9 @@ cudaError_t dequant_to_f16(DType type, const void* w, size_t row_bytes, int64_t 
                            cudaStream_t stream);
 // x [n, cols] f32 -> [n, cols] f16 (to_bf16 = false) or bf16.
 cudaError_t to_half(const float* x, int64_t count, void* out, bool to_bf16, cudaStream_t stream);
+// x [n, ldx] (first cols values a row) -> f16/bf16 out [n_pad, ld_out], zero past cols and n.
+cudaError_t to_half_rows(const float* x, int64_t ldx, int64_t n, int64_t cols, int64_t ld_out, int64_t n_pad,
+                         void* out, bool to_bf16, cudaStream_t stream);
 cudaError_t add_bias(float* y, int64_t ld, const float* bias, int64_t n, int64_t dim, cudaStream_t stream);
 // In-place rotation; cos_sin: [n, head_dim] (cos, sin) pairs; neox: pairs (i, i + hd/2).
 cudaError_t rope(float* x, int64_t ld, int64_t n, int64_t num_heads, int64_t head_dim, const float* cos_sin,

@@ -45,17 +45,38 @@ TEST_CASE("the CUDA element-wise kernels' source matches the CPU backend", "[ker
   cpu->gather_rows(xg.data(), ld, rows.data(), static_cast<int64_t>(rows.size()), gat_cpu.data());
   CHECK(std::memcmp(gat.data(), gat_cpu.data(), gat.size() * 4) == 0);
 
-  std::vector<__half> h(x.size());
-  std::vector<__nv_bfloat16> b(x.size());
-  cuda_emu::launch(2, 64, cuda::to_half_kernel, static_cast<const float*>(x.data()), static_cast<int64_t>(x.size()),
-                   h.data());
-  cuda_emu::launch(2, 64, cuda::to_bf16_kernel, static_cast<const float*>(x.data()), static_cast<int64_t>(x.size()),
-                   b.data());
-  for (size_t i = 0; i < x.size(); ++i) {
-    uint16_t hb, bb;
-    std::memcpy(&hb, &h[i], 2);
-    std::memcpy(&bb, &b[i], 2);
-    CHECK(hb == f32_to_f16(x[i]));   // round to nearest even, as the host converters
-    CHECK(bb == f32_to_bf16(x[i]));
+  // f32 -> f16/bf16 rows, zero-padded past cols and n: exactly the host converters, the
+  // four-wide kernel the same bits as the scalar one.
+  for (const bool vec : {false, true}) {
+    const int64_t rn = 5, cols = vec ? 44 : 37, ldx = vec ? 48 : 45, ld_out = vec ? 52 : 41, n_pad = 8;
+    std::vector<__half> h(static_cast<size_t>(n_pad * ld_out));
+    std::vector<__nv_bfloat16> b(h.size());
+    std::fill(h.begin(), h.end(), __float2half_rn(-9.0f));
+    std::fill(b.begin(), b.end(), __float2bfloat16_rn(-9.0f));
+    auto xa = test::random_floats(static_cast<size_t>(rn * ldx), g, 3.0f);  // (16-byte aligned storage)
+    xa[1] = 70000.0f;   // beyond f16: +inf there
+    xa[2] = -1e-6f;     // an f16 subnormal
+    xa[3] = 1.00048828125f;  // halfway between two f16 values: to even
+    if (vec) {
+      cuda_emu::launch(2, 64, cuda::to_half_rows_kernel<__half, true>, static_cast<const float*>(xa.data()), ldx, rn,
+                       cols, ld_out, n_pad, h.data());
+      cuda_emu::launch(2, 64, cuda::to_half_rows_kernel<__nv_bfloat16, true>, static_cast<const float*>(xa.data()), ldx,
+                       rn, cols, ld_out, n_pad, b.data());
+    } else {
+      cuda_emu::launch(2, 64, cuda::to_half_rows_kernel<__half, false>, static_cast<const float*>(xa.data()), ldx, rn,
+                       cols, ld_out, n_pad, h.data());
+      cuda_emu::launch(2, 64, cuda::to_half_rows_kernel<__nv_bfloat16, false>, static_cast<const float*>(xa.data()),
+                       ldx, rn, cols, ld_out, n_pad, b.data());
+    }
+    for (int64_t t = 0; t < n_pad; ++t)
+      for (int64_t k = 0; k < ld_out; ++k) {
+        const float v = t < rn && k < cols ? xa[t * ldx + k] : 0.0f;
+        uint16_t hb, bb;
+        std::memcpy(&hb, &h[t * ld_out + k], 2);
+        std::memcpy(&bb, &b[t * ld_out + k], 2);
+        INFO("vec " << vec << " t " << t << " k " << k);
+        CHECK(hb == f32_to_f16(v));  // round to nearest even, as the host converters
+        CHECK(bb == f32_to_bf16(v));
+      }
   }
 }
