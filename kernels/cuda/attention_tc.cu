@@ -1,12 +1,17 @@
 // Prefill attention on tensor cores (WMMA, f16 inputs, f32 accumulation), for the
 // non-batch-invariant mode (--cuda-cublas): flash-attention style over the paged cache.
-// A block is one warp and one query head; it takes a tile of 16 consecutive step tokens
-// that belong to one sequence ("uniform" tiles: the others, at sequence boundaries, stay
-// with attention.cu's per-token kernel, which skips the uniform ones). Per 16-key tile:
-// S = Q K^T (tensor cores), then per row the online softmax (running max and sum, the
-// output rescaled), P rounded to f16, and O += P V (tensor cores). Q, K, V, S, P and O live
-// in shared memory between the steps, so no fragment's element layout is ever assumed.
-// tests/kernels/attention_tc_emu_test.cpp runs this source on the CPU.
+// A block is four warps and a tile of 16 consecutive step tokens that belong to one
+// sequence ("uniform" tiles: the others, at sequence boundaries, stay with attention.cu's
+// per-token kernel, which skips the uniform ones); warp w takes query head w of a group of
+// up to four heads sharing one KV head (GQA: each K/V tile is loaded once for the group;
+// where a group has fewer heads the spare warps repeat the last one and write nothing).
+// Per tile of tc_keys() keys, loaded by the whole block: S = Q K^T (tensor cores, Q's
+// fragments kept in registers), then per row the online softmax (running max and sum, the
+// output rescaled), P rounded to f16, and O += P V (tensor cores). K, V, S, P and O live in
+// shared memory between the steps, so no fragment's element layout is ever assumed; rows
+// are padded (8 halves, 4 floats) against bank conflicts. The shared memory is dynamic
+// (over 48 KB: attention_tc_shared_bytes()).
+// tests/kernels/attention_emu_test.cpp runs this source on the CPU.
 #include <cmath>
 
 #ifndef TROUPE_CUDA_EMULATION
@@ -21,49 +26,75 @@ namespace troupe::cuda {
 namespace {
 
 using namespace nvcuda;
-constexpr int kT = 16;  // queries per tile, keys per step, WMMA's 16 x 16 x 16
+constexpr int kT = 16;       // queries per tile; WMMA's 16 x 16 x 16
+constexpr int kTcWarps = 4;  // query heads per block
+template <int HD>
+constexpr int tc_keys() {  // keys per step: fewer for wide heads, so the block fits an SM
+  return HD <= 128 ? 64 : 32;
+}
 
 template <int HD>
-struct alignas(32) TcShared {  // (WMMA loads and stores need 32-byte alignment)
-  __half q[kT][HD];
-  __half k[kT][HD];
-  __half v[kT][HD];
-  float s[kT][kT];
-  __half p[kT][kT];
-  float o[kT][HD];
-  float m[kT], l[kT], corr[kT];
+struct alignas(32) TcShared {  // (WMMA loads and stores need 32-byte aligned tiles)
+  static constexpr int KT = tc_keys<HD>();
+  static constexpr int kLdH = HD + 8, kLdO = HD + 4, kLdS = KT + 4, kLdP = KT + 8;
+  __half k[KT][kLdH];
+  __half v[KT][kLdH];
+  float s[kTcWarps][kT][kLdS];
+  __half p[kTcWarps][kT][kLdP];
+  float o[kTcWarps][kT][kLdO];  // (each warp's queries are staged here first, as halves)
+  float m[kTcWarps][kT], l[kTcWarps][kT], corr[kTcWarps][kT];
   int pos[kT];
 };
 
 template <int HD>
-__global__ void __launch_bounds__(32) attention_tc_kernel(DeviceStep st, const float* __restrict__ q, int64_t ld_q,
-                                                         int num_heads, int num_kv_heads, int block_size, float scale,
-                                                         const __half* __restrict__ kc, const __half* __restrict__ vc,
-                                                         float* __restrict__ out) {
-  __shared__ TcShared<HD> s;
-  const int tile = blockIdx.x, h = blockIdx.y, lane = threadIdx.x;
-  if (!tc_tile_uniform(st.token_seq, st.num_tokens, tile)) return;  // the whole warp: attention.cu's kernel does it
+__global__ void __launch_bounds__(kTcWarps * 32)
+    attention_tc_kernel(DeviceStep st, const float* __restrict__ q, int64_t ld_q, int num_heads, int num_kv_heads,
+                        int block_size, float scale, const __half* __restrict__ kc, const __half* __restrict__ vc,
+                        float* __restrict__ out) {
+  using S = TcShared<HD>;
+  constexpr int KT = S::KT;
+#ifdef TROUPE_CUDA_EMULATION
+  __shared__ S s_block;  // (a static: the emulation runs blocks one after another)
+  S& s = s_block;
+#else
+  extern __shared__ __align__(128) unsigned char tc_smem[];
+  S& s = *reinterpret_cast<S*>(tc_smem);
+#endif
+  const int tile = blockIdx.x;
+  if (!tc_tile_uniform(st.token_seq, st.num_tokens, tile)) return;  // the whole block: attention.cu's kernel does it
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int group = num_heads / num_kv_heads, chunks = (group + kTcWarps - 1) / kTcWarps;
+  const int kvh = blockIdx.y / chunks, g0 = (blockIdx.y % chunks) * kTcWarps;
+  const int gn = min(kTcWarps, group - g0);
+  const bool active = warp < gn;
+  const int h = kvh * group + g0 + (active ? warp : gn - 1);
   const int t0 = tile * kT;
   const int rows = min(kT, st.num_tokens - t0);
-  const int kvh = h / (num_heads / num_kv_heads);
   const int64_t row = int64_t{num_kv_heads} * HD;
   const int32_t* bt = st.block_tables + static_cast<int64_t>(st.token_seq[t0]) * st.max_blocks_per_seq;
-  // Queries (rounded to f16; rows past the step are zero), positions, running state.
+  // This warp's queries (rounded to f16; rows past the step are zero) into registers,
+  // through its O rows; then the running state.
+  __half* qs = reinterpret_cast<__half*>(&s.o[warp][0][0]);
   for (int i = lane; i < kT * HD; i += 32) {
     const int r = i / HD, d = i % HD;
-    s.q[r][d] = __float2half_rn(r < rows ? q[(t0 + r) * ld_q + int64_t{h} * HD + d] : 0.0f);
-    s.o[r][d] = 0.0f;
+    qs[r * S::kLdH + d] = __float2half_rn(r < rows ? q[(t0 + r) * ld_q + int64_t{h} * HD + d] : 0.0f);
   }
+  if (threadIdx.x < kT) s.pos[threadIdx.x] = static_cast<int>(threadIdx.x) < rows ? st.positions[t0 + threadIdx.x] : -1;
   if (lane < kT) {
-    s.pos[lane] = lane < rows ? st.positions[t0 + lane] : -1;
-    s.m[lane] = -INFINITY;
-    s.l[lane] = 0.0f;
+    s.m[warp][lane] = -INFINITY;
+    s.l[warp][lane] = 0.0f;
   }
   __syncwarp();
+  wmma::fragment<wmma::matrix_a, kT, kT, kT, __half, wmma::row_major> qa[HD / kT];
+#pragma unroll
+  for (int c = 0; c < HD / kT; ++c) wmma::load_matrix_sync(qa[c], qs + c * kT, S::kLdH);
+  __syncwarp();
+  for (int i = lane; i < kT * S::kLdO; i += 32) (&s.o[warp][0][0])[i] = 0.0f;
+  __syncthreads();  // (s.pos, written by warp 0, is read by every warp)
   const int last = st.positions[t0 + rows - 1];  // the tile's keys: 0 .. last
-  for (int k0 = 0; k0 <= last; k0 += kT) {
-    // K and V rows of keys k0 .. k0 + 15 (zero past `last`).
-    for (int i = lane; i < kT * (HD / 8); i += 32) {
+  for (int k0 = 0; k0 <= last; k0 += KT) {
+    // K and V rows of keys k0 .. k0 + KT - 1 (zero past `last`), by the whole block.
+    for (int i = threadIdx.x; i < KT * (HD / 8); i += kTcWarps * 32) {
       const int j = i / (HD / 8), c = i % (HD / 8), p = k0 + j;
       uint4 kv = make_uint4(0, 0, 0, 0), vv = make_uint4(0, 0, 0, 0);
       if (p <= last) {
@@ -74,94 +105,129 @@ __global__ void __launch_bounds__(32) attention_tc_kernel(DeviceStep st, const f
       reinterpret_cast<uint4*>(&s.k[j][0])[c] = kv;
       reinterpret_cast<uint4*>(&s.v[j][0])[c] = vv;
     }
-    __syncwarp();
-    // S = Q K^T over HD / 16 chunks.
-    {
+    __syncthreads();
+    // S = Q K^T, 16 keys at a time.
+#pragma unroll
+    for (int n = 0; n < KT / kT; ++n) {
       wmma::fragment<wmma::accumulator, kT, kT, kT, float> acc;
       wmma::fill_fragment(acc, 0.0f);
 #pragma unroll
-      for (int d = 0; d < HD; d += kT) {
-        wmma::fragment<wmma::matrix_a, kT, kT, kT, __half, wmma::row_major> a;
+      for (int c = 0; c < HD / kT; ++c) {
         wmma::fragment<wmma::matrix_b, kT, kT, kT, __half, wmma::col_major> b;
-        wmma::load_matrix_sync(a, &s.q[0][d], HD);
-        wmma::load_matrix_sync(b, &s.k[0][d], HD);  // (d, key) at k[key][d]: K^T
-        wmma::mma_sync(acc, a, b, acc);
+        wmma::load_matrix_sync(b, &s.k[n * kT][c * kT], S::kLdH);  // (d, key) at k[key][d]: K^T
+        wmma::mma_sync(acc, qa[c], b, acc);
       }
-      wmma::store_matrix_sync(&s.s[0][0], acc, kT, wmma::mem_row_major);
+      wmma::store_matrix_sync(&s.s[warp][0][n * kT], acc, S::kLdS, wmma::mem_row_major);
     }
     __syncwarp();
-    // The online softmax, a row per lane (causal mask: key > the row's position).
-    if (lane < kT) {
-      const int r = lane, pr = s.pos[r];
-      float mx = s.m[r];
-      for (int j = 0; j < kT; ++j)
-        if (k0 + j <= pr) mx = fmaxf(mx, s.s[r][j] * scale);
-      const float corr = pr >= k0 ? expf(s.m[r] - mx) : 1.0f;
+    // The online softmax, two lanes a row (each half the keys; causal mask: key > the
+    // row's position).
+    {
+      const int r = lane >> 1, half = lane & 1, pr = s.pos[r];
+      const int j0 = half * (KT / 2), j1 = j0 + KT / 2;
+      float mx = -INFINITY;
+      for (int j = j0; j < j1; ++j)
+        if (k0 + j <= pr) mx = fmaxf(mx, s.s[warp][r][j] * scale);
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+      const float m_old = s.m[warp][r];
+      const bool any = pr >= k0;  // the row has keys in this tile
+      const float mn = fmaxf(m_old, mx);
+      const float corr = any ? expf(m_old - mn) : 1.0f;
       float sum = 0.0f;
-      for (int j = 0; j < kT; ++j) {
-        const float pj = k0 + j <= pr ? expf(s.s[r][j] * scale - mx) : 0.0f;
+      for (int j = j0; j < j1; ++j) {
+        const float pj = k0 + j <= pr ? expf(s.s[warp][r][j] * scale - mn) : 0.0f;
         const __half ph = __float2half_rn(pj);
-        s.p[r][j] = ph;
+        s.p[warp][r][j] = ph;
         sum += __half2float(ph);
       }
-      if (pr >= k0) {
-        s.m[r] = mx;
-        s.l[r] = s.l[r] * corr + sum;
+      sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+      __syncwarp();  // (both lanes of the row have read s.m)
+      if (half == 0) {
+        if (any) {
+          s.m[warp][r] = mn;
+          s.l[warp][r] = s.l[warp][r] * corr + sum;
+        }
+        s.corr[warp][r] = corr;
       }
-      s.corr[r] = corr;
     }
     __syncwarp();
-    for (int i = lane; i < kT * HD; i += 32) s.o[i / HD][i % HD] *= s.corr[i / HD];
+    for (int i = lane; i < kT * HD; i += 32) s.o[warp][i / HD][i % HD] *= s.corr[warp][i / HD];
     __syncwarp();
     // O += P V, one 16-column slice of O at a time.
 #pragma unroll
-    for (int d = 0; d < HD; d += kT) {
-      wmma::fragment<wmma::matrix_a, kT, kT, kT, __half, wmma::row_major> a;
-      wmma::fragment<wmma::matrix_b, kT, kT, kT, __half, wmma::row_major> b;
+    for (int d = 0; d < HD / kT; ++d) {
       wmma::fragment<wmma::accumulator, kT, kT, kT, float> acc;
-      wmma::load_matrix_sync(a, &s.p[0][0], kT);
-      wmma::load_matrix_sync(b, &s.v[0][d], HD);
-      wmma::load_matrix_sync(acc, &s.o[0][d], HD, wmma::mem_row_major);
-      wmma::mma_sync(acc, a, b, acc);
-      wmma::store_matrix_sync(&s.o[0][d], acc, HD, wmma::mem_row_major);
+      wmma::load_matrix_sync(acc, &s.o[warp][0][d * kT], S::kLdO, wmma::mem_row_major);
+#pragma unroll
+      for (int kk = 0; kk < KT / kT; ++kk) {
+        wmma::fragment<wmma::matrix_a, kT, kT, kT, __half, wmma::row_major> a;
+        wmma::fragment<wmma::matrix_b, kT, kT, kT, __half, wmma::row_major> b;
+        wmma::load_matrix_sync(a, &s.p[warp][0][kk * kT], S::kLdP);
+        wmma::load_matrix_sync(b, &s.v[kk * kT][d * kT], S::kLdH);
+        wmma::mma_sync(acc, a, b, acc);
+      }
+      wmma::store_matrix_sync(&s.o[warp][0][d * kT], acc, S::kLdO, wmma::mem_row_major);
     }
-    __syncwarp();
+    __syncthreads();  // (every warp is done with this K/V tile, and its O is stored)
   }
+  if (!active) return;
   for (int i = lane; i < rows * HD; i += 32) {
     const int r = i / HD, d = i % HD;
-    out[(static_cast<int64_t>(t0 + r) * num_heads + h) * HD + d] = s.o[r][d] / s.l[r];
+    out[(static_cast<int64_t>(t0 + r) * num_heads + h) * HD + d] = s.o[warp][r][d] / s.l[warp][r];
   }
 }
 
 }  // namespace
 
 #ifndef TROUPE_CUDA_EMULATION  // (tests/kernels/cuda_emulation.h runs the kernel above on the CPU)
+size_t attention_tc_shared_bytes(int32_t head_dim) {
+  switch (head_dim) {
+    case 32: return sizeof(TcShared<32>);
+    case 64: return sizeof(TcShared<64>);
+    case 96: return sizeof(TcShared<96>);
+    case 128: return sizeof(TcShared<128>);
+    case 160: return sizeof(TcShared<160>);
+    case 192: return sizeof(TcShared<192>);
+    case 256: return sizeof(TcShared<256>);
+    default: return 0;
+  }
+}
+
+namespace {
+template <int HD>
+cudaError_t launch_tc(const dim3& grid, const DeviceStep& step, const float* q, int64_t ld_q, int32_t num_heads,
+                      int32_t num_kv_heads, int32_t block_size, float scale, const __half* kc, const __half* vc,
+                      float* out, cudaStream_t stream) {
+  constexpr size_t bytes = sizeof(TcShared<HD>);
+  const cudaError_t e = cudaFuncSetAttribute(attention_tc_kernel<HD>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                             static_cast<int>(bytes));
+  if (e != cudaSuccess) return e;
+  attention_tc_kernel<HD><<<grid, kTcWarps * 32, bytes, stream>>>(step, q, ld_q, num_heads, num_kv_heads, block_size,
+                                                                  scale, kc, vc, out);
+  return cudaGetLastError();
+}
+}  // namespace
+
 cudaError_t attention_tc(const DeviceStep& step, const float* q, int64_t ld_q, int32_t num_heads, int32_t num_kv_heads,
                          int32_t head_dim, int32_t block_size, float scale, const uint16_t* k_cache,
                          const uint16_t* v_cache, float* out, cudaStream_t stream) {
   if (step.num_tokens <= 0) return cudaSuccess;
   if (num_kv_heads <= 0 || num_heads % num_kv_heads != 0) return cudaErrorInvalidValue;
-  const dim3 grid(static_cast<unsigned>((step.num_tokens + kT - 1) / kT), static_cast<unsigned>(num_heads));
+  const int group = num_heads / num_kv_heads;
+  const dim3 grid(static_cast<unsigned>((step.num_tokens + kT - 1) / kT),
+                  static_cast<unsigned>(num_kv_heads * ((group + kTcWarps - 1) / kTcWarps)));
   const auto* kc = reinterpret_cast<const __half*>(k_cache);
   const auto* vc = reinterpret_cast<const __half*>(v_cache);
   switch (head_dim) {
-#define TROUPE_TC(HD)                                                                                                 \
-  case HD:                                                                                                            \
-    attention_tc_kernel<HD><<<grid, 32, 0, stream>>>(step, q, ld_q, num_heads, num_kv_heads, block_size, scale, kc, \
-                                                     vc, out);                                                       \
-    break;
-    TROUPE_TC(32)
-    TROUPE_TC(64)
-    TROUPE_TC(96)
-    TROUPE_TC(128)
-    TROUPE_TC(160)
-    TROUPE_TC(192)
-    TROUPE_TC(256)
-#undef TROUPE_TC
-    default:
-      return cudaErrorInvalidValue;
+    case 32: return launch_tc<32>(grid, step, q, ld_q, num_heads, num_kv_heads, block_size, scale, kc, vc, out, stream);
+    case 64: return launch_tc<64>(grid, step, q, ld_q, num_heads, num_kv_heads, block_size, scale, kc, vc, out, stream);
+    case 96: return launch_tc<96>(grid, step, q, ld_q, num_heads, num_kv_heads, block_size, scale, kc, vc, out, stream);
+    case 128: return launch_tc<128>(grid, step, q, ld_q, num_heads, num_kv_heads, block_size, scale, kc, vc, out, stream);
+    case 160: return launch_tc<160>(grid, step, q, ld_q, num_heads, num_kv_heads, block_size, scale, kc, vc, out, stream);
+    case 192: return launch_tc<192>(grid, step, q, ld_q, num_heads, num_kv_heads, block_size, scale, kc, vc, out, stream);
+    case 256: return launch_tc<256>(grid, step, q, ld_q, num_heads, num_kv_heads, block_size, scale, kc, vc, out, stream);
+    default: return cudaErrorInvalidValue;
   }
-  return cudaGetLastError();
 }
 #endif
 

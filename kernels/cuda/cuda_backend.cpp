@@ -67,6 +67,7 @@ class CudaBackend final : public Backend {
         name_(std::move(name)) {
     graph_max_tokens_ = std::max(0, opts.graph_max_tokens);
     cudaDeviceGetAttribute(&num_sms_, cudaDevAttrMultiProcessorCount, device_);
+    cudaDeviceGetAttribute(&max_shared_optin_, cudaDevAttrMaxSharedMemoryPerBlockOptin, device_);
   }
   ~CudaBackend() override {
     cudaSetDevice(device_);
@@ -356,7 +357,9 @@ class CudaBackend final : public Backend {
     // four query heads per KV head) are capped at kMaxPartialBytes.
     // Not batch-invariant (--cuda-cublas) and a prefill-sized step: tiles of 16 tokens of one
     // sequence go to the tensor-core kernel, the rest to the per-token kernel.
-    const bool tc = !batch_invariant_ && dstep_.num_tokens >= kTcMinTokens;
+    const size_t tc_bytes = cuda::attention_tc_shared_bytes(c.shape_.head_dim);
+    const bool tc = !batch_invariant_ && dstep_.num_tokens >= kTcMinTokens && tc_bytes > 0 &&
+                    tc_bytes <= static_cast<size_t>(max_shared_optin_);
     float* partials = nullptr;
     const int segs = cuda::attention_segments(dstep_.max_context);
     const size_t floats = size_t(dstep_.num_tokens) * num_heads * segs * (c.shape_.head_dim + 2);
@@ -558,6 +561,7 @@ class CudaBackend final : public Backend {
   void* sample_host_ = nullptr;  // pinned: sampling parameters in, tokens and logprobs out
   size_t sample_host_cap_ = 0;
   int num_sms_ = 132;
+  int max_shared_optin_ = 0;  // bytes of shared memory a block may opt into
   size_t max_weight_elems_ = 0;
   int32_t graph_max_tokens_ = 0;
   cuda::StepGraphs graphs_;

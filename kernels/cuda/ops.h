@@ -90,13 +90,16 @@ cudaError_t attention(const DeviceStep& step, const float* q, int64_t ld_q, int3
                       const uint16_t* v_cache, float* out, float* partials, cudaStream_t stream,
                       bool skip_tc_tiles = false);
 // Prefill attention on tensor cores (WMMA; not batch-invariant): tiles of 16 step tokens of
-// one sequence, a warp per tile and query head, over the same cache and with the same
-// output layout as attention(). Tokens in other tiles are not written: run attention()
-// with skip_tc_tiles for them.
+// one sequence, a block of four warps per tile and group of up to four query heads of one
+// KV head, over the same cache and with the same output layout as attention(). Tokens in
+// other tiles are not written: run attention() with skip_tc_tiles for them. Its dynamic
+// shared memory per block is attention_tc_shared_bytes(head_dim) (0: unsupported width);
+// the device must allow that much (cudaDevAttrMaxSharedMemoryPerBlockOptin).
 cudaError_t attention_tc(const DeviceStep& step, const float* q, int64_t ld_q, int32_t num_heads, int32_t num_kv_heads,
                          int32_t head_dim, int32_t block_size, float scale, const uint16_t* k_cache,
                          const uint16_t* v_cache, float* out, cudaStream_t stream);
 int attention_segments(int32_t max_context);
+size_t attention_tc_shared_bytes(int32_t head_dim);
 // Blocks of attention()'s looped path (one per token and group of up to four query heads
 // of a KV head): the split-KV path multiplies them by the segment count.
 int64_t attention_loop_blocks(int32_t num_tokens, int32_t num_heads, int32_t num_kv_heads);

@@ -135,7 +135,7 @@ void check_tc(const Case& c, std::mt19937& g) {
   std::vector<float> pure(static_cast<size_t>(f.n) * c.nh * HD, -1.0f), mixed(pure.size(), -3.0f);
   cuda_emu::launch3(f.n, head_groups(c), 1, cuda::kThreads, cuda::attention_loop_kernel<DPL>, f.args(false), pure.data());
   const unsigned tiles = static_cast<unsigned>((f.n + 15) / 16);
-  cuda_emu::launch3(tiles, c.nh, 1, 32, cuda::attention_tc_kernel<HD>, f.st, static_cast<const float*>(f.q.data()), f.ldq,
+  cuda_emu::launch3(tiles, head_groups(c), 1, cuda::kTcWarps * 32, cuda::attention_tc_kernel<HD>, f.st, static_cast<const float*>(f.q.data()), f.ldq,
           c.nh, c.nkv, Fixture::bs, f.scale(), static_cast<const __half*>(f.kc.data()),
           static_cast<const __half*>(f.vc.data()), mixed.data());
   cuda_emu::launch3(f.n, head_groups(c), 1, cuda::kThreads, cuda::attention_loop_kernel<DPL>, f.args(true), mixed.data());
@@ -167,6 +167,8 @@ TEST_CASE("the paged-attention kernels' source: split-KV gives the looped path's
 
 TEST_CASE("the tensor-core prefill attention's source takes the one-sequence tiles and matches the reference", "[kernels][cuda-emulation]") {
   std::mt19937 g(32);
-  check_tc<2>({8, 2, 64}, g);
-  check_tc<4>({6, 3, 128}, g);
+  check_tc<2>({8, 2, 64}, g);   // group 4: every warp a head
+  check_tc<4>({6, 3, 128}, g);  // group 2: two spare warps
+  check_tc<1>({3, 3, 32}, g);   // MHA: three spare warps
+  check_tc<8>({4, 2, 256}, g);  // 32-key steps
 }
