@@ -24,6 +24,23 @@ __device__ __forceinline__ float warp_max(float v) {
 __device__ __forceinline__ float h2f(uint16_t h) { return __half2float(__ushort_as_half(h)); }
 __device__ __forceinline__ float bf2f(uint16_t h) { return __uint_as_float(static_cast<uint32_t>(h) << 16); }
 __device__ __forceinline__ uint16_t ld16(const uint8_t* p) { return *reinterpret_cast<const uint16_t*>(p); }
+// N little-endian words of the bytes at p, p 2-byte aligned (the blocks of 18, 22, 34 and
+// 210 bytes), from N + 1 aligned 32-bit loads joined by funnel shifts instead of 2N 16-bit
+// loads. It reads up to 4 bytes past p + 4N: weights on the device carry kWeightPad (ops.h)
+// bytes after their last row for that.
+template <int N>
+__device__ __forceinline__ void ld_words(const uint8_t* p, uint32_t* w) {
+  const uintptr_t a = reinterpret_cast<uintptr_t>(p);
+  const uint32_t* q = reinterpret_cast<const uint32_t*>(a & ~uintptr_t{3});
+  const uint32_t shift = static_cast<uint32_t>(a & 3) * 8;
+  uint32_t lo = q[0];
+#pragma unroll
+  for (int i = 0; i < N; ++i) {
+    const uint32_t hi = q[i + 1];
+    w[i] = __funnelshift_r(lo, hi, shift);
+    lo = hi;
+  }
+}
 
 // Decodes elements [32 c, 32 c + 32) of one row. `row` is the row's first byte; every
 // block type here has an even size, so 16-bit loads are aligned.

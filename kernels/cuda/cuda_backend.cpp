@@ -107,7 +107,9 @@ class CudaBackend final : public Backend {
     w->cols = cols;
     w->row_bytes = stride;
     cudaSetDevice(device_);
-    if (cudaError_t e = cudaMalloc(&w->data, stride * static_cast<size_t>(rows)); e != cudaSuccess) {
+    // (kWeightPad bytes past the last row: the GEMVs' word loads of 2-byte aligned blocks
+    // read up to 4 bytes past a block)
+    if (cudaError_t e = cudaMalloc(&w->data, stride * static_cast<size_t>(rows) + cuda::kWeightPad); e != cudaSuccess) {
       w->data = nullptr;
       return make_error("cudaMalloc of " + std::to_string(stride * rows) + " bytes for a weight: " + cudaGetErrorString(e));
     }

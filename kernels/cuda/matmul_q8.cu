@@ -58,11 +58,12 @@ __device__ __forceinline__ void unpack_block<DType::Q4_0>(const uint8_t* row, in
   const uint8_t* b = row + j * block_bytes<DType::Q4_0>();
   *d = h2f(ld16(b));
   *m = -8.0f * *d;
+  uint32_t w[4];
+  ld_words<4>(b + 2, w);
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
-    const uint32_t w = static_cast<uint32_t>(ld16(b + 2 + 4 * i)) | (static_cast<uint32_t>(ld16(b + 4 + 4 * i)) << 16);
-    v[i] = static_cast<int32_t>(w & 0x0F0F0F0Fu);
-    v[i + 4] = static_cast<int32_t>((w >> 4) & 0x0F0F0F0Fu);
+    v[i] = static_cast<int32_t>(w[i] & 0x0F0F0F0Fu);
+    v[i + 4] = static_cast<int32_t>((w[i] >> 4) & 0x0F0F0F0Fu);
   }
 }
 template <>
@@ -80,18 +81,15 @@ __device__ __forceinline__ void unpack_block<DType::Q4_1>(const uint8_t* row, in
     v[i + 4] = static_cast<int32_t>((w >> 4) & 0x0F0F0F0Fu);
   }
 }
-__device__ __forceinline__ void q5_words(const uint8_t* qs, uint32_t qh, int32_t* v) {
+// Bits 0-3 of x to bit 4 of bytes 0-3.
+__device__ __forceinline__ uint32_t spread4(uint32_t x) {
+  return ((x & 1u) | ((x & 2u) << 7) | ((x & 4u) << 14) | ((x & 8u) << 21)) << 4;
+}
+__device__ __forceinline__ void q5_words(const uint32_t* qs, uint32_t qh, int32_t* v) {
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
-    uint32_t lo = 0, hi = 0;
-#pragma unroll
-    for (int k = 0; k < 4; ++k) {
-      const int j = 4 * i + k;
-      lo |= ((qs[j] & 0xFu) | (((qh >> j) & 1u) << 4)) << (8 * k);
-      hi |= ((qs[j] >> 4) | (((qh >> (j + 16)) & 1u) << 4)) << (8 * k);
-    }
-    v[i] = static_cast<int32_t>(lo);
-    v[i + 4] = static_cast<int32_t>(hi);
+    v[i] = static_cast<int32_t>((qs[i] & 0x0F0F0F0Fu) | spread4(qh >> (4 * i)));
+    v[i + 4] = static_cast<int32_t>(((qs[i] >> 4) & 0x0F0F0F0Fu) | spread4(qh >> (4 * i + 16)));
   }
 }
 template <>
@@ -100,15 +98,20 @@ __device__ __forceinline__ void unpack_block<DType::Q5_0>(const uint8_t* row, in
   const uint8_t* b = row + j * block_bytes<DType::Q5_0>();
   *d = h2f(ld16(b));
   *m = -16.0f * *d;
-  q5_words(b + 6, static_cast<uint32_t>(ld16(b + 2)) | (static_cast<uint32_t>(ld16(b + 4)) << 16), v);
+  uint32_t w[5];  // qh, then qs
+  ld_words<5>(b + 2, w);
+  q5_words(w + 1, w[0], v);
 }
 template <>
 __device__ __forceinline__ void unpack_block<DType::Q5_1>(const uint8_t* row, int64_t j, int32_t* v, float* d, float* m,
                                                          int* /*sc*/) {
-  const uint8_t* b = row + j * block_bytes<DType::Q5_1>();
-  *d = h2f(ld16(b));
-  *m = h2f(ld16(b + 2));
-  q5_words(b + 8, *reinterpret_cast<const uint32_t*>(b + 4), v);
+  const uint8_t* b = row + j * block_bytes<DType::Q5_1>();  // (24-byte blocks: 4-byte aligned in an aligned row)
+  const uint32_t* p = reinterpret_cast<const uint32_t*>(b);
+  const uint32_t dm = p[0];
+  *d = h2f(static_cast<uint16_t>(dm & 0xFFFF));
+  *m = h2f(static_cast<uint16_t>(dm >> 16));
+  const uint32_t qs[4] = {p[2], p[3], p[4], p[5]};
+  q5_words(qs, p[1], v);
 }
 template <>
 __device__ __forceinline__ void unpack_block<DType::Q8_0>(const uint8_t* row, int64_t j, int32_t* v, float* d, float* m,
@@ -116,13 +119,14 @@ __device__ __forceinline__ void unpack_block<DType::Q8_0>(const uint8_t* row, in
   const uint8_t* b = row + j * block_bytes<DType::Q8_0>();
   *d = h2f(ld16(b));
   *m = 0.0f;
+  uint32_t w[8];
+  ld_words<8>(b + 2, w);
 #pragma unroll
-  for (int i = 0; i < 8; ++i)
-    v[i] = static_cast<int32_t>(static_cast<uint32_t>(ld16(b + 2 + 4 * i)) | (static_cast<uint32_t>(ld16(b + 4 + 4 * i)) << 16));
+  for (int i = 0; i < 8; ++i) v[i] = static_cast<int32_t>(w[i]);
 }
 
 // Sub-block j & 7 of super-block j >> 3. Q4_K/Q5_K super-blocks (144, 176 bytes) keep the
-// row's 16-byte alignment; Q6_K's (210 bytes) only 2-byte alignment (16-bit loads).
+// row's 16-byte alignment; Q6_K's (210 bytes) only 2-byte alignment (ld_words).
 template <>
 __device__ __forceinline__ void unpack_block<DType::Q4_K>(const uint8_t* row, int64_t j, int32_t* v, float* d, float* m,
                                                          int* /*sc*/) {
@@ -170,10 +174,12 @@ __device__ __forceinline__ void unpack_block<DType::Q6_K>(const uint8_t* row, in
   *d = h2f(ld16(b + 208));
   *m = 0.0f;
   const int lshift = (k >> 1) * 4, hshift = 2 * k;
+  uint32_t lw[8], hw[8];
+  ld_words<8>(ql, lw);
+  ld_words<8>(qh, hw);
 #pragma unroll
   for (int i = 0; i < 8; ++i) {
-    const uint32_t lo = static_cast<uint32_t>(ld16(ql + 4 * i)) | (static_cast<uint32_t>(ld16(ql + 4 * i + 2)) << 16);
-    const uint32_t hi = static_cast<uint32_t>(ld16(qh + 4 * i)) | (static_cast<uint32_t>(ld16(qh + 4 * i + 2)) << 16);
+    const uint32_t lo = lw[i], hi = hw[i];
     // q = 0..63 per byte; q - 32 as a signed byte is the 6-bit value q ^ 32 sign-extended.
     const uint32_t x = (((lo >> lshift) & 0x0F0F0F0Fu) | (((hi >> hshift) & 0x03030303u) << 4)) ^ 0x20202020u;
     v[i] = static_cast<int32_t>((x & 0x1F1F1F1Fu) | ((x & 0x20202020u) * 7u));

@@ -35,8 +35,10 @@ void check(std::mt19937& g, int64_t rows, int64_t nb, int64_t n) {
   const int64_t cols = nb * 32;
   const size_t rb = *row_bytes(T, static_cast<uint64_t>(cols));
   std::normal_distribution<float> nd(0.0f, 1.0f);
-  // (random blocks for the K-quants, which have no quantizer here)
-  const std::vector<uint8_t> w = test::random_weight(T, rows, cols, g);
+  // (random blocks for the K-quants, which have no quantizer here; the device buffer's
+  // padding past the last row, which the word loads may touch)
+  std::vector<uint8_t> w = test::random_weight(T, rows, cols, g);
+  w.resize(w.size() + cuda::kWeightPad, 0xEE);
   // Activations quantized by the kernel that does it on the device.
   std::vector<float> x(static_cast<size_t>(n * cols));
   for (auto& v : x) v = nd(g);
@@ -77,7 +79,53 @@ void check(std::mt19937& g, int64_t rows, int64_t nb, int64_t n) {
   CHECK(worst < 2e-3);
 }
 
+// Every block's unpacked integers, scales and offsets give the reference dequantizer's
+// values, for rows whose blocks start at both 2-byte alignments (odd block counts of the
+// 18-, 22- and 34-byte types, odd super-block counts of Q6_K's 210-byte blocks).
+template <DType T>
+void check_unpack(std::mt19937& g, int64_t nb) {
+  const int64_t rows = 3, cols = nb * 32;
+  const size_t rb = *row_bytes(T, static_cast<uint64_t>(cols));
+  std::vector<uint8_t> w = test::random_weight(T, rows, cols, g);
+  w.resize(w.size() + cuda::kWeightPad, 0xEE);
+  std::vector<float> deq(static_cast<size_t>(cols));
+  for (int64_t r = 0; r < rows; ++r) {
+    REQUIRE(cpu::dequantize_row_ref(T, w.data() + r * rb, deq.data(), cols));
+    for (int64_t j = 0; j < nb; ++j) {
+      int32_t v[8];
+      float d, m;
+      int sc[2] = {1, 1};
+      cuda::unpack_block<T>(w.data() + r * rb, j, v, &d, &m, sc);
+      for (int e = 0; e < 32; ++e) {
+        const int q = static_cast<int>(static_cast<int8_t>(static_cast<uint32_t>(v[e / 4]) >> (8 * (e % 4))));
+        const int qu = static_cast<int>((static_cast<uint32_t>(v[e / 4]) >> (8 * (e % 4))) & 0xFF);
+        const double got = T == DType::Q6_K ? double(d) * sc[e / 16] * q : T == DType::Q8_0 ? double(d) * q
+                                                                                              : double(d) * qu + m;
+        const double want = deq[j * 32 + e];
+        INFO(dtype_traits(T).name << " row " << r << " block " << j << " element " << e);
+        REQUIRE(std::fabs(got - want) <= 1e-6 * (std::fabs(want) + std::fabs(double(m)) + std::fabs(double(d))));
+      }
+    }
+  }
+}
+
 }  // namespace
+
+TEST_CASE("the int8-activation GEMV's block unpacking gives the reference dequantizer's values", "[kernels][cuda-emulation]") {
+  std::mt19937 g(13);
+  for (int64_t nb : {1, 7}) {
+    check_unpack<DType::Q4_0>(g, nb);
+    check_unpack<DType::Q4_1>(g, nb);
+    check_unpack<DType::Q5_0>(g, nb);
+    check_unpack<DType::Q5_1>(g, nb);
+    check_unpack<DType::Q8_0>(g, nb);
+  }
+  for (int64_t nb : {8, 24}) {
+    check_unpack<DType::Q4_K>(g, nb);
+    check_unpack<DType::Q5_K>(g, nb);
+    check_unpack<DType::Q6_K>(g, nb);
+  }
+}
 
 TEST_CASE("the int8-activation GEMV kernel's source: rows per warp and batch never change a token's bits", "[kernels][cuda-emulation]") {
   std::mt19937 g(12);
