@@ -2,7 +2,8 @@
 // A block serves one query token and up to four query heads of one KV head (GQA: the KV
 // rows are read once for the group). A token's keys are cut into fixed segments of
 // kSegment positions; in a segment each warp takes 32 keys at a time, one key per lane
-// (the lane forms the dot products with the group's queries), updates an online softmax
+// (the lane forms the dot products with the group's queries; K rows staged in shared
+// memory by coalesced loads for heads up to 128 wide), updates an online softmax
 // with two warp reductions per 32 keys, then accumulates V with the weights broadcast
 // lane to lane. The warps' partials are merged in warp order into the segment's partial
 // (max, sum, unnormalised output), and segments are merged in order by one formula.
@@ -37,6 +38,13 @@ struct Args {
   bool skip_tc_tiles;  // tokens of tiles attention_tc takes are left to it
 };
 
+// Head sizes up to 128 stage each warp's 32 K rows in shared memory with coalesced loads
+// (two whole rows per load instruction) before a lane reads its own key's row there: read
+// straight from global memory, one row per lane, every 16-byte load touched 32 cache lines.
+// Rows are padded by 8 halves, so the lanes' 16-byte reads hit distinct banks. Wider heads
+// read K directly (their staging would not fit the 48 KB of static shared memory).
+template <int HD>
+constexpr bool kStageK = HD <= 128;
 template <int HD>
 struct Shared {
   float q[kGroup][HD];
@@ -44,6 +52,7 @@ struct Shared {
   float wacc[kWarps][kGroup][HD];
   float m[kGroup], l[kGroup];
   float acc[kGroup][HD];
+  __half k[kStageK<HD> ? kWarps : 1][kStageK<HD> ? 32 : 1][kStageK<HD> ? HD + 8 : 8];
 };
 
 // The block's heads: kv head `kvh`, query heads h0 .. h0 + gn - 1.
@@ -96,7 +105,8 @@ __device__ __forceinline__ void load_v(const __half* p, float* out) {
 }
 
 // The partial of keys [k0, k1) for token t and the block's heads, left in s.m, s.l, s.acc.
-template <int DPL>
+// (kStage: K through shared memory; the same arithmetic, so the same bits, as without.)
+template <int DPL, bool kStage>
 __device__ void segment_partial(const Args& a, int t, const Heads& hs, int k0, int k1, Shared<DPL * 32>& s) {
   constexpr int hd = DPL * 32;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -117,8 +127,25 @@ __device__ void segment_partial(const Args& a, int t, const Heads& hs, int k0, i
     float dot[kGroup];
 #pragma unroll
     for (int g = 0; g < kGroup; ++g) dot[g] = 0.f;
+    if constexpr (kStage) {
+      // The 32 rows' 16-byte pieces in order, one per lane and load: hd / 8 lanes a row.
+      __syncwarp();  // (the previous keys' rows have been read)
+#pragma unroll
+      for (int t = 0; t < hd / 8; ++t) {
+        const int i = lane + 32 * t, j = i / (hd / 8), c = i % (hd / 8);
+        const int64_t sj = __shfl_sync(0xffffffffu, slot, j);
+        if (base + j < k1)
+          reinterpret_cast<uint4*>(&s.k[warp][j][0])[c] =
+              reinterpret_cast<const uint4*>(a.kc + sj * row + hs.kvh * hd)[c];
+      }
+      __syncwarp();
+    }
     if (valid) {
-      const uint4* kp = reinterpret_cast<const uint4*>(a.kc + slot * row + hs.kvh * hd);
+      const uint4* kp;
+      if constexpr (kStage)
+        kp = reinterpret_cast<const uint4*>(&s.k[warp][lane][0]);
+      else
+        kp = reinterpret_cast<const uint4*>(a.kc + slot * row + hs.kvh * hd);
 #pragma unroll
       for (int c = 0; c < hd / 8; ++c) {
         const uint4 raw = kp[c];
@@ -215,7 +242,7 @@ __device__ __forceinline__ void merge_step(float& m, float& l, float& acc, float
   m = mn;
 }
 
-template <int DPL>
+template <int DPL, bool kStage = kStageK<DPL * 32>>
 __global__ void __launch_bounds__(kThreads) attention_loop_kernel(Args a, float* __restrict__ out) {
   constexpr int hd = DPL * 32;
   constexpr int K = kGroup * hd / kThreads;
@@ -233,7 +260,7 @@ __global__ void __launch_bounds__(kThreads) attention_loop_kernel(Args a, float*
     acc[k] = 0.f;
   }
   for (int k0 = 0; k0 < len; k0 += kSegment) {
-    segment_partial<DPL>(a, t, hs, k0, min(k0 + kSegment, len), s);
+    segment_partial<DPL, kStage>(a, t, hs, k0, min(k0 + kSegment, len), s);
 #pragma unroll
     for (int k = 0; k < K; ++k) {
       const int i = threadIdx.x + k * kThreads, g = i / hd, d = i % hd;
@@ -250,7 +277,7 @@ __global__ void __launch_bounds__(kThreads) attention_loop_kernel(Args a, float*
 
 // Split-KV, pass 1: one block per (token, head group, segment) writes its partials.
 // partials: [num_tokens, num_heads, max_segments, hd + 2]
-template <int DPL>
+template <int DPL, bool kStage = kStageK<DPL * 32>>
 __global__ void __launch_bounds__(kThreads) attention_split_kernel(Args a, int max_segments, float* __restrict__ partials) {
   constexpr int hd = DPL * 32;
   __shared__ Shared<hd> s;
@@ -260,7 +287,7 @@ __global__ void __launch_bounds__(kThreads) attention_split_kernel(Args a, int m
   const int k0 = seg * kSegment;
   if (k0 >= len) return;
   load_queries<DPL>(a, t, hs, s);
-  segment_partial<DPL>(a, t, hs, k0, min(k0 + kSegment, len), s);
+  segment_partial<DPL, kStage>(a, t, hs, k0, min(k0 + kSegment, len), s);
   for (int i = threadIdx.x; i < hs.gn * hd; i += kThreads) {
     const int g = i / hd, d = i % hd;
     float* p = partials + ((static_cast<int64_t>(t) * a.num_heads + hs.h0 + g) * max_segments + seg) * (hd + 2);

@@ -10,8 +10,9 @@
 // output rescaled), P rounded to f16, and O += P V (tensor cores). K, V, S, P and O live in
 // shared memory between the steps, so no fragment's element layout is ever assumed; rows
 // are padded (8 halves, 4 floats) against bank conflicts. The shared memory is dynamic
-// (over 48 KB: attention_tc_shared_bytes()).
+// (47-116 KB by head size: attention_tc_shared_bytes()).
 // tests/kernels/attention_emu_test.cpp runs this source on the CPU.
+#include <atomic>
 #include <cmath>
 
 #ifndef TROUPE_CUDA_EMULATION
@@ -199,9 +200,18 @@ cudaError_t launch_tc(const dim3& grid, const DeviceStep& step, const float* q, 
                       int32_t num_kv_heads, int32_t block_size, float scale, const __half* kc, const __half* vc,
                       float* out, cudaStream_t stream) {
   constexpr size_t bytes = sizeof(TcShared<HD>);
-  const cudaError_t e = cudaFuncSetAttribute(attention_tc_kernel<HD>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                             static_cast<int>(bytes));
-  if (e != cudaSuccess) return e;
+  // The shared-memory opt-in, once per device and head size (not on every launch, nor
+  // again while a graph is being captured).
+  static std::atomic<uint64_t> opted{0};
+  int dev = 0;
+  if (const cudaError_t e = cudaGetDevice(&dev); e != cudaSuccess) return e;
+  const uint64_t bit = dev < 64 ? uint64_t{1} << dev : 0;
+  if (bit == 0 || (opted.load(std::memory_order_acquire) & bit) == 0) {
+    const cudaError_t e = cudaFuncSetAttribute(attention_tc_kernel<HD>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                               static_cast<int>(bytes));
+    if (e != cudaSuccess) return e;
+    opted.fetch_or(bit, std::memory_order_acq_rel);
+  }
   attention_tc_kernel<HD><<<grid, kTcWarps * 32, bytes, stream>>>(step, q, ld_q, num_heads, num_kv_heads, block_size,
                                                                   scale, kc, vc, out);
   return cudaGetLastError();

@@ -54,7 +54,7 @@ constexpr int64_t kGemvMaxTokens = 8;
 // Steps of at least this many tokens use the tensor-core prefill attention when the backend
 // is not batch-invariant.
 constexpr int32_t kTcMinTokens = 64;
-constexpr size_t kMaxPartialBytes = size_t{512} << 20;  // split-KV partials, at most
+constexpr size_t kMaxPartialBytes = size_t{64} << 20;  // split-KV partials, at most
 
 class CudaBackend final : public Backend {
  public:
@@ -355,8 +355,9 @@ class CudaBackend final : public Backend {
     // Split-KV when the looped path's blocks (a token and up to four query heads of a KV
     // head each, so 16 decoding sequences of a 32/8-head model are 128 blocks) would give
     // a multiprocessor fewer than four, and the context spans several segments; the result
-    // is the same bits either way. The partials (about an eighth of the KV bytes read for
-    // four query heads per KV head) are capped at kMaxPartialBytes.
+    // is the same bits either way. The partials (written and read once: about 1/32 of the
+    // KV bytes for four query heads per KV head) are capped at kMaxPartialBytes, and where
+    // they cannot be allocated the looped path runs instead.
     // Not batch-invariant (--cuda-cublas) and a prefill-sized step: tiles of 16 tokens of one
     // sequence go to the tensor-core kernel, the rest to the per-token kernel.
     const size_t tc_bytes = cuda::attention_tc_shared_bytes(c.shape_.head_dim);
@@ -367,8 +368,8 @@ class CudaBackend final : public Backend {
     const size_t floats = size_t(dstep_.num_tokens) * num_heads * segs * (c.shape_.head_dim + 2);
     if (!tc && segs > 1 && floats * sizeof(float) <= kMaxPartialBytes &&
         cuda::attention_loop_blocks(dstep_.num_tokens, num_heads, c.shape_.num_kv_heads) < 4 * int64_t{num_sms_}) {
-      if (!ensure(&partials_, &partials_cap_, floats * sizeof(float))) return;
-      partials = static_cast<float*>(partials_);
+      if (ensure(&partials_, &partials_cap_, floats * sizeof(float), /*optional=*/true))
+        partials = static_cast<float*>(partials_);
     }
     const cuda::DeviceStep ds = dstep_;
     const int32_t nkv = c.shape_.num_kv_heads, hd = c.shape_.head_dim, bs = c.shape_.block_size;
@@ -511,7 +512,9 @@ class CudaBackend final : public Backend {
   }
   // Grows a device scratch buffer (running what is recorded and waiting for its users
   // first; graphs that refer to the old buffer are dropped).
-  bool ensure(void** buf, size_t* cap, size_t bytes) {
+  // Grows a scratch buffer to `bytes`. A failed allocation fails the backend, unless
+  // `optional`: then it only returns false (the caller has another way).
+  bool ensure(void** buf, size_t* cap, size_t bytes, bool optional = false) {
     if (bytes <= *cap) return true;
     flush();
     check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize", __FILE__, __LINE__);
@@ -519,7 +522,15 @@ class CudaBackend final : public Backend {
     if (*buf) cudaFree(*buf);
     *buf = nullptr;
     *cap = 0;
-    if (!check(cudaMalloc(buf, bytes), "cudaMalloc(scratch)", __FILE__, __LINE__)) return false;
+    if (optional) {
+      if (cudaMalloc(buf, bytes) != cudaSuccess) {
+        cudaGetLastError();  // (clears the failed allocation's error)
+        *buf = nullptr;
+        return false;
+      }
+    } else if (!check(cudaMalloc(buf, bytes), "cudaMalloc(scratch)", __FILE__, __LINE__)) {
+      return false;
+    }
     *cap = bytes;
     return true;
   }

@@ -2,12 +2,14 @@
 // GGML's q8_0/q8_1 (and the CPU backend) do: id = 127 / amax, round half to even, d kept as
 // f16 for the 32-block types (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0) and s = d * sum(q) (as f16 for
 // the types with a min, Q4_1 and Q5_1). Integer dot products with __dp4a; per 32 values the
-// float combine is (d_w * d_x) * isum + m_w * s_x, so logits agree with the CPU and
-// llama.cpp on the same file. The K-quants take the same path per 32-value sub-block, with
-// d and s in f32 as the CPU backend keeps them for these types: Q4_K and Q5_K as d_w = d *
-// scale and m_w = -dmin * min, Q6_K with its two 16-value scales inside the integer sum
-// (isum = scale_a * isum_a + scale_b * isum_b, exact) and d_w = d. A token's arithmetic
-// does not depend on its batch (batch-invariant).
+// float combine is (d_w * d_x) * isum + m_w * s_x, so for the 32-block types logits agree
+// with the CPU and llama.cpp on the same file. The K-quants take the same path per
+// 32-value sub-block with their own numerics (within about 1% of the exact product, as the
+// CPU's; not its bits): activations with d and s in f32, Q4_K and Q5_K as d_w = d * scale
+// and m_w = -dmin * min in f32 (the CPU rounds these to f16), Q6_K with its two 16-value
+// scales inside the integer sum (isum = scale_a * isum_a + scale_b * isum_b, exact) and
+// d_w = d (the CPU quantizes its activations per 256 values, as GGML's q8_K). A token's
+// arithmetic does not depend on its batch (batch-invariant).
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/ops.h"
 

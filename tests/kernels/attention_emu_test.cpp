@@ -3,7 +3,8 @@
 // in the middle of a sequence and a decode token over an f16 paged cache, GQA groups that
 // fill the per-token kernel's four-head groups and ones that do not, contexts over several
 // 256-key segments. The split-KV path (a block per segment, then the combine) must give the
-// looped path's bits; the tensor-core kernel must take exactly the tiles of one sequence,
+// looped path's bits, and so must K staged in shared memory vs read directly; the
+// tensor-core kernel must take exactly the tiles of one sequence,
 // the per-token kernel the others (its bits unchanged); and every output must be within
 // tolerance of a double reference (queries rounded to f16 as the kernels do).
 #define TROUPE_CUDA_EMULATION 1
@@ -121,6 +122,11 @@ void check(const Case& c, std::mt19937& g) {
   cuda_emu::launch3(f.n, c.nh, 1, cuda::kThreads, cuda::attention_combine_kernel<DPL>, f.args(false), segs,
           static_cast<const float*>(partials.data()), split.data());
   CHECK(std::memcmp(looped.data(), split.data(), looped.size() * 4) == 0);
+  // K rows staged in shared memory (heads up to 128 wide) or read directly: the same bits.
+  std::vector<float> direct(looped.size(), -4.0f);
+  cuda_emu::launch3(f.n, head_groups(c), 1, cuda::kThreads, cuda::attention_loop_kernel<DPL, false>, f.args(false),
+                    direct.data());
+  CHECK(std::memcmp(looped.data(), direct.data(), looped.size() * 4) == 0);
   const double w = f.worst(looped, [](int) { return true; });
   INFO("heads " << c.nh << "/" << c.nkv << " hd " << c.hd << ": max |diff| from the double reference " << w);
   CHECK(w < 2e-3);
