@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# Runs on a lent GPU machine, in the copy of the working tree (see bench/gpu/device_prep.sh):
+#   device_check.sh stage   copies the carried model half into /tmp/troupe-model
+#   device_check.sh run     joins the halves, checks the sha256, runs bench/gpu/check.sh with
+#                           the carried binaries and packs its output into one file,
+#                           $OUT/gpu-check.tar.gz (a call returns at most 8 files)
+set -uo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+M=/tmp/troupe-model
+case "${1:-}" in
+  stage)
+    mkdir -p "$M"
+    found=0
+    for p in "$ROOT"/.devcarry/model-*/model.part*; do
+      [ -f "$p" ] && cp "$p" "$M/" && found=1
+    done
+    [ $found -eq 1 ] || { echo "device_check: no model part carried (.devcarry/model-a or -b)"; exit 1; }
+    ls -la "$M"
+    ;;
+  run)
+    B="$ROOT/.devcarry/bin"
+    [ -x "$B/troupe_tests" ] || { echo "device_check: carry .devcarry/bin (bench/gpu/device_prep.sh)"; exit 1; }
+    cat "$M/model.part0" "$M/model.part1" >"$M/model.gguf" 2>/dev/null
+    if ! echo "$(cat "$B/model.sha256")  $M/model.gguf" | sha256sum -c --status; then
+      echo "device_check: the model halves are missing or damaged in $M (did the machine go cold between calls?)"
+      exit 3
+    fi
+    # cuBLAS: the toolkit's, else the pip wheel's.
+    libs="$B"
+    for d in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib \
+      "$(python3 -c 'import nvidia.cublas, os; print(os.path.join(list(nvidia.cublas.__path__)[0], "lib"))' 2>/dev/null)"; do
+      [ -n "$d" ] && [ -e "$d/libcublas.so.13" ] && libs="$libs:$d"
+    done
+    export LD_LIBRARY_PATH="$libs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+    out="${OUT:-/tmp/out}"
+    mkdir -p "$out/gpu"
+    TROUPE_BIN_DIR="$B" TROUPE_MODEL_PATH="$M/model.gguf" bash "$ROOT/bench/gpu/check.sh" "$out/gpu"
+    rc=$?
+    tar -czf "$out/gpu-check.tar.gz" -C "$out" gpu && rm -rf "$out/gpu"
+    echo "device_check: check.sh exited $rc; output in gpu-check.tar.gz"
+    exit $rc
+    ;;
+  *)
+    echo "usage: device_check.sh stage|run" >&2
+    exit 2
+    ;;
+esac
