@@ -127,6 +127,15 @@ __device__ __forceinline__ void unpack_block<DType::Q8_0>(const uint8_t* row, in
   for (int i = 0; i < 8; ++i) v[i] = static_cast<int32_t>(w[i]);
 }
 
+// d * scale and -dmin * min of sub-block `sub` of the Q4_K/Q5_K super-block at b.
+__device__ __forceinline__ void k_sub_scales(const uint8_t* b, int sub, float* d, float* m) {
+  const uint32_t dm = *reinterpret_cast<const uint32_t*>(b);
+  float sc, mn;
+  k_scale_min_dev(sub, b + 4, &sc, &mn);
+  *d = __fmul_rn(h2f(static_cast<uint16_t>(dm & 0xFFFF)), sc);
+  *m = -__fmul_rn(h2f(static_cast<uint16_t>(dm >> 16)), mn);
+}
+
 // Sub-block j & 7 of super-block j >> 3. Q4_K/Q5_K super-blocks (144, 176 bytes) keep the
 // row's 16-byte alignment; Q6_K's (210 bytes) only 2-byte alignment (ld_words).
 template <>
@@ -134,11 +143,7 @@ __device__ __forceinline__ void unpack_block<DType::Q4_K>(const uint8_t* row, in
                                                          int* /*sc*/) {
   const uint8_t* b = row + (j >> 3) * 144;
   const int sub = static_cast<int>(j & 7);
-  const uint32_t dm = *reinterpret_cast<const uint32_t*>(b);
-  float sc, mn;
-  k_scale_min_dev(sub, b + 4, &sc, &mn);
-  *d = __fmul_rn(h2f(static_cast<uint16_t>(dm & 0xFFFF)), sc);
-  *m = -__fmul_rn(h2f(static_cast<uint16_t>(dm >> 16)), mn);
+  k_sub_scales(b, sub, d, m);
   uint32_t qw[8];
   ld32x8(b + 16 + 32 * (sub >> 1), qw);
   const int shift = (sub & 1) * 4;
@@ -150,11 +155,7 @@ __device__ __forceinline__ void unpack_block<DType::Q5_K>(const uint8_t* row, in
                                                          int* /*sc*/) {
   const uint8_t* b = row + (j >> 3) * 176;
   const int sub = static_cast<int>(j & 7);
-  const uint32_t dm = *reinterpret_cast<const uint32_t*>(b);
-  float sc, mn;
-  k_scale_min_dev(sub, b + 4, &sc, &mn);
-  *d = __fmul_rn(h2f(static_cast<uint16_t>(dm & 0xFFFF)), sc);
-  *m = -__fmul_rn(h2f(static_cast<uint16_t>(dm >> 16)), mn);
+  k_sub_scales(b, sub, d, m);
   uint32_t hw[8], qw[8];
   ld32x8(b + 16, hw);
   ld32x8(b + 48 + 32 * (sub >> 1), qw);
