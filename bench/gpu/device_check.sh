@@ -21,23 +21,32 @@ case "${1:-}" in
     B="$ROOT/.devcarry/bin"
     [ -x "$B/troupe_tests" ] || { echo "device_check: carry .devcarry/bin (bench/gpu/device_prep.sh)"; exit 1; }
     cat "$M/model.part0" "$M/model.part1" >"$M/model.gguf" 2>/dev/null
+    [ -f "$B/model.sha256" ] || { echo "device_check: $B/model.sha256 missing (bench/gpu/device_prep.sh)"; exit 1; }
     if ! echo "$(cat "$B/model.sha256")  $M/model.gguf" | sha256sum -c --status; then
       echo "device_check: the model halves are missing or damaged in $M (did the machine go cold between calls?)"
       exit 3
     fi
-    # cuBLAS: the toolkit's, else the pip wheel's.
+    # cuBLAS 13: the toolkit's, else the pip wheel's (nvidia/cu13/lib).
     libs="$B"
-    for d in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib \
-      "$(python3 -c 'import nvidia.cublas, os; print(os.path.join(list(nvidia.cublas.__path__)[0], "lib"))' 2>/dev/null)"; do
-      [ -n "$d" ] && [ -e "$d/libcublas.so.13" ] && libs="$libs:$d"
+    wheel_dirs=$(python3 -c 'import nvidia, os; print(" ".join(os.path.join(p, s, "lib") for p in nvidia.__path__ for s in ("cu13", "cublas")))' 2>/dev/null)
+    for d in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib $wheel_dirs; do
+      [ -e "$d/libcublas.so.13" ] && libs="$libs:$d"
     done
     export LD_LIBRARY_PATH="$libs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+    for b in troupe troupe_tests troupe_gpu_bench; do
+      if ldd "$B/$b" | grep -q 'not found'; then
+        echo "device_check: $b cannot load its libraries here:"; ldd "$B/$b" | grep 'not found'; exit 4
+      fi
+    done
     out="${OUT:-/tmp/out}"
     mkdir -p "$out/gpu"
-    TROUPE_BIN_DIR="$B" TROUPE_MODEL_PATH="$M/model.gguf" bash "$ROOT/bench/gpu/check.sh" "$out/gpu"
-    rc=$?
-    tar -czf "$out/gpu-check.tar.gz" -C "$out" gpu && rm -rf "$out/gpu"
-    echo "device_check: check.sh exited $rc; output in gpu-check.tar.gz"
+    # One file back whatever happens (a call returns at most 8), the console log included;
+    # check.sh is stopped well inside the call's 600 s.
+    trap 'tar -czf "$out/gpu-check.tar.gz" -C "$out" gpu && rm -rf "$out/gpu"' EXIT
+    TROUPE_BIN_DIR="$B" TROUPE_MODEL_PATH="$M/model.gguf" timeout -k 10 "${TROUPE_CHECK_TIMEOUT:-500}" \
+      bash "$ROOT/bench/gpu/check.sh" "$out/gpu" 2>&1 | tee "$out/gpu/console.log"
+    rc=${PIPESTATUS[0]}
+    echo "device_check: check.sh exited $rc (124: stopped at the time limit); output in gpu-check.tar.gz"
     exit $rc
     ;;
   *)

@@ -23,9 +23,11 @@ rm -rf "$D"
 mkdir -p "$D/bin" "$D/model-a" "$D/model-b"
 for b in troupe troupe_tests troupe_gpu_bench; do strip -o "$D/bin/$b" "$BIN/$b"; done
 # The libraries of ours that a CUDA image lacks (CUDA's own and glibc's are there).
-ldd "$BIN/troupe" "$BIN/troupe_tests" "$BIN/troupe_gpu_bench" | awk '/=>/ {print $3}' | sort -u |
-  grep -E 'lib(caf|capnp|kj|spdlog|fmt|pcre2|xxhash|hwy|openblas|boost)' | while read -r lib; do cp -L "$lib" "$D/bin/"; done
-half=$(( ($(stat -c %s "$MODEL") + 1) / 2 ))
+# (Not PCRE2: the image has it, and its own tools, grep among them, would load ours.)
+libs=$(ldd "$BIN/troupe" "$BIN/troupe_tests" "$BIN/troupe_gpu_bench" | awk '/=>/ {print $3}' | sort -u |
+  { grep -E 'lib(caf|capnp|kj|spdlog|fmt|xxhash|hwy|openblas|boost)' || true; })
+for lib in $libs; do cp -L "$lib" "$D/bin/"; done
+half=$(( ($(stat -L -c %s "$MODEL") + 1) / 2 ))
 split -b "$half" -d -a 1 "$MODEL" "$D/part"
 mv "$D/part0" "$D/model-a/model.part0"
 mv "$D/part1" "$D/model-b/model.part1"

@@ -46,7 +46,7 @@ struct Args {
 template <int HD>
 constexpr bool kStageK = HD <= 128;
 template <int HD>
-struct Shared {
+struct alignas(16) Shared {  // (16: the staged rows take uint4 stores and loads)
   float q[kGroup][HD];
   float wm[kWarps][kGroup], wl[kWarps][kGroup];
   float wacc[kWarps][kGroup][HD];
@@ -54,6 +54,7 @@ struct Shared {
   float acc[kGroup][HD];
   __half k[kStageK<HD> ? kWarps : 1][kStageK<HD> ? 32 : 1][kStageK<HD> ? HD + 8 : 8];
 };
+static_assert(sizeof(Shared<128>) <= 48 * 1024 && sizeof(Shared<256>) <= 48 * 1024, "static shared memory");
 
 // The block's heads: kv head `kvh`, query heads h0 .. h0 + gn - 1.
 struct Heads {
@@ -109,6 +110,7 @@ __device__ __forceinline__ void load_v(const __half* p, float* out) {
 template <int DPL, bool kStage>
 __device__ void segment_partial(const Args& a, int t, const Heads& hs, int k0, int k1, Shared<DPL * 32>& s) {
   constexpr int hd = DPL * 32;
+  static_assert(!kStage || kStageK<hd>, "staging needs the staged rows in Shared");
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int32_t* bt = a.step.block_tables + static_cast<int64_t>(a.step.token_seq[t]) * a.step.max_blocks_per_seq;
   const int64_t row = static_cast<int64_t>(a.num_kv_heads) * hd;
@@ -131,8 +133,8 @@ __device__ void segment_partial(const Args& a, int t, const Heads& hs, int k0, i
       // The 32 rows' 16-byte pieces in order, one per lane and load: hd / 8 lanes a row.
       __syncwarp();  // (the previous keys' rows have been read)
 #pragma unroll
-      for (int t = 0; t < hd / 8; ++t) {
-        const int i = lane + 32 * t, j = i / (hd / 8), c = i % (hd / 8);
+      for (int piece = 0; piece < hd / 8; ++piece) {
+        const int i = lane + 32 * piece, j = i / (hd / 8), c = i % (hd / 8);
         const int64_t sj = __shfl_sync(0xffffffffu, slot, j);
         if (base + j < k1)
           reinterpret_cast<uint4*>(&s.k[warp][j][0])[c] =

@@ -8,6 +8,7 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <string>
@@ -366,10 +367,12 @@ class CudaBackend final : public Backend {
     float* partials = nullptr;
     const int segs = cuda::attention_segments(dstep_.max_context);
     const size_t floats = size_t(dstep_.num_tokens) * num_heads * segs * (c.shape_.head_dim + 2);
-    if (!tc && segs > 1 && floats * sizeof(float) <= kMaxPartialBytes &&
+    if (!tc && segs > 1 && floats * sizeof(float) <= kMaxPartialBytes && floats * sizeof(float) < partials_denied_ &&
         cuda::attention_loop_blocks(dstep_.num_tokens, num_heads, c.shape_.num_kv_heads) < 4 * int64_t{num_sms_}) {
       if (ensure(&partials_, &partials_cap_, floats * sizeof(float), /*optional=*/true))
         partials = static_cast<float*>(partials_);
+      else  // (not asked for again at this size or larger: the looped path gives the same bits)
+        partials_denied_ = floats * sizeof(float);
     }
     const cuda::DeviceStep ds = dstep_;
     const int32_t nkv = c.shape_.num_kv_heads, hd = c.shape_.head_dim, bs = c.shape_.block_size;
@@ -575,6 +578,7 @@ class CudaBackend final : public Backend {
   size_t sample_host_cap_ = 0;
   int num_sms_ = 132;
   int max_shared_optin_ = 0;  // bytes of shared memory a block may opt into
+  size_t partials_denied_ = SIZE_MAX;  // split-KV partials of this many bytes could not be allocated
   size_t max_weight_elems_ = 0;
   int32_t graph_max_tokens_ = 0;
   cuda::StepGraphs graphs_;
