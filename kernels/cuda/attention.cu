@@ -321,17 +321,27 @@ __global__ void __launch_bounds__(kThreads)
 }
 
 #ifndef TROUPE_CUDA_EMULATION  // (tests/kernels/cuda_emulation.h runs the kernels above on the CPU)
-template <int DPL>
-cudaError_t launch(const Args& a, int num_tokens, float* out, float* partials, int max_segments, cudaStream_t stream) {
+template <int DPL, bool kStage>
+cudaError_t launch_staged(const Args& a, int num_tokens, float* out, float* partials, int max_segments,
+                          cudaStream_t stream) {
   const int group = a.num_heads / a.num_kv_heads;
   const unsigned ys = static_cast<unsigned>(a.num_kv_heads * ((group + kGroup - 1) / kGroup));
   if (partials) {
-    attention_split_kernel<DPL><<<dim3(num_tokens, ys, max_segments), kThreads, 0, stream>>>(a, max_segments, partials);
+    attention_split_kernel<DPL, kStage>
+        <<<dim3(num_tokens, ys, max_segments), kThreads, 0, stream>>>(a, max_segments, partials);
     attention_combine_kernel<DPL><<<dim3(num_tokens, a.num_heads), kThreads, 0, stream>>>(a, max_segments, partials, out);
   } else {
-    attention_loop_kernel<DPL><<<dim3(num_tokens, ys), kThreads, 0, stream>>>(a, out);
+    attention_loop_kernel<DPL, kStage><<<dim3(num_tokens, ys), kThreads, 0, stream>>>(a, out);
   }
   return cudaGetLastError();
+}
+template <int DPL>
+cudaError_t launch(const Args& a, int num_tokens, float* out, float* partials, int max_segments, bool direct_k,
+                   cudaStream_t stream) {
+  if constexpr (kStageK<DPL * 32>) {
+    if (!direct_k) return launch_staged<DPL, true>(a, num_tokens, out, partials, max_segments, stream);
+  }
+  return launch_staged<DPL, false>(a, num_tokens, out, partials, max_segments, stream);
 }
 
 #endif
@@ -350,7 +360,8 @@ int64_t attention_loop_blocks(int32_t num_tokens, int32_t num_heads, int32_t num
 
 cudaError_t attention(const DeviceStep& step, const float* q, int64_t ld_q, int32_t num_heads, int32_t num_kv_heads,
                       int32_t head_dim, int32_t block_size, float scale, const uint16_t* k_cache,
-                      const uint16_t* v_cache, float* out, float* partials, cudaStream_t stream, bool skip_tc_tiles) {
+                      const uint16_t* v_cache, float* out, float* partials, cudaStream_t stream, bool skip_tc_tiles,
+                      bool direct_k) {
   if (step.num_tokens <= 0) return cudaSuccess;
   if (num_kv_heads <= 0 || num_heads % num_kv_heads != 0) return cudaErrorInvalidValue;
   if (skip_tc_tiles && partials) return cudaErrorInvalidValue;  // only the looped path skips
@@ -358,13 +369,13 @@ cudaError_t attention(const DeviceStep& step, const float* q, int64_t ld_q, int3
                reinterpret_cast<const __half*>(v_cache), skip_tc_tiles};
   const int segs = attention_segments(step.max_context);
   switch (head_dim) {
-    case 32: return launch<1>(a, step.num_tokens, out, partials, segs, stream);
-    case 64: return launch<2>(a, step.num_tokens, out, partials, segs, stream);
-    case 96: return launch<3>(a, step.num_tokens, out, partials, segs, stream);
-    case 128: return launch<4>(a, step.num_tokens, out, partials, segs, stream);
-    case 160: return launch<5>(a, step.num_tokens, out, partials, segs, stream);
-    case 192: return launch<6>(a, step.num_tokens, out, partials, segs, stream);
-    case 256: return launch<8>(a, step.num_tokens, out, partials, segs, stream);
+    case 32: return launch<1>(a, step.num_tokens, out, partials, segs, direct_k, stream);
+    case 64: return launch<2>(a, step.num_tokens, out, partials, segs, direct_k, stream);
+    case 96: return launch<3>(a, step.num_tokens, out, partials, segs, direct_k, stream);
+    case 128: return launch<4>(a, step.num_tokens, out, partials, segs, direct_k, stream);
+    case 160: return launch<5>(a, step.num_tokens, out, partials, segs, direct_k, stream);
+    case 192: return launch<6>(a, step.num_tokens, out, partials, segs, direct_k, stream);
+    case 256: return launch<8>(a, step.num_tokens, out, partials, segs, direct_k, stream);
     default: return cudaErrorInvalidValue;
   }
 }

@@ -381,8 +381,9 @@ class CudaBackend final : public Backend {
     if (tc)
       run("attention_tc", __LINE__, {step_key(), P(q), U(ld_q), U(num_heads), U(nkv), U(hd), U(bs), F(scale), P(kc), P(vc), P(out)},
           [=](cudaStream_t st) { return cuda::attention_tc(ds, q, ld_q, num_heads, nkv, hd, bs, scale, kc, vc, out, st); });
+    const bool direct = direct_k_;
     run("attention", __LINE__, {step_key(), P(q), U(ld_q), U(num_heads), U(nkv), U(hd), U(bs), F(scale), P(kc), P(vc), P(out), P(partials), U(tc)},
-        [=](cudaStream_t st) { return cuda::attention(ds, q, ld_q, num_heads, nkv, hd, bs, scale, kc, vc, out, partials, st, tc); });
+        [=](cudaStream_t st) { return cuda::attention(ds, q, ld_q, num_heads, nkv, hd, bs, scale, kc, vc, out, partials, st, tc, direct); });
   }
   void silu_mul(const float* gate_up, int64_t n, int64_t ffn, float* out) override {
     run("silu_mul", __LINE__, {P(gate_up), U(n), U(ffn), P(out)},
@@ -562,6 +563,12 @@ class CudaBackend final : public Backend {
   bool simple_gemv_ = [] {
     const char* e = std::getenv("TROUPE_CUDA_GEMV");
     return e && std::string(e) == "simple";
+  }();
+  // TROUPE_CUDA_ATTN=direct: attention reads K rows straight from global memory rather than
+  // staging them in shared memory (the same bits; benchmarks compare the two).
+  bool direct_k_ = [] {
+    const char* e = std::getenv("TROUPE_CUDA_ATTN");
+    return e && std::string(e) == "direct";
   }();
   cudaStream_t stream_;
   cublasHandle_t blas_;

@@ -385,11 +385,12 @@ TEST_CASE("cuda: split-KV decode attention gives the same bits as the looped pat
     std::vector<Tok> fill;
     for (int32_t p = 0; p < 700; ++p) fill.push_back({1, p});
     step(b, **cache, fill, 1);  // sequence 1: positions 0..699 (looped path)
-    // Position 700 of sequence 1 alone (6 blocks: split-KV over 3 segments) ...
+    // Position 700 of sequence 1 alone (2 looped blocks: split-KV over 3 segments) ...
     auto alone = step(b, **cache, {{1, 700}}, 2);
-    // ... and again beside a 60-token prefill of sequence 0 (360 blocks: looped path).
+    // ... and again beside a 400-token prefill of sequence 0 (401 tokens x 2 KV heads:
+    // 802 looped blocks, at least 4 per multiprocessor on GPUs of up to 200: looped path).
     std::vector<Tok> mixed;
-    for (int32_t p = 0; p < 60; ++p) mixed.push_back({0, p});
+    for (int32_t p = 0; p < 400; ++p) mixed.push_back({0, p});
     mixed.push_back({1, 700});
     auto with = step(b, **cache, mixed, 2);
     std::vector<float> last(with.end() - nh * hd, with.end());
@@ -397,6 +398,14 @@ TEST_CASE("cuda: split-KV decode attention gives the same bits as the looped pat
   };
   auto [g_alone, g_with] = run(*gpu);
   REQUIRE(g_alone == g_with);  // bit for bit
+  // K rows read directly instead of staged in shared memory (TROUPE_CUDA_ATTN=direct): the
+  // same bits on both paths.
+  setenv("TROUPE_CUDA_ATTN", "direct", 1);
+  auto direct = gpu_or_skip();
+  unsetenv("TROUPE_CUDA_ATTN");
+  auto [d_alone, d_with] = run(*direct);
+  REQUIRE(d_alone == g_alone);
+  REQUIRE(d_with == g_with);
   auto [c_alone, c_with] = run(*cpu);
   expect_close(g_alone, c_alone, 2e-3, 2e-3, "split-KV decode attention vs the CPU");
 }
