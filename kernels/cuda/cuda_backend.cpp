@@ -317,7 +317,7 @@ class CudaBackend final : public Backend {
     const bool bf16 = type == DType::BF16;
     const cudaDataType_t ht = bf16 ? CUDA_R_16BF : CUDA_R_16F;
     if (!ensure(&xh_, &xh_cap_, static_cast<size_t>(n * k) * 2)) return;
-    TROUPE_CUDA(cuda::to_half(x, n * k, xh_, bf16, stream_));
+    TROUPE_CUDA(cuda::to_half_rows(x, k, n, k, k, n, xh_, bf16, stream_));
     const void* a = data;
     int lda = static_cast<int>(rb / 2);
     if (type != DType::F16 && !bf16) {  // quantized: dequantize to f16 first
@@ -515,9 +515,8 @@ class CudaBackend final : public Backend {
     return p;
   }
   // Grows a device scratch buffer (running what is recorded and waiting for its users
-  // first; graphs that refer to the old buffer are dropped).
-  // Grows a scratch buffer to `bytes`. A failed allocation fails the backend, unless
-  // `optional`: then it only returns false (the caller has another way).
+  // first; graphs that refer to the old buffer are dropped). A failed allocation fails the
+  // backend, unless `optional`: then it only returns false (the caller has another way).
   bool ensure(void** buf, size_t* cap, size_t bytes, bool optional = false) {
     if (bytes <= *cap) return true;
     flush();
@@ -526,13 +525,13 @@ class CudaBackend final : public Backend {
     if (*buf) cudaFree(*buf);
     *buf = nullptr;
     *cap = 0;
-    if (optional) {
-      if (cudaMalloc(buf, bytes) != cudaSuccess) {
+    const cudaError_t e = cudaMalloc(buf, bytes);
+    if (e != cudaSuccess) {
+      *buf = nullptr;
+      if (optional)
         cudaGetLastError();  // (clears the failed allocation's error)
-        *buf = nullptr;
-        return false;
-      }
-    } else if (!check(cudaMalloc(buf, bytes), "cudaMalloc(scratch)", __FILE__, __LINE__)) {
+      else
+        check(e, "cudaMalloc(scratch)", __FILE__, __LINE__);
       return false;
     }
     *cap = bytes;

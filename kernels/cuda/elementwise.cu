@@ -78,9 +78,6 @@ cudaError_t to_half_rows(const float* x, int64_t ldx, int64_t n, int64_t cols, i
     launch_to_half_rows(x, ldx, n, cols, ld_out, n_pad, static_cast<__half*>(out), stream);
   return cudaGetLastError();
 }
-cudaError_t to_half(const float* x, int64_t count, void* out, bool to_bf16, cudaStream_t stream) {
-  return to_half_rows(x, count, 1, count, count, 1, out, to_bf16, stream);
-}
 
 #endif
 

@@ -46,10 +46,10 @@ bool has_gemm_tc(DType type);
 size_t gemm_tc_scratch_bytes(size_t row_bytes, int64_t n);
 cudaError_t gemm_tc(DType type, const void* w, size_t row_bytes, int64_t rows, int64_t cols, const float* x,
                     int64_t ldx, int64_t n, void* scratch, float* y, int64_t ldy, cudaStream_t stream);
-// Activations quantized per 32 values for the 32-block weight types (matmul_q8.cu).
+// Activations quantized per 32 values for the quantized weight types (matmul_q8.cu).
 struct alignas(16) Q8Block {
   int8_t q[32];
-  float d, s;  // scale (f16-rounded) and d * sum(q)
+  float d, s;  // scale (f16-rounded for the 32-block types) and d * sum(q)
   float pad[2];
 };
 // Bytes a weight's device buffer carries past its last row (the GEMVs' word loads of 2-byte
@@ -65,9 +65,8 @@ cudaError_t gemv_q8(DType type, const void* w, size_t row_bytes, int64_t rows, i
 // W -> f16 [rows, cols] for the cuBLAS path (prefill).
 cudaError_t dequant_to_f16(DType type, const void* w, size_t row_bytes, int64_t rows, int64_t cols, void* out,
                            cudaStream_t stream);
-// x [n, cols] f32 -> [n, cols] f16 (to_bf16 = false) or bf16.
-cudaError_t to_half(const float* x, int64_t count, void* out, bool to_bf16, cudaStream_t stream);
-// x [n, ldx] (first cols values a row) -> f16/bf16 out [n_pad, ld_out], zero past cols and n.
+// x [n, ldx] (first cols values a row) -> f16 (to_bf16 = false) or bf16 out [n_pad, ld_out],
+// zero past cols and n.
 cudaError_t to_half_rows(const float* x, int64_t ldx, int64_t n, int64_t cols, int64_t ld_out, int64_t n_pad,
                          void* out, bool to_bf16, cudaStream_t stream);
 cudaError_t add_bias(float* y, int64_t ld, const float* bias, int64_t n, int64_t dim, cudaStream_t stream);
@@ -85,7 +84,8 @@ cudaError_t kv_write(const DeviceStep& step, const float* k, const float* v, int
 // Causal paged attention over one layer's f16 cache. q: [n, num_heads * hd] at stride ld_q;
 // out: [n, num_heads * hd]. head_dim must be a multiple of 32, at most 256. With `partials`
 // (floats: n * num_heads * attention_segments(max_context) * (head_dim + 2)) each KV segment
-// gets its own block (split-KV, for small batches); without, one block per token and head.
+// gets its own block (split-KV, for small batches); without, one block per token and group of
+// up to four query heads of a KV head (attention_loop_blocks()).
 // Both give the same bits.
 // skip_tc_tiles (looped path only): leave the tokens of the tiles attention_tc takes.
 // direct_k: read K rows from global memory even where they would be staged in shared
