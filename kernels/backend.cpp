@@ -31,6 +31,18 @@ void Backend::rope_kv_write(KvCache& cache, int32_t layer, float* qkv, int64_t l
   kv_write(cache, layer, k, k + int64_t{num_kv_heads} * head_dim, ld);
 }
 
+void Backend::matmul_silu(const Weight& gate_up, const float* x, int64_t n, int64_t ffn, float* gu, float* out) {
+  matmul(gate_up, x, n, gu, 2 * ffn);
+  silu_mul(gu, n, ffn, out);
+}
+
+void Backend::matmul_rope_kv_write(const Weight& wqkv, const float* x, KvCache& cache, int32_t layer, float* qkv,
+                                   int64_t ld, int64_t n, int32_t num_heads, int32_t num_kv_heads, int64_t head_dim,
+                                   const float* cos_sin, RopeKind kind) {
+  matmul(wqkv, x, n, qkv, ld);
+  rope_kv_write(cache, layer, qkv, ld, n, num_heads, num_kv_heads, head_dim, cos_sin, kind);
+}
+
 Result<std::unique_ptr<Backend>> make_backend(const std::string& device, int cpu_threads,
                                               const CudaBackendOptions& cuda) {
   if (device == "cpu") return make_cpu_backend(CpuBackendOptions{cpu_threads});

@@ -251,25 +251,30 @@ Status Model::forward_stage(const StepInputs& s, KvCache& cache, const float* hi
       be.rms_norm(x_, L.attn_norm, cfg_.rms_eps, n, H, h_);
     else
       be.add_rms_norm(x_, h_, L.attn_norm, cfg_.rms_eps, n, H, h_);
-    if (L.qkv) {
-      be.matmul(*L.qkv, h_, n, qkv_, qkv_ld);
+    if (L.qkv && !L.qkv_bias) {
+      be.matmul_rope_kv_write(*L.qkv, h_, cache, l, qkv_, qkv_ld, n, cfg_.num_heads, cfg_.num_kv_heads, hd, cos_sin_,
+                              cfg_.rope_kind);
     } else {
-      be.matmul(*L.q, h_, n, qkv_, qkv_ld);
-      be.matmul(*L.k, h_, n, qkv_ + q_rows, qkv_ld);
-      be.matmul(*L.v, h_, n, qkv_ + q_rows + kv_rows, qkv_ld);
+      if (L.qkv) {
+        be.matmul(*L.qkv, h_, n, qkv_, qkv_ld);
+      } else {
+        be.matmul(*L.q, h_, n, qkv_, qkv_ld);
+        be.matmul(*L.k, h_, n, qkv_ + q_rows, qkv_ld);
+        be.matmul(*L.v, h_, n, qkv_ + q_rows + kv_rows, qkv_ld);
+      }
+      if (L.qkv_bias) be.add_bias(qkv_, qkv_ld, L.qkv_bias, n, qkv_ld);
+      be.rope_kv_write(cache, l, qkv_, qkv_ld, n, cfg_.num_heads, cfg_.num_kv_heads, hd, cos_sin_, cfg_.rope_kind);
     }
-    if (L.qkv_bias) be.add_bias(qkv_, qkv_ld, L.qkv_bias, n, qkv_ld);
-    be.rope_kv_write(cache, l, qkv_, qkv_ld, n, cfg_.num_heads, cfg_.num_kv_heads, hd, cos_sin_, cfg_.rope_kind);
     be.attention(cache, l, qkv_, qkv_ld, cfg_.num_heads, scale, attn_);
     be.matmul(*L.o, attn_, n, h_, H);
     be.add_rms_norm(x_, h_, L.ffn_norm, cfg_.rms_eps, n, H, h_);
     if (L.gate_up) {
-      be.matmul(*L.gate_up, h_, n, gu_, 2 * cfg_.ffn);
+      be.matmul_silu(*L.gate_up, h_, n, cfg_.ffn, gu_, act_);
     } else {
       be.matmul(*L.gate, h_, n, gu_, 2 * cfg_.ffn);
       be.matmul(*L.up, h_, n, gu_ + cfg_.ffn, 2 * cfg_.ffn);
+      be.silu_mul(gu_, n, cfg_.ffn, act_);
     }
-    be.silu_mul(gu_, n, cfg_.ffn, act_);
     be.matmul(*L.down, act_, n, h_, H);
   }
   if (num_stage_layers() > 0) be.add(x_, h_, n * H);

@@ -21,6 +21,16 @@ __device__ __forceinline__ float warp_max(float v) {
   return v;
 }
 
+// SiLU-gated product silu(g) * u (silu_mul_kernel and the GEMV epilogue: one expression,
+// so both give the same bits).
+__device__ __forceinline__ float silu_gate(float g, float u) { return g / (1.0f + expf(-g)) * u; }
+// One RoPE rotation, with explicit rounding so that every kernel doing it (rope.cu, the
+// GEMV epilogue) rounds alike whatever the compiler would contract.
+__device__ __forceinline__ void rope_rotate(float x0, float x1, float c, float s, float* y0, float* y1) {
+  *y0 = __fmaf_rn(x0, c, -__fmul_rn(x1, s));
+  *y1 = __fmaf_rn(x0, s, __fmul_rn(x1, c));
+}
+
 __device__ __forceinline__ float h2f(uint16_t h) { return __half2float(__ushort_as_half(h)); }
 __device__ __forceinline__ float bf2f(uint16_t h) { return __uint_as_float(static_cast<uint32_t>(h) << 16); }
 __device__ __forceinline__ uint16_t ld16(const uint8_t* p) { return *reinterpret_cast<const uint16_t*>(p); }

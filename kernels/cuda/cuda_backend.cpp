@@ -287,9 +287,8 @@ class CudaBackend final : public Backend {
     }
     if ((n <= kGemvMaxTokens || batch_invariant_) && cuda::uses_q8_activations(type) && !simple_gemv_) {
       // As the CPU and llama.cpp: int8 activations per 32 values, integer dot products.
-      const size_t bytes = size_t(n) * size_t(cols / 32) * sizeof(cuda::Q8Block);
-      if (!ensure(&xq_, &xq_cap_, bytes)) return;
-      auto* xq = static_cast<cuda::Q8Block*>(xq_);
+      cuda::Q8Block* xq = q8_scratch(n, cols);
+      if (!xq) return;
       run("quantize_q8 + gemv_q8", __LINE__, {P(data), rb, U(rows), U(cols), P(x), U(n), P(y), U(ldy), P(xq)},
           [=](cudaStream_t st) {
             const cudaError_t e = cuda::quantize_q8(type, x, cols, cols, n, xq, st);
@@ -445,6 +444,57 @@ class CudaBackend final : public Backend {
     run("rope_kv_write", __LINE__, {step_key(), P(qkv), U(ld), U(nh), U(nkv), U(head_dim), P(cos_sin), U(neox), P(kc), P(vc)},
         [=](cudaStream_t st) { return cuda::rope_kv_write(ds, qkv, ld, nh, nkv, head_dim, cos_sin, neox, kc, vc, st); });
   }
+  void matmul_silu(const Weight& gate_up, const float* x, int64_t n, int64_t ffn, float* gu, float* out) override {
+    if (failed() || n <= 0) return;
+    const auto& w = static_cast<const CudaWeight&>(gate_up);
+    if (!fused_gemv(w.type, n) || w.rows != 2 * ffn) {
+      Backend::matmul_silu(gate_up, x, n, ffn, gu, out);
+      return;
+    }
+    const DType type = w.type;
+    const void* data = w.data;
+    const size_t rb = w.row_bytes;
+    const int64_t cols = w.cols;
+    cuda::Q8Block* xq = nullptr;
+    if (cuda::uses_q8_activations(type) && !(xq = q8_scratch(n, cols))) return;
+    run("gemv_silu", __LINE__, {P(data), rb, U(ffn), U(cols), P(x), U(n), P(out), P(xq)}, [=](cudaStream_t st) {
+      const cudaError_t e = xq ? cuda::quantize_q8(type, x, cols, cols, n, xq, st) : cudaSuccess;
+      return e != cudaSuccess ? e : cuda::gemv_silu(type, data, rb, ffn, cols, x, xq, n, out, ffn, st);
+    });
+  }
+  void matmul_rope_kv_write(const Weight& wqkv, const float* x, KvCache& cache, int32_t layer, float* qkv, int64_t ld,
+                            int64_t n, int32_t num_heads, int32_t num_kv_heads, int64_t head_dim, const float* cos_sin,
+                            RopeKind kind) override {
+    if (failed() || n <= 0) return;
+    const auto& w = static_cast<const CudaWeight&>(wqkv);
+    auto& c = static_cast<CudaKvCache&>(cache);
+    const int64_t nh = num_heads, nkv = num_kv_heads;
+    // One cache row per step token, the whole QKV weight, whole rotation pairs; anything
+    // else takes the unfused ops.
+    if (!fused_gemv(w.type, n) || n != dstep_.num_tokens || nkv != c.shape_.num_kv_heads ||
+        head_dim != c.shape_.head_dim || head_dim % 2 != 0 || w.rows != (nh + 2 * nkv) * head_dim || ld < w.rows) {
+      Backend::matmul_rope_kv_write(wqkv, x, cache, layer, qkv, ld, n, num_heads, num_kv_heads, head_dim, cos_sin,
+                                    kind);
+      return;
+    }
+    const DType type = w.type;
+    const void* data = w.data;
+    const size_t rb = w.row_bytes;
+    const int64_t cols = w.cols;
+    cuda::Q8Block* xq = nullptr;
+    if (cuda::uses_q8_activations(type) && !(xq = q8_scratch(n, cols))) return;
+    const bool neox = kind == RopeKind::Neox;
+    uint16_t* kc = c.k + c.layer_elems * layer;
+    uint16_t* vc = c.v + c.layer_elems * layer;
+    const cuda::RopeKvArgs a{qkv, ld, nh, nkv, head_dim, cos_sin, neox, dstep_.slot_mapping, kc, vc};
+    run("gemv_rope_kv_write", __LINE__,
+        {step_key(), P(data), rb, U(cols), P(x), U(n), P(qkv), U(ld), U(nh), U(nkv), U(head_dim), P(cos_sin), U(neox),
+         P(kc), P(vc), P(xq)},
+        [=](cudaStream_t st) {
+          const cudaError_t e = xq ? cuda::quantize_q8(type, x, cols, cols, n, xq, st) : cudaSuccess;
+          return e != cudaSuccess ? e : cuda::gemv_rope_kv_write(type, data, rb, cols, x, xq, n, a, st);
+        });
+  }
   void gather_rows(const float* x, int64_t dim, const int32_t* rows, int64_t n, float* out) override {
     if (failed()) return;
     const int32_t* dev_rows = upload_indices(rows, n);
@@ -455,6 +505,17 @@ class CudaBackend final : public Backend {
 
  private:
   bool failed() const { return !error_.empty(); }
+  // Whether matmul() would run the GEMV for this type and token count and a fused epilogue
+  // exists for it (TROUPE_CUDA_FUSE=0: never, for benchmarks).
+  bool fused_gemv(DType type, int64_t n) const {
+    return fuse_ && !simple_gemv_ && (n <= kGemvMaxTokens || batch_invariant_) &&
+           !(tc_gemm_ && cuda::has_gemm_tc(type)) && cuda::has_fused_gemv(type);
+  }
+  // The int8 activations' buffer for n rows of cols values (nullptr on failure, recorded).
+  cuda::Q8Block* q8_scratch(int64_t n, int64_t cols) {
+    const size_t bytes = size_t(n) * size_t(cols / 32) * sizeof(cuda::Q8Block);
+    return ensure(&xq_, &xq_cap_, bytes) ? static_cast<cuda::Q8Block*>(xq_) : nullptr;
+  }
   bool check(cudaError_t e, const char* what, const char* file, int line) {
     if (e == cudaSuccess) return true;
     if (error_.empty())
@@ -568,6 +629,12 @@ class CudaBackend final : public Backend {
   bool direct_k_ = [] {
     const char* e = std::getenv("TROUPE_CUDA_ATTN");
     return e && std::string(e) == "direct";
+  }();
+  // TROUPE_CUDA_FUSE=0: the gate/up and QKV GEMVs without their fused SiLU and RoPE + KV
+  // write epilogues (the same bits; benchmarks compare the two).
+  bool fuse_ = [] {
+    const char* e = std::getenv("TROUPE_CUDA_FUSE");
+    return !(e && std::string(e) == "0");
   }();
   cudaStream_t stream_;
   cublasHandle_t blas_;

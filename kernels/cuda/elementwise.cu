@@ -17,7 +17,7 @@ __global__ void silu_mul_kernel(const float* gu, int64_t n, int64_t ffn, float* 
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n * ffn; i += int64_t{gridDim.x} * blockDim.x) {
     const int64_t t = i / ffn, j = i % ffn;
     const float g = gu[t * 2 * ffn + j], u = gu[t * 2 * ffn + ffn + j];
-    out[i] = g / (1.0f + expf(-g)) * u;
+    out[i] = silu_gate(g, u);
   }
 }
 __global__ void add_kernel(float* x, const float* y, int64_t count) {

@@ -3,6 +3,7 @@
 #include <cstdint>
 
 #include "kernels/cuda/common.cuh"
+#include "kernels/cuda/gemv_epilogue.cuh"
 #include "kernels/cuda/ops.h"
 
 namespace troupe::cuda {
@@ -198,25 +199,29 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
 // through L1). The arithmetic of each (row, token) is gemv_half_kernel's exactly -- lane l
 // sums the vectors l, l + 32, ... in order, each an fmaf chain over its 8 elements from 0,
 // then the same warp sum -- so the bits equal the one-token kernel's and stay
-// batch-invariant. Rows past the end re-read the warp's first row and are not stored.
-template <bool BF16, int NT, int R>
+// batch-invariant. The rows are R / E::kRows items of the epilogue E (gemv_epilogue.cuh:
+// plain rows, or a fused SiLU or RoPE + KV write); items past the end re-read the warp's
+// first item and are not stored.
+template <bool BF16, int NT, int R, class E = RowsOut>
 __global__ void __launch_bounds__(kWarpsPerBlock * 32)
-    gemv_half_rows_kernel(const uint8_t* __restrict__ w, size_t row_bytes, int64_t rows, int64_t cols,
-                          const float* __restrict__ x, int64_t ldx, int64_t n, bool vec, float* __restrict__ y,
-                          int64_t ldy) {
+    gemv_half_rows_kernel(const uint8_t* __restrict__ w, size_t row_bytes, int64_t cols,
+                          const float* __restrict__ x, int64_t ldx, int64_t n, bool vec, E out) {
   constexpr int U = 2;  // vectors per row in flight
+  constexpr int K = E::kRows, P = R / K;
+  static_assert(R % K == 0, "whole items per warp");
   const int lane = threadIdx.x & 31;
-  const int64_t r0 = (int64_t{blockIdx.x} * kWarpsPerBlock + (threadIdx.x >> 5)) * R;
-  if (r0 >= rows) return;
-  const int nr = rows - r0 < R ? static_cast<int>(rows - r0) : R;
+  const int64_t item0 = (int64_t{blockIdx.x} * kWarpsPerBlock + (threadIdx.x >> 5)) * P;
+  const int64_t items = out.items();
+  if (item0 >= items) return;
+  const int np = items - item0 < P ? static_cast<int>(items - item0) : P;
   const int64_t t0 = int64_t{blockIdx.y} * NT;
   const int nt = n - t0 < NT ? static_cast<int>(n - t0) : NT;
   x += t0 * ldx;
-  y += t0 * ldy;
   const uint4* wr[R];
 #pragma unroll
   for (int i = 0; i < R; ++i)
-    wr[i] = reinterpret_cast<const uint4*>(w + static_cast<size_t>(r0 + (i < nr ? i : 0)) * row_bytes);
+    wr[i] = reinterpret_cast<const uint4*>(w + static_cast<size_t>(out.row(item0 + (i / K < np ? i / K : 0), i % K)) *
+                                               row_bytes);
   float acc[R][NT];
 #pragma unroll
   for (int i = 0; i < R; ++i)
@@ -254,13 +259,15 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
     }
   }
 #pragma unroll
-  for (int i = 0; i < R; ++i) {
-    if (i >= nr) break;
+  for (int p = 0; p < P; ++p) {
+    if (p >= np) break;
 #pragma unroll
     for (int t = 0; t < NT; ++t) {
       if (t >= nt) break;
-      const float s = warp_sum(acc[i][t]);
-      if (lane == 0) y[t * ldy + r0 + i] = s;
+      float s[K];
+#pragma unroll
+      for (int k = 0; k < K; ++k) s[k] = warp_sum(acc[p * K + k][t]);
+      if (lane == 0) out.store(t0 + t, item0 + p, s);
     }
   }
 }
@@ -284,7 +291,7 @@ void launch_gemv(dim3 grid, dim3 block, cudaStream_t stream, bool simple, const 
       constexpr int64_t per_block = int64_t{kWarpsPerBlock} * kHalfRowsPerWarp;
       const dim3 g(static_cast<unsigned>((rows + per_block - 1) / per_block), grid.y);
       gemv_half_rows_kernel<T == DType::BF16, NT, kHalfRowsPerWarp>
-          <<<g, block, 0, stream>>>(w, row_bytes, rows, cols, x, ldx, n, vec, y, ldy);
+          <<<g, block, 0, stream>>>(w, row_bytes, cols, x, ldx, n, vec, RowsOut{y, ldy, rows});
       return;
     }
   }
@@ -340,6 +347,60 @@ cudaError_t gemv(DType type, const void* w, size_t row_bytes, int64_t rows, int6
     }
   });
   if (!ok) return cudaErrorInvalidValue;
+  return cudaGetLastError();
+}
+
+namespace {
+// A fused GEMV's launch: blocks of kWarpsPerBlock warps of R / E::kRows items each, token
+// groups as gemv()'s (the bits do not depend on either).
+template <bool BF16, int R, class E>
+void launch_half_fused(const uint8_t* w, size_t row_bytes, int64_t cols, const float* x, int64_t n, const E& out,
+                       cudaStream_t stream) {
+  constexpr int64_t per_block = int64_t{kWarpsPerBlock} * (R / E::kRows);
+  const unsigned blocks = static_cast<unsigned>((out.items() + per_block - 1) / per_block);
+  const bool vec = (reinterpret_cast<uintptr_t>(x) % 16 == 0) && (cols % 4 == 0);
+  const dim3 block(kWarpsPerBlock * 32);
+  if (n == 1)
+    gemv_half_rows_kernel<BF16, 1, R, E><<<dim3(blocks, 1), block, 0, stream>>>(w, row_bytes, cols, x, cols, n, vec, out);
+  else if (n == 2)
+    gemv_half_rows_kernel<BF16, 2, R, E><<<dim3(blocks, 1), block, 0, stream>>>(w, row_bytes, cols, x, cols, n, vec, out);
+  else if (n <= 4)
+    gemv_half_rows_kernel<BF16, 4, R, E><<<dim3(blocks, 1), block, 0, stream>>>(w, row_bytes, cols, x, cols, n, vec, out);
+  else
+    gemv_half_rows_kernel<BF16, 8, R, E><<<dim3(blocks, static_cast<unsigned>((n + 7) / 8)), block, 0, stream>>>(
+        w, row_bytes, cols, x, cols, n, vec, out);
+}
+}  // namespace
+
+bool has_fused_gemv(DType type) { return type == DType::F16 || type == DType::BF16 || uses_q8_activations(type); }
+
+cudaError_t gemv_silu(DType type, const void* w, size_t row_bytes, int64_t ffn, int64_t cols, const float* x,
+                      const Q8Block* xq, int64_t n, float* out, int64_t ldo, cudaStream_t stream) {
+  if (n <= 0 || ffn <= 0) return cudaSuccess;
+  if (uses_q8_activations(type)) return gemv_q8_silu(type, w, row_bytes, ffn, cols, xq, n, out, ldo, stream);
+  if (type != DType::F16 && type != DType::BF16) return cudaErrorInvalidValue;
+  const auto* wb = static_cast<const uint8_t*>(w);
+  const SiluOut o{out, ldo, ffn};
+  // (two gate/up pairs a warp where the plain GEMV would take four rows a warp)
+  const bool bf16 = type == DType::BF16, multi = 2 * ffn >= kHalfMultiRowMin;
+  if (bf16 && multi) launch_half_fused<true, 4>(wb, row_bytes, cols, x, n, o, stream);
+  else if (bf16) launch_half_fused<true, 2>(wb, row_bytes, cols, x, n, o, stream);
+  else if (multi) launch_half_fused<false, 4>(wb, row_bytes, cols, x, n, o, stream);
+  else launch_half_fused<false, 2>(wb, row_bytes, cols, x, n, o, stream);
+  return cudaGetLastError();
+}
+
+cudaError_t gemv_rope_kv_write(DType type, const void* w, size_t row_bytes, int64_t cols, const float* x,
+                               const Q8Block* xq, int64_t n, const RopeKvArgs& args, cudaStream_t stream) {
+  if (n <= 0) return cudaSuccess;
+  if (args.head_dim <= 0 || args.head_dim % 2 != 0) return cudaErrorInvalidValue;
+  if (uses_q8_activations(type)) return gemv_q8_rope_kv_write(type, w, row_bytes, cols, xq, n, args, stream);
+  if (type != DType::F16 && type != DType::BF16) return cudaErrorInvalidValue;
+  const auto* wb = static_cast<const uint8_t*>(w);
+  if (type == DType::BF16)
+    launch_half_fused<true, 2>(wb, row_bytes, cols, x, n, RopeKvOut{args}, stream);
+  else
+    launch_half_fused<false, 2>(wb, row_bytes, cols, x, n, RopeKvOut{args}, stream);
   return cudaGetLastError();
 }
 

@@ -11,6 +11,7 @@
 // d_w = d (the CPU quantizes its activations per 256 values, as GGML's q8_K). A token's
 // arithmetic does not depend on its batch (batch-invariant).
 #include "kernels/cuda/common.cuh"
+#include "kernels/cuda/gemv_epilogue.cuh"
 #include "kernels/cuda/ops.h"
 
 namespace troupe::cuda {
@@ -194,22 +195,27 @@ __device__ __forceinline__ void unpack_block<DType::Q6_K>(const uint8_t* row, in
 // 1.4-2.4 times the weights' at one token and NT times that at NT. Lane l takes blocks l,
 // l + 32, ... of each of its rows in order; the per-block combine is written with explicit
 // rounding intrinsics, so the compiler cannot contract it differently for another R or NT:
-// a (row, token)'s bits depend on neither R nor NT nor the batch.
-template <DType T, int NT, int R>
+// a (row, token)'s bits depend on neither R nor NT nor the batch. The R rows are R / E::kRows
+// items of the epilogue E (gemv_epilogue.cuh: plain rows, or a fused SiLU or RoPE + KV
+// write); items past the end re-read the warp's first item and are not stored.
+template <DType T, int NT, int R, class E = RowsOut>
 __global__ void __launch_bounds__(kWarpsPerBlock * 32)
-    gemv_q8_kernel(const uint8_t* __restrict__ w, size_t row_bytes, int64_t rows, int64_t nb,
-                   const Q8Block* __restrict__ xq, int64_t n, float* __restrict__ y, int64_t ldy) {
+    gemv_q8_kernel(const uint8_t* __restrict__ w, size_t row_bytes, int64_t nb, const Q8Block* __restrict__ xq,
+                   int64_t n, E out) {
+  constexpr int K = E::kRows, P = R / K;
+  static_assert(R % K == 0, "whole items per warp");
   const int lane = threadIdx.x & 31;
-  const int64_t r0 = (int64_t{blockIdx.x} * kWarpsPerBlock + (threadIdx.x >> 5)) * R;
-  if (r0 >= rows) return;
-  const int nr = rows - r0 < R ? static_cast<int>(rows - r0) : R;
+  const int64_t item0 = (int64_t{blockIdx.x} * kWarpsPerBlock + (threadIdx.x >> 5)) * P;
+  const int64_t items = out.items();
+  if (item0 >= items) return;
+  const int np = items - item0 < P ? static_cast<int>(items - item0) : P;
   const int64_t t0 = int64_t{blockIdx.y} * NT;
   const int nt = n - t0 < NT ? static_cast<int>(n - t0) : NT;
   xq += t0 * nb;
-  y += t0 * ldy;
   const uint8_t* wr[R];
 #pragma unroll
-  for (int i = 0; i < R; ++i) wr[i] = w + static_cast<size_t>(r0 + (i < nr ? i : 0)) * row_bytes;
+  for (int i = 0; i < R; ++i)
+    wr[i] = w + static_cast<size_t>(out.row(item0 + (i / K < np ? i / K : 0), i % K)) * row_bytes;
   float acc[R][NT];
 #pragma unroll
   for (int i = 0; i < R; ++i)
@@ -253,13 +259,15 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
     }
   }
 #pragma unroll
-  for (int i = 0; i < R; ++i) {
-    if (i >= nr) break;
+  for (int p = 0; p < P; ++p) {
+    if (p >= np) break;
 #pragma unroll
     for (int t = 0; t < NT; ++t) {
       if (t >= nt) break;
-      const float s = warp_sum(acc[i][t]);
-      if (lane == 0) y[t * ldy + r0 + i] = s;
+      float s[K];
+#pragma unroll
+      for (int k = 0; k < K; ++k) s[k] = warp_sum(acc[p * K + k][t]);
+      if (lane == 0) out.store(t0 + t, item0 + p, s);
     }
   }
 }
@@ -270,26 +278,52 @@ constexpr int kQ8RowsPerWarp = 4;
 constexpr int64_t kQ8MultiRowMin = 4096;
 
 #ifndef TROUPE_CUDA_EMULATION  // (tests/kernels/cuda_emulation.h runs the kernels above on the CPU)
-template <DType T, int R>
-void launch_rows(const uint8_t* w, size_t row_bytes, int64_t rows, int64_t nb, const Q8Block* xq, int64_t n, float* y,
-                 int64_t ldy, cudaStream_t stream) {
-  const unsigned blocks = static_cast<unsigned>((rows + int64_t{kWarpsPerBlock} * R - 1) / (int64_t{kWarpsPerBlock} * R));
+template <DType T, int R, class E>
+void launch_rows(const uint8_t* w, size_t row_bytes, int64_t nb, const Q8Block* xq, int64_t n, const E& out,
+                 cudaStream_t stream) {
+  constexpr int64_t per_block = int64_t{kWarpsPerBlock} * (R / E::kRows);
+  const unsigned blocks = static_cast<unsigned>((out.items() + per_block - 1) / per_block);
   const dim3 block(kWarpsPerBlock * 32);
-  if (n == 1) gemv_q8_kernel<T, 1, R><<<dim3(blocks, 1), block, 0, stream>>>(w, row_bytes, rows, nb, xq, n, y, ldy);
-  else if (n == 2) gemv_q8_kernel<T, 2, R><<<dim3(blocks, 1), block, 0, stream>>>(w, row_bytes, rows, nb, xq, n, y, ldy);
-  else if (n <= 4) gemv_q8_kernel<T, 4, R><<<dim3(blocks, 1), block, 0, stream>>>(w, row_bytes, rows, nb, xq, n, y, ldy);
+  if (n == 1) gemv_q8_kernel<T, 1, R, E><<<dim3(blocks, 1), block, 0, stream>>>(w, row_bytes, nb, xq, n, out);
+  else if (n == 2) gemv_q8_kernel<T, 2, R, E><<<dim3(blocks, 1), block, 0, stream>>>(w, row_bytes, nb, xq, n, out);
+  else if (n <= 4) gemv_q8_kernel<T, 4, R, E><<<dim3(blocks, 1), block, 0, stream>>>(w, row_bytes, nb, xq, n, out);
   else
-    gemv_q8_kernel<T, 8, R><<<dim3(blocks, static_cast<unsigned>((n + 7) / 8)), block, 0, stream>>>(
-        w, row_bytes, rows, nb, xq, n, y, ldy);
+    gemv_q8_kernel<T, 8, R, E><<<dim3(blocks, static_cast<unsigned>((n + 7) / 8)), block, 0, stream>>>(
+        w, row_bytes, nb, xq, n, out);
 }
 
-template <DType T>
-void launch(const uint8_t* w, size_t row_bytes, int64_t rows, int64_t nb, const Q8Block* xq, int64_t n, float* y,
-            int64_t ldy, cudaStream_t stream) {
-  if (rows >= kQ8MultiRowMin)
-    launch_rows<T, kQ8RowsPerWarp>(w, row_bytes, rows, nb, xq, n, y, ldy, stream);
-  else
-    launch_rows<T, 1>(w, row_bytes, rows, nb, xq, n, y, ldy, stream);
+// Plain rows: kQ8RowsPerWarp a warp for large weights; the SiLU epilogue: two gate/up pairs
+// a warp there (the same rows a warp), else one; RoPE + KV write: one pair a warp (QKV
+// weights are small).
+template <DType T, class E>
+void launch(const uint8_t* w, size_t row_bytes, int64_t rows, int64_t nb, const Q8Block* xq, int64_t n, const E& out,
+            cudaStream_t stream) {
+  if constexpr (std::is_same_v<E, RopeKvOut>) {
+    launch_rows<T, 2>(w, row_bytes, nb, xq, n, out, stream);
+  } else {
+    constexpr int kMin = E::kRows;  // one item a warp
+    if (rows >= kQ8MultiRowMin)
+      launch_rows<T, kQ8RowsPerWarp>(w, row_bytes, nb, xq, n, out, stream);
+    else
+      launch_rows<T, kMin>(w, row_bytes, nb, xq, n, out, stream);
+  }
+}
+
+// Calls launch<T>() for the weight type; false when it has no int8 GEMV.
+template <class E>
+bool dispatch(DType type, const uint8_t* w, size_t row_bytes, int64_t rows, int64_t nb, const Q8Block* xq, int64_t n,
+              const E& out, cudaStream_t stream) {
+  switch (type) {
+    case DType::Q4_0: launch<DType::Q4_0>(w, row_bytes, rows, nb, xq, n, out, stream); return true;
+    case DType::Q4_1: launch<DType::Q4_1>(w, row_bytes, rows, nb, xq, n, out, stream); return true;
+    case DType::Q5_0: launch<DType::Q5_0>(w, row_bytes, rows, nb, xq, n, out, stream); return true;
+    case DType::Q5_1: launch<DType::Q5_1>(w, row_bytes, rows, nb, xq, n, out, stream); return true;
+    case DType::Q8_0: launch<DType::Q8_0>(w, row_bytes, rows, nb, xq, n, out, stream); return true;
+    case DType::Q4_K: launch<DType::Q4_K>(w, row_bytes, rows, nb, xq, n, out, stream); return true;
+    case DType::Q5_K: launch<DType::Q5_K>(w, row_bytes, rows, nb, xq, n, out, stream); return true;
+    case DType::Q6_K: launch<DType::Q6_K>(w, row_bytes, rows, nb, xq, n, out, stream); return true;
+    default: return false;
+  }
 }
 #endif
 
@@ -315,19 +349,26 @@ cudaError_t quantize_q8(DType weight_type, const float* x, int64_t ldx, int64_t 
 cudaError_t gemv_q8(DType type, const void* w, size_t row_bytes, int64_t rows, int64_t cols, const Q8Block* xq,
                     int64_t n, float* y, int64_t ldy, cudaStream_t stream) {
   if (n <= 0 || rows <= 0) return cudaSuccess;
-  const auto* wb = static_cast<const uint8_t*>(w);
-  const int64_t nb = cols / 32;
-  switch (type) {
-    case DType::Q4_0: launch<DType::Q4_0>(wb, row_bytes, rows, nb, xq, n, y, ldy, stream); break;
-    case DType::Q4_1: launch<DType::Q4_1>(wb, row_bytes, rows, nb, xq, n, y, ldy, stream); break;
-    case DType::Q5_0: launch<DType::Q5_0>(wb, row_bytes, rows, nb, xq, n, y, ldy, stream); break;
-    case DType::Q5_1: launch<DType::Q5_1>(wb, row_bytes, rows, nb, xq, n, y, ldy, stream); break;
-    case DType::Q8_0: launch<DType::Q8_0>(wb, row_bytes, rows, nb, xq, n, y, ldy, stream); break;
-    case DType::Q4_K: launch<DType::Q4_K>(wb, row_bytes, rows, nb, xq, n, y, ldy, stream); break;
-    case DType::Q5_K: launch<DType::Q5_K>(wb, row_bytes, rows, nb, xq, n, y, ldy, stream); break;
-    case DType::Q6_K: launch<DType::Q6_K>(wb, row_bytes, rows, nb, xq, n, y, ldy, stream); break;
-    default: return cudaErrorInvalidValue;
-  }
+  if (!dispatch(type, static_cast<const uint8_t*>(w), row_bytes, rows, cols / 32, xq, n, RowsOut{y, ldy, rows}, stream))
+    return cudaErrorInvalidValue;
+  return cudaGetLastError();
+}
+
+cudaError_t gemv_q8_silu(DType type, const void* w, size_t row_bytes, int64_t ffn, int64_t cols, const Q8Block* xq,
+                         int64_t n, float* out, int64_t ldo, cudaStream_t stream) {
+  if (n <= 0 || ffn <= 0) return cudaSuccess;
+  if (!dispatch(type, static_cast<const uint8_t*>(w), row_bytes, 2 * ffn, cols / 32, xq, n, SiluOut{out, ldo, ffn},
+                stream))
+    return cudaErrorInvalidValue;
+  return cudaGetLastError();
+}
+
+cudaError_t gemv_q8_rope_kv_write(DType type, const void* w, size_t row_bytes, int64_t cols, const Q8Block* xq,
+                                  int64_t n, const RopeKvArgs& args, cudaStream_t stream) {
+  if (n <= 0) return cudaSuccess;
+  const int64_t rows = (args.num_heads + 2 * args.num_kv_heads) * args.head_dim;
+  if (!dispatch(type, static_cast<const uint8_t*>(w), row_bytes, rows, cols / 32, xq, n, RopeKvOut{args}, stream))
+    return cudaErrorInvalidValue;
   return cudaGetLastError();
 }
 

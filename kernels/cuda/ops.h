@@ -62,6 +62,34 @@ cudaError_t quantize_q8(DType weight_type, const float* x, int64_t ldx, int64_t 
 // y[t, r] = sum over blocks of (d_w d_x) isum + m_w s_x                 y: [n, ldy]
 cudaError_t gemv_q8(DType type, const void* w, size_t row_bytes, int64_t rows, int64_t cols, const Q8Block* xq,
                     int64_t n, float* y, int64_t ldy, cudaStream_t stream);
+// The GEMVs with the next op in their epilogue (gemv_epilogue.cuh), for f16/bf16 weights
+// (x: f32 [n, cols]) and the int8-activation types (xq from quantize_q8()). Each output is
+// the fused pair's bits: the same per-row sums as gemv() / gemv_q8(), then what silu_mul()
+// or rope_kv_write() does with them. One launch instead of two, and (SiLU) no gate/up rows
+// written and read back.
+bool has_fused_gemv(DType type);  // F16, BF16 and uses_q8_activations()
+// out[t, j] = silu(W_j . x_t) * (W_{ffn+j} . x_t): W is the fused gate|up weight (2 ffn rows).
+cudaError_t gemv_silu(DType type, const void* w, size_t row_bytes, int64_t ffn, int64_t cols, const float* x,
+                      const Q8Block* xq, int64_t n, float* out, int64_t ldo, cudaStream_t stream);
+// rope_kv_write()'s arguments (qkv: the GEMV's output rows [n, ld], q | k | v).
+struct RopeKvArgs {
+  float* qkv = nullptr;
+  int64_t ld = 0, num_heads = 0, num_kv_heads = 0, head_dim = 0;
+  const float* cos_sin = nullptr;
+  bool neox = false;
+  const int32_t* slots = nullptr;  // [n] cache slot of each token
+  uint16_t* k_cache = nullptr;
+  uint16_t* v_cache = nullptr;
+};
+// qkv = W x (W: the fused QKV weight, (num_heads + 2 num_kv_heads) head_dim rows), then
+// rope_kv_write() on it: the rotated Q and K in qkv, K and V in the cache.
+cudaError_t gemv_rope_kv_write(DType type, const void* w, size_t row_bytes, int64_t cols, const float* x,
+                               const Q8Block* xq, int64_t n, const RopeKvArgs& args, cudaStream_t stream);
+// Their int8-activation halves (matmul_q8.cu), which the two above call for those types.
+cudaError_t gemv_q8_silu(DType type, const void* w, size_t row_bytes, int64_t ffn, int64_t cols, const Q8Block* xq,
+                         int64_t n, float* out, int64_t ldo, cudaStream_t stream);
+cudaError_t gemv_q8_rope_kv_write(DType type, const void* w, size_t row_bytes, int64_t cols, const Q8Block* xq,
+                                  int64_t n, const RopeKvArgs& args, cudaStream_t stream);
 // W -> f16 [rows, cols] for the cuBLAS path (prefill).
 cudaError_t dequant_to_f16(DType type, const void* w, size_t row_bytes, int64_t rows, int64_t cols, void* out,
                            cudaStream_t stream);

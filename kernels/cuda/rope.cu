@@ -7,13 +7,6 @@
 namespace troupe::cuda {
 namespace {
 
-// One rotation, with explicit rounding so that both kernels round alike whatever the
-// compiler would contract.
-__device__ __forceinline__ void rotate(float x0, float x1, float c, float s, float* y0, float* y1) {
-  *y0 = __fmaf_rn(x0, c, -__fmul_rn(x1, s));
-  *y1 = __fmaf_rn(x0, s, __fmul_rn(x1, c));
-}
-
 __global__ void rope_kernel(float* x, int64_t ld, int64_t num_heads, int64_t head_dim, const float* cos_sin, bool neox) {
   const int64_t t = blockIdx.x;
   const int64_t half = head_dim / 2;
@@ -22,7 +15,7 @@ __global__ void rope_kernel(float* x, int64_t ld, int64_t num_heads, int64_t hea
     const int64_t h = k / half, i = k % half;
     float* v = x + t * ld + h * head_dim;
     const int64_t a = neox ? i : 2 * i, b = neox ? i + half : 2 * i + 1;
-    rotate(v[a], v[b], cs[2 * i], cs[2 * i + 1], &v[a], &v[b]);
+    rope_rotate(v[a], v[b], cs[2 * i], cs[2 * i + 1], &v[a], &v[b]);
   }
 }
 
@@ -41,7 +34,7 @@ __global__ void rope_kv_write_kernel(float* qkv, int64_t ld, int64_t num_heads, 
     float* v = r + h * head_dim;  // K heads follow the Q heads
     const int64_t a = neox ? i : 2 * i, b = neox ? i + half : 2 * i + 1;
     float y0, y1;
-    rotate(v[a], v[b], cs[2 * i], cs[2 * i + 1], &y0, &y1);
+    rope_rotate(v[a], v[b], cs[2 * i], cs[2 * i + 1], &y0, &y1);
     v[a] = y0;
     v[b] = y1;
     if (h >= num_heads) {

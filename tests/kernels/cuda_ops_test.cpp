@@ -513,6 +513,91 @@ TEST_CASE("cuda: fused add+RMSNorm and RoPE+KV-write give the unfused ops' bits"
   }
 }
 
+TEST_CASE("cuda: the GEMVs' fused SiLU and RoPE + KV-write epilogues give the unfused ops' bits", "[cuda][kernels]") {
+  auto gpu = gpu_or_skip();
+  if (!gpu) return;
+  std::mt19937 rng(16);
+  const int64_t cols = 512;
+  // F32 has no fused kernel: its fused calls take the unfused ops (the same bits trivially).
+  for (const DType t : {DType::BF16, DType::F16, DType::Q4_0, DType::Q4_1, DType::Q8_0, DType::Q4_K, DType::Q6_K,
+                        DType::F32}) {
+    for (const int64_t ffn : {37L, 2100L}) {  // one gate/up pair a warp, and two
+      auto data = test::random_weight(t, 2 * ffn, cols, rng);
+      auto w = gpu->make_weight(t, cols, {{data.data(), ffn}, {data.data() + data.size() / 2, ffn}});
+      REQUIRE(w.ok());
+      for (const int64_t n : {1L, 3L, 11L}) {
+        auto x = test::random_floats(static_cast<size_t>(n * cols), rng);
+        float* px = put(*gpu, x);
+        float* gu = gpu->alloc(static_cast<size_t>(n * 2 * ffn));
+        float* out = gpu->alloc(static_cast<size_t>(n * ffn));
+        gpu->matmul_silu(**w, px, n, ffn, gu, out);
+        const auto fused = get(*gpu, out, static_cast<size_t>(n * ffn));
+        gpu->matmul(**w, px, n, gu, 2 * ffn);
+        gpu->silu_mul(gu, n, ffn, out);
+        expect_close(fused, get(*gpu, out, static_cast<size_t>(n * ffn)), 0, 0,
+                     std::string("matmul_silu vs matmul + silu_mul (exact), ") + std::string(dtype_traits(t).name) + " ffn " +
+                         std::to_string(ffn) + " n " + std::to_string(n));
+      }
+    }
+    for (auto kind : {RopeKind::Interleaved, RopeKind::Neox}) {
+      const int32_t nh = 6, nkv = 2, hd = 64, bs = 16;
+      const int64_t rows = int64_t{nh + 2 * nkv} * hd, ld = rows + 3;  // odd stride
+      auto data = test::random_weight(t, rows, cols, rng);
+      auto w = gpu->make_weight(t, cols, {{data.data(), rows}});
+      REQUIRE(w.ok());
+      // As the unfused test above: a 3-token prefill and two decoding sequences.
+      std::vector<int32_t> ids = {1, 2, 3, 4, 5}, pos = {0, 1, 2, 17, 40}, slots = {32, 33, 34, 17, 104};
+      std::vector<int32_t> qs = {0, 3, 4, 5}, ctx = {3, 18, 41};
+      std::vector<int32_t> tables = {2, 0, 0, 0, 0, 1, 2, 3, 4, 5, 6, 7};
+      const int64_t n = static_cast<int64_t>(ids.size());
+      auto x = test::random_floats(static_cast<size_t>(n * cols), rng);
+      std::vector<float> cs(static_cast<size_t>(n * hd));
+      for (int64_t tk = 0; tk < n; ++tk)
+        for (int64_t i = 0; i < hd / 2; ++i) {
+          cs[tk * hd + 2 * i] = std::cos(0.01f * pos[tk] * (i + 1));
+          cs[tk * hd + 2 * i + 1] = std::sin(0.01f * pos[tk] * (i + 1));
+        }
+      auto run = [&](bool fused) {
+        auto cache = gpu->make_kv_cache(KvCacheShape{2, 8, bs, nkv, hd});
+        if (!cache) FAIL(cache.error().message);
+        StepInputs st;
+        st.num_tokens = static_cast<int32_t>(n);
+        st.num_seqs = 3;
+        st.token_ids = ids.data();
+        st.positions = pos.data();
+        st.query_start = qs.data();
+        st.context_lens = ctx.data();
+        st.slot_mapping = slots.data();
+        st.block_tables = tables.data();
+        st.max_blocks_per_seq = 4;
+        gpu->begin_step(st);
+        float* px = put(*gpu, x);
+        float* pcs = put(*gpu, cs);
+        float* p = gpu->alloc(static_cast<size_t>(n * ld));
+        if (fused) {
+          gpu->matmul_rope_kv_write(**w, px, **cache, 1, p, ld, n, nh, nkv, hd, pcs, kind);
+        } else {
+          gpu->matmul(**w, px, n, p, ld);
+          gpu->rope_kv_write(**cache, 1, p, ld, n, nh, nkv, hd, pcs, kind);
+        }
+        // The rows (without the stride's gap) and attention over the written cache.
+        auto all = get(*gpu, p, static_cast<size_t>(n * ld));
+        std::vector<float> out;
+        for (int64_t tk = 0; tk < n; ++tk) out.insert(out.end(), all.begin() + tk * ld, all.begin() + tk * ld + rows);
+        float* att = gpu->alloc(static_cast<size_t>(n) * nh * hd);
+        gpu->attention(**cache, 1, p, ld, nh, 0.125f, att);
+        auto a = get(*gpu, att, static_cast<size_t>(n) * nh * hd);
+        out.insert(out.end(), a.begin(), a.end());
+        return out;
+      };
+      const auto fused = run(true);
+      expect_close(fused, run(false), 0, 0,
+                   std::string("matmul_rope_kv_write vs matmul + rope_kv_write (exact), ") + std::string(dtype_traits(t).name) +
+                       (kind == RopeKind::Neox ? " neox" : " interleaved"));
+    }
+  }
+}
+
 namespace {
 
 // Rows of logits of several shapes: peaked, flat (draws deep in the order), tied, with NaN,

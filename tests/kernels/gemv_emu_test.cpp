@@ -14,6 +14,7 @@
 
 #include "kernels/fp16.h"
 #include "tests/kernels/kernel_test_util.h"
+#include "tests/kernels/gemv_epilogue_check.h"
 
 using namespace troupe;
 
@@ -26,15 +27,13 @@ void check_group(const std::vector<uint8_t>& w, size_t row_bytes, int64_t rows, 
   std::vector<float> y_old(static_cast<size_t>(n * rows), -1.0f), y_new(y_old.size(), -2.0f);
   // One row per warp (blocks of kWarpsPerBlock rows) and R rows per warp; blockIdx.y picks
   // the token group.
-  auto launch2d = [&](unsigned gx, auto kernel, float* y) {
-    cuda_emu::launch3(gx, groups, 1, cuda::kWarpsPerBlock * 32, kernel, w.data(), row_bytes, rows, cols, xp, ldx, n,
-                      vec, y, int64_t{rows});
-  };
-  launch2d(static_cast<unsigned>((rows + cuda::kWarpsPerBlock - 1) / cuda::kWarpsPerBlock),
-           cuda::gemv_half_kernel<BF16, NT, 4>, y_old.data());
+  cuda_emu::launch3(static_cast<unsigned>((rows + cuda::kWarpsPerBlock - 1) / cuda::kWarpsPerBlock), groups, 1,
+                    cuda::kWarpsPerBlock * 32, cuda::gemv_half_kernel<BF16, NT, 4>, w.data(), row_bytes, rows, cols,
+                    xp, ldx, n, vec, y_old.data(), int64_t{rows});
   const int64_t per_block = int64_t{cuda::kWarpsPerBlock} * cuda::kHalfRowsPerWarp;
-  launch2d(static_cast<unsigned>((rows + per_block - 1) / per_block),
-           cuda::gemv_half_rows_kernel<BF16, NT, cuda::kHalfRowsPerWarp>, y_new.data());
+  cuda_emu::launch3(static_cast<unsigned>((rows + per_block - 1) / per_block), groups, 1, cuda::kWarpsPerBlock * 32,
+                    cuda::gemv_half_rows_kernel<BF16, NT, cuda::kHalfRowsPerWarp>, w.data(), row_bytes, cols, xp, ldx,
+                    n, vec, cuda::RowsOut{y_new.data(), rows, rows});
   CHECK(std::memcmp(y_old.data(), y_new.data(), y_old.size() * 4) == 0);
   // Token by token through the one-token kernel: the same bits.
   for (int64_t t = 0; t < n; ++t) {
@@ -119,4 +118,64 @@ TEST_CASE("the one-token several-rows-per-warp GEMV kernel's source gives the on
   run_type.template operator()<DType::Q4_K>(1280);
   run_type.template operator()<DType::Q5_K>(512);
   run_type.template operator()<DType::Q6_K>(768);
+}
+
+namespace {
+
+// The f16/bf16 GEMV's fused SiLU and RoPE + KV-write epilogues (gemv_epilogue.cuh) against
+// the one-row kernel's sums put through silu_mul and rope + kv_write (gemv_epilogue_check.h).
+template <bool BF16, int NT>
+void check_half_epilogues(std::mt19937& g, int64_t cols, int64_t n, bool aligned) {
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  const size_t row_bytes = static_cast<size_t>((cols + 31) / 32 * 32) * 2;
+  std::vector<float> xs(static_cast<size_t>(n * cols + 1));
+  for (auto& v : xs) v = nd(g);
+  const float* x = xs.data() + (aligned ? 0 : 1);
+  const bool vec = aligned && cols % 4 == 0;
+  auto weight = [&](int64_t rows) {
+    std::vector<uint8_t> w(row_bytes * static_cast<size_t>(rows), 0);
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t c = 0; c < cols; ++c) {
+        const uint16_t h = BF16 ? f32_to_bf16(nd(g)) : f32_to_f16(nd(g));
+        std::memcpy(w.data() + r * row_bytes + c * 2, &h, 2);
+      }
+    return w;
+  };
+  const unsigned groups = static_cast<unsigned>((n + NT - 1) / NT);
+  auto plain_of = [&](const std::vector<uint8_t>& w) {
+    return [&, wp = &w](float* y, int64_t rows) {
+      cuda_emu::launch3(static_cast<unsigned>((rows + cuda::kWarpsPerBlock - 1) / cuda::kWarpsPerBlock), groups, 1,
+                        cuda::kWarpsPerBlock * 32, cuda::gemv_half_kernel<BF16, NT, 4>, wp->data(), row_bytes, rows,
+                        cols, x, cols, n, vec, y, rows);
+    };
+  };
+  auto fused_launch = [&]<int R>(const std::vector<uint8_t>& w, auto out) {
+    using E = decltype(out);
+    const int64_t per_block = int64_t{cuda::kWarpsPerBlock} * (R / E::kRows);
+    cuda_emu::launch3(static_cast<unsigned>((out.items() + per_block - 1) / per_block), groups, 1,
+                      cuda::kWarpsPerBlock * 32, cuda::gemv_half_rows_kernel<BF16, NT, R, E>, w.data(), row_bytes,
+                      cols, x, cols, n, vec, out);
+  };
+  for (int64_t ffn : {6, 19}) {
+    const auto w = weight(2 * ffn);
+    test::check_silu_epilogue(ffn, n, plain_of(w), [&](cuda::SiluOut o) { fused_launch.template operator()<2>(w, o); });
+    test::check_silu_epilogue(ffn, n, plain_of(w), [&](cuda::SiluOut o) { fused_launch.template operator()<4>(w, o); });
+  }
+  for (bool neox : {false, true}) {
+    const int64_t nh = 4, nkv = 2, hd = 16;
+    const auto w = weight((nh + 2 * nkv) * hd);
+    test::check_rope_epilogue(nh, nkv, hd, n, neox, g, plain_of(w),
+                              [&](cuda::RopeKvOut o) { fused_launch.template operator()<2>(w, o); });
+  }
+}
+
+}  // namespace
+
+TEST_CASE("the f16/bf16 GEMV's fused SiLU and RoPE + KV-write epilogues give the unfused ops' bits", "[kernels][cuda-emulation]") {
+  std::mt19937 g(15);
+  check_half_epilogues<true, 1>(g, 64, 1, true);
+  check_half_epilogues<false, 1>(g, 45, 1, false);
+  check_half_epilogues<true, 4>(g, 300, 3, false);
+  check_half_epilogues<false, 8>(g, 64, 10, true);
+  check_half_epilogues<true, 2>(g, 1000, 2, true);
 }

@@ -14,6 +14,7 @@
 
 #include "kernels/cpu/quant_ref.h"
 #include "tests/kernels/kernel_test_util.h"
+#include "tests/kernels/gemv_epilogue_check.h"
 
 using namespace troupe;
 
@@ -26,7 +27,7 @@ std::vector<float> run(const std::vector<uint8_t>& w, size_t row_bytes, int64_t 
   const unsigned blocks = static_cast<unsigned>((rows + cuda::kWarpsPerBlock * R - 1) / (cuda::kWarpsPerBlock * R));
   const unsigned groups = static_cast<unsigned>((n + NT - 1) / NT);
   cuda_emu::launch3(blocks, groups, 1, cuda::kWarpsPerBlock * 32, cuda::gemv_q8_kernel<T, NT, R>, w.data(), row_bytes,
-                    rows, nb, xq, n, y.data(), int64_t{rows});
+                    nb, xq, n, cuda::RowsOut{y.data(), rows, rows});
   return y;
 }
 
@@ -146,4 +147,63 @@ TEST_CASE("the int8-activation GEMV kernel's source: rows per warp and batch nev
       check<DType::Q6_K, 8>(g, rows, nb, 8);
     }
   }
+}
+
+namespace {
+
+// The fused SiLU and RoPE + KV-write epilogues of the int8 GEMV (gemv_epilogue.cuh) against
+// the plain kernel's sums put through silu_mul and rope + kv_write (gemv_epilogue_check.h).
+template <DType T, int NT>
+void check_epilogues(std::mt19937& g, int64_t nb, int64_t n) {
+  const int64_t cols = nb * 32;
+  const size_t rb = *row_bytes(T, static_cast<uint64_t>(cols));
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  std::vector<float> x(static_cast<size_t>(n * cols));
+  for (auto& v : x) v = nd(g);
+  std::vector<cuda::Q8Block> xq(static_cast<size_t>(n * nb));
+  cuda_emu::launch(static_cast<unsigned>((n * nb + 7) / 8), 256, cuda::quantize_q8_kernel, x.data(), cols, cols, n,
+                   !cuda::is_k_quant(T), T == DType::Q4_1 || T == DType::Q5_1, xq.data());
+  auto weight = [&](int64_t rows) {
+    std::vector<uint8_t> w = test::random_weight(T, rows, cols, g);
+    w.resize(w.size() + cuda::kWeightPad, 0xEE);
+    return w;
+  };
+  const unsigned groups = static_cast<unsigned>((n + NT - 1) / NT);
+  auto fused_launch = [&]<int R>(const std::vector<uint8_t>& w, auto out) {
+    using E = decltype(out);
+    const int64_t per_block = int64_t{cuda::kWarpsPerBlock} * (R / E::kRows);
+    cuda_emu::launch3(static_cast<unsigned>((out.items() + per_block - 1) / per_block), groups, 1,
+                      cuda::kWarpsPerBlock * 32, cuda::gemv_q8_kernel<T, NT, R, E>, w.data(), rb, nb,
+                      static_cast<const cuda::Q8Block*>(xq.data()), n, out);
+  };
+  for (int64_t ffn : {5, 37}) {
+    const auto w = weight(2 * ffn);
+    auto plain = [&](float* y, int64_t rows) {
+      const auto p = run<T, NT, 1>(w, rb, rows, nb, xq.data(), n);
+      std::copy(p.begin(), p.end(), y);
+    };
+    test::check_silu_epilogue(ffn, n, plain, [&](cuda::SiluOut o) { fused_launch.template operator()<2>(w, o); });
+    test::check_silu_epilogue(ffn, n, plain, [&](cuda::SiluOut o) { fused_launch.template operator()<4>(w, o); });
+  }
+  for (bool neox : {false, true}) {
+    const int64_t nh = 3, nkv = 1, hd = 32;
+    const auto w = weight((nh + 2 * nkv) * hd);
+    auto plain = [&](float* y, int64_t rows) {
+      const auto p = run<T, NT, 1>(w, rb, rows, nb, xq.data(), n);
+      std::copy(p.begin(), p.end(), y);
+    };
+    test::check_rope_epilogue(nh, nkv, hd, n, neox, g, plain,
+                              [&](cuda::RopeKvOut o) { fused_launch.template operator()<2>(w, o); });
+  }
+}
+
+}  // namespace
+
+TEST_CASE("the int8-activation GEMV's fused SiLU and RoPE + KV-write epilogues give the unfused ops' bits", "[kernels][cuda-emulation]") {
+  std::mt19937 g(14);
+  check_epilogues<DType::Q4_1, 1>(g, 3, 1);
+  check_epilogues<DType::Q4_0, 4>(g, 5, 3);
+  check_epilogues<DType::Q8_0, 8>(g, 2, 11);
+  check_epilogues<DType::Q6_K, 2>(g, 8, 2);
+  check_epilogues<DType::Q4_K, 8>(g, 8, 9);
 }
