@@ -199,6 +199,42 @@ void bench_gemv(double copy_gbs, bool simple) {
   }
 }
 
+// The gate/up GEMV of Llama-3-8B (2 x 14336 rows) with its SiLU-gated multiply, fused into
+// the GEMV's epilogue (the default) and as two launches (TROUPE_CUDA_FUSE=0), one token.
+void bench_gemv_silu(double copy_gbs) {
+  std::mt19937 rng(5);
+  const int64_t ffn = 14336, cols = 4096;
+  for (DType t : {DType::BF16, DType::Q4_1}) {
+    std::vector<uint8_t> data = t == DType::BF16 ? [&] {
+      auto v = random_bf16(size_t(2 * ffn) * cols, 0.02f);
+      std::vector<uint8_t> b(v.size() * 2);
+      std::memcpy(b.data(), v.data(), b.size());
+      return b;
+    }() : test::random_weight(t, 2 * ffn, cols, rng);
+    for (bool fused : {true, false}) {
+      if (!fused) setenv("TROUPE_CUDA_FUSE", "0", 1);
+      auto be = make_cuda_backend({});
+      unsetenv("TROUPE_CUDA_FUSE");
+      if (!be) std::exit(1);
+      const size_t copies = std::max<size_t>(1, (size_t{512} << 20) / data.size() + 1);
+      std::vector<std::unique_ptr<Weight>> ws;
+      for (size_t i = 0; i < copies; ++i) {
+        auto w = (*be)->make_weight(t, cols, {{data.data(), 2 * ffn}});
+        if (!w) std::exit(1);
+        ws.push_back(std::move(*w));
+      }
+      float* x = (*be)->upload(test::random_floats(size_t(cols), rng));
+      float* gu = (*be)->alloc(size_t(2 * ffn));
+      float* act = (*be)->alloc(size_t(ffn));
+      size_t k = 0;
+      const double ms = time_ms(**be, [&] { (*be)->matmul_silu(*ws[k++ % copies], x, 1, ffn, gu, act); });
+      const double gbs = data.size() / (ms * 1e-3) / 1e9;
+      add({std::string("gate/up GEMV + silu_mul ") + std::string(dtype_traits(t).name) + (fused ? " (fused epilogue)" : " (two launches)"),
+           "2x14336x4096, n=1", ms, gbs, "GB/s", 100.0 * gbs / copy_gbs, "copy"});
+    }
+  }
+}
+
 void bench_prefill_matmul(double gemm_tflops_unused) {
   auto be = make_cuda_backend(CudaBackendOptions{0, false});
   if (!be) std::exit(1);
@@ -433,6 +469,75 @@ class SharedDummySource : public WeightSource {
   std::vector<float> norm_;
 };
 
+// The ops of one Llama-3-8B bf16 decode step at batch 1 (1024-token context), each alone
+// and back to back as a replayed step would run them, so the end-to-end row below can be
+// read against the sum of its parts: what the step loses beyond that sum is between the
+// kernels. Weights come in enough copies to stream past the L2, as distinct layers do.
+void bench_decode_parts(const ModelConfig& cfg, double copy_gbs) {
+  auto be = make_cuda_backend({});
+  if (!be) std::exit(1);
+  std::mt19937 rng(6);
+  const int64_t H = cfg.hidden, hd = cfg.head_dim, nh = cfg.num_heads, nkv = cfg.num_kv_heads, ffn = cfg.ffn;
+  const int64_t qkv_rows = (nh + 2 * nkv) * hd;
+  const int32_t ctx = 1024, bs = 16, bps = ctx / bs;
+  auto cache = (*be)->make_kv_cache(KvCacheShape{1, bps, bs, int32_t(nkv), int32_t(hd)});
+  if (!cache) std::exit(1);
+  std::vector<int32_t> ids = {7}, pos = {ctx - 1}, qs = {0, 1}, cl = {ctx}, slots = {ctx - 1}, bt(bps);
+  for (int32_t b = 0; b < bps; ++b) bt[b] = b;
+  StepInputs st{1, 1, ids.data(), pos.data(), qs.data(), cl.data(), slots.data(), bt.data(), bps};
+  (*be)->begin_step(st);
+  float* x = (*be)->upload(test::random_floats(size_t(std::max(H, ffn)), rng, 0.5f));
+  float* y = (*be)->alloc(size_t(std::max<int64_t>(cfg.vocab, 2 * ffn)));
+  float* act = (*be)->alloc(size_t(ffn));
+  float* qkv = (*be)->alloc(size_t(qkv_rows));
+  float* norm_w = (*be)->upload(test::random_floats(size_t(H), rng));
+  std::vector<float> cs(static_cast<size_t>(hd));
+  for (int64_t i = 0; i < hd / 2; ++i) {
+    cs[2 * i] = std::cos(0.1f * i);
+    cs[2 * i + 1] = std::sin(0.1f * i);
+  }
+  float* dcs = (*be)->upload(cs);
+  double layer_ms = 0;
+  auto part = [&](const std::string& what, const std::string& shape, int per_layer, double bytes,
+                  const std::function<void()>& fn) {
+    const double ms = time_ms(**be, fn);
+    layer_ms += per_layer * ms;
+    const double gbs = bytes / (ms * 1e-3) / 1e9;
+    add({"decode part: " + what, shape, ms, gbs, "GB/s", 100.0 * gbs / copy_gbs, "copy"});
+  };
+  auto gemv_part = [&](const std::string& what, int64_t rows, int64_t cols, int per_layer, auto call) {
+    auto v = random_bf16(size_t(rows) * cols, 0.02f);
+    const size_t bytes = v.size() * 2;
+    const size_t copies = std::max<size_t>(1, (size_t{512} << 20) / bytes + 1);
+    std::vector<std::unique_ptr<Weight>> ws;
+    for (size_t i = 0; i < copies; ++i) {
+      auto w = (*be)->make_weight(DType::BF16, cols, {{v.data(), rows}});
+      if (!w) std::exit(1);
+      ws.push_back(std::move(*w));
+    }
+    size_t k = 0;
+    part(what, std::to_string(rows) + "x" + std::to_string(cols), per_layer, double(bytes),
+         [&] { call(*ws[k++ % copies]); });
+  };
+  gemv_part("QKV GEMV + RoPE + KV write", qkv_rows, H, 1, [&](const Weight& w) {
+    (*be)->matmul_rope_kv_write(w, x, **cache, 0, qkv, qkv_rows, 1, int32_t(nh), int32_t(nkv), hd, dcs, cfg.rope_kind);
+  });
+  part("attention", "1 seq x 1024 ctx", 1, 2.0 * ctx * nkv * hd * 2,
+       [&] { (*be)->attention(**cache, 0, qkv, qkv_rows, int32_t(nh), 0.088f, act); });
+  gemv_part("o GEMV", H, nh * hd, 1, [&](const Weight& w) { (*be)->matmul(w, act, 1, y, H); });
+  part("add_rms_norm", "1 x " + std::to_string(H), 2, 4.0 * H * 4,
+       [&] { (*be)->add_rms_norm(x, y, norm_w, 1e-5f, 1, H, y); });
+  gemv_part("gate/up GEMV + SiLU", 2 * ffn, H, 1, [&](const Weight& w) { (*be)->matmul_silu(w, x, 1, ffn, y, act); });
+  gemv_part("down GEMV", H, ffn, 1, [&](const Weight& w) { (*be)->matmul(w, act, 1, y, H); });
+  const double before_head = layer_ms;
+  layer_ms = 0;
+  gemv_part("output GEMV (logits)", cfg.vocab, H, 1, [&](const Weight& w) { (*be)->matmul(w, x, 1, y, cfg.vocab); });
+  const double step_ms = cfg.num_layers * before_head + layer_ms;
+  add({"decode parts summed (" + std::to_string(cfg.num_layers) + " layers + logits)", "batch 1, ctx 1024", step_ms,
+       1e3 / step_ms, "tok/s", -1, ""});
+  out["decode_parts_ms"] = step_ms;
+}
+
 void bench_end_to_end(const ModelConfig& cfg, double copy_gbs) {
   std::printf("building Llama-3-8B-shaped dummy bf16 weights...\n");
   std::fflush(stdout);
@@ -441,15 +546,18 @@ void bench_end_to_end(const ModelConfig& cfg, double copy_gbs) {
                              2.0 * cfg.hidden * int64_t{cfg.num_heads} * cfg.head_dim + 3 * 2.0 * cfg.hidden * cfg.ffn;
   const double step_bytes = cfg.num_layers * layer_bytes + 2.0 * cfg.vocab * cfg.hidden;  // + output matrix
   json e2e = json::array();
-  for (int mode = 0; mode < 4; ++mode) {
+  for (int mode = 0; mode < 5; ++mode) {
     // 0: batch-invariant GEMV, 1: cuBLAS above 8 tokens, 2: as 0 without CUDA graphs,
-    // 3: batch-invariant tensor-core matmul (--cuda-tc-gemm).
+    // 3: batch-invariant tensor-core matmul (--cuda-tc-gemm), 4: as 0 without the fused
+    // SiLU and RoPE + KV-write epilogues (TROUPE_CUDA_FUSE=0; decode only).
     const bool invariant = mode != 1;
     CudaBackendOptions o;
     o.batch_invariant = invariant;
     o.graph_max_tokens = mode == 2 ? 0 : 256;
     o.tc_gemm = mode == 3;
+    if (mode == 4) setenv("TROUPE_CUDA_FUSE", "0", 1);
     auto be = make_cuda_backend(o);
+    unsetenv("TROUPE_CUDA_FUSE");
     if (!be) std::exit(1);
     const double t0 = now();
     auto model = Model::build(cfg, src, **be, 2048);
@@ -462,10 +570,11 @@ void bench_end_to_end(const ModelConfig& cfg, double copy_gbs) {
     const std::string mode_name = mode == 0   ? "batch-invariant GEMV, CUDA graphs"
                                   : mode == 1 ? "cuBLAS above 8 tokens, CUDA graphs"
                                   : mode == 2 ? "batch-invariant GEMV, no CUDA graphs"
-                                              : "batch-invariant tensor cores, CUDA graphs";
+                                  : mode == 3 ? "batch-invariant tensor cores, CUDA graphs"
+                                              : "batch-invariant GEMV, CUDA graphs, unfused epilogues";
     std::vector<float> logits;
     for (int32_t B : {1, 8, 64, 256}) {
-      if (mode == 2 && B > 8) break;
+      if ((mode == 2 || mode == 4) && B > 8) break;
       std::vector<int32_t> ids(B, 7), pos(B, ctx - 1), slots, qs, cl(B, ctx), bt, rows_;
       for (int32_t s = 0; s < B; ++s) {
         for (int32_t b = 0; b < bps; ++b) bt.push_back(s * bps + b);
@@ -492,7 +601,7 @@ void bench_end_to_end(const ModelConfig& cfg, double copy_gbs) {
       add(r);
     }
     std::printf("  %s\n", (*be)->stats().c_str());
-    if (mode != 2) {
+    if (mode != 2 && mode != 4) {
       const int32_t n = 2048, pb = n / bs;
       std::vector<int32_t> ids(n, 7), pos(n), slots(n), qs = {0, n}, cl = {n}, bt, row = {n - 1};
       for (int32_t b = 0; b < pb; ++b) bt.push_back(b);
@@ -552,6 +661,7 @@ int main(int argc, char** argv) {
   bench_tc_decode(copy);
   bench_attention(copy, peak);
   bench_small_ops(copy);
+  bench_gemv_silu(copy);
   bench_prefill_matmul(peak);
   if (e2e) {
     auto cfg = read_hf_config(config);
@@ -559,6 +669,7 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "%s\n", cfg.error().message.c_str());
       return 1;
     }
+    bench_decode_parts(*cfg, copy);
     bench_end_to_end(*cfg, copy);
   }
   std::ofstream md(dir + "/gpu-check.md");
