@@ -34,8 +34,7 @@ __device__ __forceinline__ void rope_rotate(float x0, float x1, float c, float s
 __device__ __forceinline__ float h2f(uint16_t h) { return __half2float(__ushort_as_half(h)); }
 __device__ __forceinline__ float bf2f(uint16_t h) { return __uint_as_float(static_cast<uint32_t>(h) << 16); }
 __device__ __forceinline__ uint16_t ld16(const uint8_t* p) { return *reinterpret_cast<const uint16_t*>(p); }
-// N little-endian words of the bytes at p, p 2-byte aligned (the blocks of 18, 22, 34 and
-// 210 bytes), from N + 1 aligned 32-bit loads joined by funnel shifts instead of 2N 16-bit
+// N little-endian words of the bytes at p, p 2-byte aligned (Q6_K's 210-byte blocks), from N + 1 aligned 32-bit loads joined by funnel shifts instead of 2N 16-bit
 // loads. It reads up to 4 bytes past p + 4N: weights on the device carry kWeightPad (ops.h)
 // bytes after their last row for that.
 template <int N>
@@ -52,13 +51,21 @@ __device__ __forceinline__ void ld_words(const uint8_t* p, uint32_t* w) {
   }
 }
 
-// Decodes elements [32 c, 32 c + 32) of one row. `row` is the row's first byte; every
-// block type here has an even size, so 16-bit loads are aligned.
+// 32 bytes at a 16-byte-aligned address as eight words (two 16-byte loads).
+__device__ __forceinline__ void ld32x8(const uint8_t* p, uint32_t* w) {
+  const uint4 a = reinterpret_cast<const uint4*>(p)[0], b = reinterpret_cast<const uint4*>(p)[1];
+  w[0] = a.x; w[1] = a.y; w[2] = a.z; w[3] = a.w; w[4] = b.x; w[5] = b.y; w[6] = b.z; w[7] = b.w;
+}
+__device__ __forceinline__ uint32_t byte_of(const uint32_t* w, int l) { return (w[l >> 2] >> (8 * (l & 3))) & 0xFF; }
+
+// Decodes elements [32 c, 32 c + 32) of one device row (kernels/cuda/layout.h) of nb
+// 32-value chunks. `row` is the row's first byte, 16-byte aligned; Q4_0, Q4_1, Q5_0, Q5_1
+// and Q8_0 rows are split (quants, high bits, scales), the others as in the file.
 template <DType T>
-__device__ __forceinline__ void dequant32(const uint8_t* row, int64_t c, float* out);
+__device__ __forceinline__ void dequant32(const uint8_t* row, int64_t c, int64_t nb, float* out);
 
 template <>
-__device__ __forceinline__ void dequant32<DType::F32>(const uint8_t* row, int64_t c, float* out) {
+__device__ __forceinline__ void dequant32<DType::F32>(const uint8_t* row, int64_t c, int64_t /*nb*/, float* out) {
   const float4* p = reinterpret_cast<const float4*>(row) + c * 8;
 #pragma unroll
   for (int i = 0; i < 8; ++i) {
@@ -67,7 +74,7 @@ __device__ __forceinline__ void dequant32<DType::F32>(const uint8_t* row, int64_
   }
 }
 template <>
-__device__ __forceinline__ void dequant32<DType::F16>(const uint8_t* row, int64_t c, float* out) {
+__device__ __forceinline__ void dequant32<DType::F16>(const uint8_t* row, int64_t c, int64_t /*nb*/, float* out) {
   const uint4* p = reinterpret_cast<const uint4*>(row) + c * 4;
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
@@ -81,7 +88,7 @@ __device__ __forceinline__ void dequant32<DType::F16>(const uint8_t* row, int64_
   }
 }
 template <>
-__device__ __forceinline__ void dequant32<DType::BF16>(const uint8_t* row, int64_t c, float* out) {
+__device__ __forceinline__ void dequant32<DType::BF16>(const uint8_t* row, int64_t c, int64_t /*nb*/, float* out) {
   const uint4* p = reinterpret_cast<const uint4*>(row) + c * 4;
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
@@ -95,26 +102,26 @@ __device__ __forceinline__ void dequant32<DType::BF16>(const uint8_t* row, int64
   }
 }
 template <>
-__device__ __forceinline__ void dequant32<DType::Q4_0>(const uint8_t* row, int64_t c, float* out) {
-  const uint8_t* b = row + c * 18;
-  const float d = h2f(ld16(b));
+__device__ __forceinline__ void dequant32<DType::Q4_0>(const uint8_t* row, int64_t c, int64_t nb, float* out) {
+  const uint4 q4 = reinterpret_cast<const uint4*>(row)[c];
+  const uint32_t qw[4] = {q4.x, q4.y, q4.z, q4.w};
+  const float d = h2f(ld16(row + 16 * nb + 2 * c));
 #pragma unroll
-  for (int j = 0; j < 16; j += 2) {
-    const uint16_t q = ld16(b + 2 + j);
-    out[j] = ((q & 0xF) - 8) * d;
-    out[j + 16] = (((q >> 4) & 0xF) - 8) * d;
-    out[j + 1] = (((q >> 8) & 0xF) - 8) * d;
-    out[j + 17] = ((q >> 12) - 8) * d;
+  for (int j = 0; j < 16; ++j) {
+    const int byte = static_cast<int>(byte_of(qw, j));
+    out[j] = ((byte & 0xF) - 8) * d;
+    out[j + 16] = ((byte >> 4) - 8) * d;
   }
 }
 template <>
-__device__ __forceinline__ void dequant32<DType::Q4_1>(const uint8_t* row, int64_t c, float* out) {
-  const uint32_t* b = reinterpret_cast<const uint32_t*>(row + c * 20);
-  const uint32_t dm = b[0];
+__device__ __forceinline__ void dequant32<DType::Q4_1>(const uint8_t* row, int64_t c, int64_t nb, float* out) {
+  const uint4 q4 = reinterpret_cast<const uint4*>(row)[c];
+  const uint32_t qw[4] = {q4.x, q4.y, q4.z, q4.w};
+  const uint32_t dm = *reinterpret_cast<const uint32_t*>(row + 16 * nb + 4 * c);
   const float d = h2f(static_cast<uint16_t>(dm & 0xFFFF)), m = h2f(static_cast<uint16_t>(dm >> 16));
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
-    const uint32_t q = b[1 + i];
+    const uint32_t q = qw[i];
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
       const uint32_t byte = (q >> (8 * j)) & 0xFF;
@@ -124,15 +131,12 @@ __device__ __forceinline__ void dequant32<DType::Q4_1>(const uint8_t* row, int64
   }
 }
 template <>
-__device__ __forceinline__ void dequant32<DType::Q8_0>(const uint8_t* row, int64_t c, float* out) {
-  const uint8_t* b = row + c * 34;
-  const float d = h2f(ld16(b));
+__device__ __forceinline__ void dequant32<DType::Q8_0>(const uint8_t* row, int64_t c, int64_t nb, float* out) {
+  uint32_t qw[8];
+  ld32x8(row + 32 * c, qw);
+  const float d = h2f(ld16(row + 32 * nb + 2 * c));
 #pragma unroll
-  for (int j = 0; j < 32; j += 2) {
-    const uint16_t q = ld16(b + 2 + j);
-    out[j] = static_cast<int8_t>(q & 0xFF) * d;
-    out[j + 1] = static_cast<int8_t>(q >> 8) * d;
-  }
+  for (int j = 0; j < 32; ++j) out[j] = static_cast<int8_t>(byte_of(qw, j)) * d;
 }
 __device__ __forceinline__ void q5_decode(const uint8_t* qs, const uint8_t* qh_bytes, int* q) {
   const uint32_t qh = ld16(qh_bytes) | (static_cast<uint32_t>(ld16(qh_bytes + 2)) << 16);
@@ -143,20 +147,19 @@ __device__ __forceinline__ void q5_decode(const uint8_t* qs, const uint8_t* qh_b
   }
 }
 template <>
-__device__ __forceinline__ void dequant32<DType::Q5_0>(const uint8_t* row, int64_t c, float* out) {
-  const uint8_t* b = row + c * 22;
+__device__ __forceinline__ void dequant32<DType::Q5_0>(const uint8_t* row, int64_t c, int64_t nb, float* out) {
   int q[32];
-  q5_decode(b + 6, b + 2, q);
-  const float d = h2f(ld16(b));
+  q5_decode(row + 16 * c, row + 16 * nb + 4 * c, q);
+  const float d = h2f(ld16(row + 20 * nb + 2 * c));
 #pragma unroll
   for (int j = 0; j < 32; ++j) out[j] = (q[j] - 16) * d;
 }
 template <>
-__device__ __forceinline__ void dequant32<DType::Q5_1>(const uint8_t* row, int64_t c, float* out) {
-  const uint8_t* b = row + c * 24;
+__device__ __forceinline__ void dequant32<DType::Q5_1>(const uint8_t* row, int64_t c, int64_t nb, float* out) {
   int q[32];
-  q5_decode(b + 8, b + 4, q);
-  const float d = h2f(ld16(b)), m = h2f(ld16(b + 2));
+  q5_decode(row + 16 * c, row + 16 * nb + 4 * c, q);
+  const uint8_t* dm = row + 20 * nb + 4 * c;
+  const float d = h2f(ld16(dm)), m = h2f(ld16(dm + 2));
 #pragma unroll
   for (int j = 0; j < 32; ++j) out[j] = q[j] * d + m;
 }
@@ -170,18 +173,12 @@ __device__ __forceinline__ void k_scale_min_dev(int j, const uint8_t* q, float* 
     *m = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
   }
 }
-// 32 bytes at a 16-byte-aligned address as eight words (two 16-byte loads).
-__device__ __forceinline__ void ld32x8(const uint8_t* p, uint32_t* w) {
-  const uint4 a = reinterpret_cast<const uint4*>(p)[0], b = reinterpret_cast<const uint4*>(p)[1];
-  w[0] = a.x; w[1] = a.y; w[2] = a.z; w[3] = a.w; w[4] = b.x; w[5] = b.y; w[6] = b.z; w[7] = b.w;
-}
-__device__ __forceinline__ uint32_t byte_of(const uint32_t* w, int l) { return (w[l >> 2] >> (8 * (l & 3))) & 0xFF; }
 
 // Q4_K and Q5_K super-blocks (144 and 176 bytes) keep 16-byte alignment from an aligned
 // row, so their quant bytes come in 16-byte loads (rows are, on the device and in the
 // tests); Q6_K's 210-byte blocks allow 16-bit loads only.
 template <>
-__device__ __forceinline__ void dequant32<DType::Q4_K>(const uint8_t* row, int64_t c, float* out) {
+__device__ __forceinline__ void dequant32<DType::Q4_K>(const uint8_t* row, int64_t c, int64_t /*nb*/, float* out) {
   const uint8_t* b = row + (c >> 3) * 144;
   const int sub = static_cast<int>(c & 7);
   const uint32_t dm = *reinterpret_cast<const uint32_t*>(b);
@@ -196,7 +193,7 @@ __device__ __forceinline__ void dequant32<DType::Q4_K>(const uint8_t* row, int64
   for (int l = 0; l < 32; ++l) out[l] = d1 * ((byte_of(qw, l) >> shift) & 0xF) - m1;
 }
 template <>
-__device__ __forceinline__ void dequant32<DType::Q5_K>(const uint8_t* row, int64_t c, float* out) {
+__device__ __forceinline__ void dequant32<DType::Q5_K>(const uint8_t* row, int64_t c, int64_t /*nb*/, float* out) {
   const uint8_t* b = row + (c >> 3) * 176;
   const int sub = static_cast<int>(c & 7);
   const uint32_t dm = *reinterpret_cast<const uint32_t*>(b);
@@ -215,7 +212,7 @@ __device__ __forceinline__ void dequant32<DType::Q5_K>(const uint8_t* row, int64
   }
 }
 template <>
-__device__ __forceinline__ void dequant32<DType::Q6_K>(const uint8_t* row, int64_t c, float* out) {
+__device__ __forceinline__ void dequant32<DType::Q6_K>(const uint8_t* row, int64_t c, int64_t /*nb*/, float* out) {
   const uint8_t* b = row + (c >> 3) * 210;
   const int rem = static_cast<int>(c & 7), half = rem >> 2, k = rem & 3;
   const uint8_t* ql = b + 64 * half + ((k & 1) ? 32 : 0);

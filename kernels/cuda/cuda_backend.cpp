@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "kernels/backend.h"
+#include "kernels/cuda/layout.h"
 #include "kernels/cuda/ops.h"
 #include "kernels/cuda/step_graph.h"
 
@@ -46,8 +47,6 @@ class CudaKvCache final : public KvCache {
   size_t layer_elems = 0;  // num_blocks * block_size * num_kv_heads * head_dim
   uint16_t *k = nullptr, *v = nullptr;  // [num_layers, layer_elems] f16
 };
-
-bool is_float_type(DType t) { return t == DType::F32 || t == DType::F16 || t == DType::BF16; }
 
 // Decode batches up to this many tokens use the fused GEMV; larger ones cuBLAS unless the
 // backend is batch-invariant.
@@ -94,9 +93,13 @@ class CudaBackend final : public Backend {
     if (!cuda::is_supported_type(type))
       return make_error(std::string("weight type ") + std::string(dtype_traits(type).name) + " has no CUDA kernels");
     const auto src_row = row_bytes(type, static_cast<uint64_t>(cols));
-    if (!src_row || cols <= 0) return make_error("weight columns " + std::to_string(cols) + " do not fit the block size");
-    const int64_t padded = is_float_type(type) ? (cols + 31) / 32 * 32 : cols;
-    const size_t stride = *row_bytes(type, static_cast<uint64_t>(padded));
+    const auto dev_row = cuda::device_row_bytes(type, cols);
+    if (!src_row || !dev_row || cols <= 0)
+      return make_error("weight columns " + std::to_string(cols) + " do not fit the block size");
+    // Rows in the device layout (kernels/cuda/layout.h): float rows padded to 32 columns,
+    // the 32-value block types split into quants, high bits and scales.
+    const size_t stride = *dev_row;
+    const bool as_is = stride == *src_row && !cuda::split_block(type);
     int64_t rows = 0;
     for (const auto& [p, r] : parts) {
       if (!p || r <= 0) return make_error("empty weight part");
@@ -108,8 +111,8 @@ class CudaBackend final : public Backend {
     w->cols = cols;
     w->row_bytes = stride;
     cudaSetDevice(device_);
-    // (kWeightPad bytes past the last row: the GEMVs' word loads of 2-byte aligned blocks
-    // read up to 4 bytes past a block)
+    // (kWeightPad bytes past the last row: the GEMVs' word loads of Q6_K's 2-byte aligned
+    // blocks read up to 4 bytes past a block)
     if (cudaError_t e = cudaMalloc(&w->data, stride * static_cast<size_t>(rows) + cuda::kWeightPad); e != cudaSuccess) {
       w->data = nullptr;
       return make_error("cudaMalloc of " + std::to_string(stride * rows) + " bytes for a weight: " + cudaGetErrorString(e));
@@ -118,12 +121,12 @@ class CudaBackend final : public Backend {
     std::vector<uint8_t> staging;
     for (const auto& [p, r] : parts) {
       cudaError_t e;
-      if (stride == *src_row) {
+      if (as_is) {
         e = cudaMemcpy(static_cast<uint8_t*>(w->data) + off, p, *src_row * static_cast<size_t>(r), cudaMemcpyHostToDevice);
-      } else {  // pad each row with zeros to the 32-column stride
+      } else {
         staging.assign(stride * static_cast<size_t>(r), 0);
         for (int64_t i = 0; i < r; ++i)
-          std::memcpy(staging.data() + stride * i, static_cast<const uint8_t*>(p) + *src_row * i, *src_row);
+          cuda::to_device_row(type, static_cast<const uint8_t*>(p) + *src_row * i, cols, staging.data() + stride * i);
         e = cudaMemcpy(static_cast<uint8_t*>(w->data) + off, staging.data(), staging.size(), cudaMemcpyHostToDevice);
       }
       if (e != cudaSuccess) return make_error(std::string("cudaMemcpy of a weight: ") + cudaGetErrorString(e));

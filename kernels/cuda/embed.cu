@@ -11,8 +11,9 @@ __global__ void embed_kernel(const uint8_t* table, size_t row_bytes, int64_t col
   const uint8_t* row = table + static_cast<size_t>(ids[t]) * row_bytes;
   float* o = out + t * cols;
   float v[32];
+  const int64_t nb = (cols + 31) / 32;
   for (int64_t c = threadIdx.x; c * 32 < cols; c += blockDim.x) {
-    dequant32<T>(row, c, v);
+    dequant32<T>(row, c, nb, v);
     const int64_t base = c * 32;
     const int lim = cols - base < 32 ? static_cast<int>(cols - base) : 32;
     for (int j = 0; j < lim; ++j) o[base + j] = v[j];

@@ -45,7 +45,7 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
     __syncthreads();
     const int64_t c = tile + lane;
     if (!active || c >= num_chunks) continue;
-    dequant32<T>(row, c, wv);
+    dequant32<T>(row, c, num_chunks, wv);
 #pragma unroll
     for (int t = 0; t < NT; ++t) {
       if (t >= nt) break;
@@ -100,7 +100,7 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
 #pragma unroll
     for (int i = 0; i < R; ++i) {
       float wv[32];
-      dequant32<T>(wr[i], c, wv);
+      dequant32<T>(wr[i], c, num_chunks, wv);
       float s = 0.f;
 #pragma unroll
       for (int j = 0; j < 32; ++j) s = fmaf(wv[j], xv[j], s);
@@ -316,7 +316,7 @@ __global__ void dequant_f16_kernel(const uint8_t* __restrict__ w, size_t row_byt
        i += int64_t{gridDim.x} * blockDim.x) {
     const int64_t r = i / num_chunks, c = i % num_chunks;
     float v[32];
-    dequant32<T>(w + static_cast<size_t>(r) * row_bytes, c, v);
+    dequant32<T>(w + static_cast<size_t>(r) * row_bytes, c, num_chunks, v);
     __half* o = out + r * cols + c * 32;
     const int lim = cols - c * 32 < 32 ? static_cast<int>(cols - c * 32) : 32;
     for (int j = 0; j < lim; ++j) o[j] = __float2half_rn(v[j]);

@@ -44,51 +44,49 @@ __global__ void quantize_q8_kernel(const float* __restrict__ x, int64_t ldx, int
   }
 }
 
-template <DType T>
-__host__ __device__ constexpr int block_bytes() {
-  return T == DType::Q4_0 ? 18 : T == DType::Q4_1 ? 20 : T == DType::Q5_0 ? 22 : T == DType::Q5_1 ? 24 : 34;
-}
 constexpr bool is_k_quant(DType t) { return t == DType::Q4_K || t == DType::Q5_K || t == DType::Q6_K; }
 
-// 32-value block j of a row as 8 words of 4 signed/unsigned bytes in element order, plus d
-// and m; for Q6_K also the two 16-value scales (sc[0] for words 0-3, sc[1] for 4-7).
+// 32-value block j of a device row (kernels/cuda/layout.h) of nb blocks as 8 words of 4
+// signed/unsigned bytes in element order, plus d and m; for Q6_K also the two 16-value
+// scales (sc[0] for words 0-3, sc[1] for 4-7). The 32-value types' rows are split: block j's
+// quants at 16 j (32 j for Q8_0) in one 16-byte load (two), its high bits and scales in
+// their own sections, so a warp's loads of them are contiguous.
 template <DType T>
-__device__ __forceinline__ void unpack_block(const uint8_t* row, int64_t j, int32_t* v, float* d, float* m, int* sc);
+__device__ __forceinline__ void unpack_block(const uint8_t* row, int64_t j, int64_t nb, int32_t* v, float* d, float* m,
+                                             int* sc);
 
-template <>
-__device__ __forceinline__ void unpack_block<DType::Q4_0>(const uint8_t* row, int64_t j, int32_t* v, float* d, float* m,
-                                                         int* /*sc*/) {
-  const uint8_t* b = row + j * block_bytes<DType::Q4_0>();
-  *d = h2f(ld16(b));
-  *m = -8.0f * *d;
-  uint32_t w[4];
-  ld_words<4>(b + 2, w);
+// Low nibbles of the 16 quant bytes to words 0-3, high nibbles to words 4-7.
+__device__ __forceinline__ void nibble_words(const uint4& q, int32_t* v) {
+  const uint32_t w[4] = {q.x, q.y, q.z, q.w};
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
     v[i] = static_cast<int32_t>(w[i] & 0x0F0F0F0Fu);
     v[i + 4] = static_cast<int32_t>((w[i] >> 4) & 0x0F0F0F0Fu);
   }
 }
+__device__ __forceinline__ uint4 quants16(const uint8_t* row, int64_t j) { return reinterpret_cast<const uint4*>(row)[j]; }
+
 template <>
-__device__ __forceinline__ void unpack_block<DType::Q4_1>(const uint8_t* row, int64_t j, int32_t* v, float* d, float* m,
-                                                         int* /*sc*/) {
-  const uint8_t* b = row + j * block_bytes<DType::Q4_1>();
-  const uint32_t* p = reinterpret_cast<const uint32_t*>(b);
-  const uint32_t dm = p[0];
+__device__ __forceinline__ void unpack_block<DType::Q4_0>(const uint8_t* row, int64_t j, int64_t nb, int32_t* v,
+                                                         float* d, float* m, int* /*sc*/) {
+  *d = h2f(ld16(row + 16 * nb + 2 * j));
+  *m = -8.0f * *d;
+  nibble_words(quants16(row, j), v);
+}
+template <>
+__device__ __forceinline__ void unpack_block<DType::Q4_1>(const uint8_t* row, int64_t j, int64_t nb, int32_t* v,
+                                                         float* d, float* m, int* /*sc*/) {
+  const uint32_t dm = *reinterpret_cast<const uint32_t*>(row + 16 * nb + 4 * j);
   *d = h2f(static_cast<uint16_t>(dm & 0xFFFF));
   *m = h2f(static_cast<uint16_t>(dm >> 16));
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const uint32_t w = p[1 + i];
-    v[i] = static_cast<int32_t>(w & 0x0F0F0F0Fu);
-    v[i + 4] = static_cast<int32_t>((w >> 4) & 0x0F0F0F0Fu);
-  }
+  nibble_words(quants16(row, j), v);
 }
 // Bits 0-3 of x to bit 4 of bytes 0-3.
 __device__ __forceinline__ uint32_t spread4(uint32_t x) {
   return ((x & 1u) | ((x & 2u) << 7) | ((x & 4u) << 14) | ((x & 8u) << 21)) << 4;
 }
-__device__ __forceinline__ void q5_words(const uint32_t* qs, uint32_t qh, int32_t* v) {
+__device__ __forceinline__ void q5_words(const uint4& q, uint32_t qh, int32_t* v) {
+  const uint32_t qs[4] = {q.x, q.y, q.z, q.w};
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
     v[i] = static_cast<int32_t>((qs[i] & 0x0F0F0F0Fu) | spread4(qh >> (4 * i)));
@@ -96,34 +94,27 @@ __device__ __forceinline__ void q5_words(const uint32_t* qs, uint32_t qh, int32_
   }
 }
 template <>
-__device__ __forceinline__ void unpack_block<DType::Q5_0>(const uint8_t* row, int64_t j, int32_t* v, float* d, float* m,
-                                                         int* /*sc*/) {
-  const uint8_t* b = row + j * block_bytes<DType::Q5_0>();
-  *d = h2f(ld16(b));
+__device__ __forceinline__ void unpack_block<DType::Q5_0>(const uint8_t* row, int64_t j, int64_t nb, int32_t* v,
+                                                         float* d, float* m, int* /*sc*/) {
+  *d = h2f(ld16(row + 20 * nb + 2 * j));
   *m = -16.0f * *d;
-  uint32_t w[5];  // qh, then qs
-  ld_words<5>(b + 2, w);
-  q5_words(w + 1, w[0], v);
+  q5_words(quants16(row, j), *reinterpret_cast<const uint32_t*>(row + 16 * nb + 4 * j), v);
 }
 template <>
-__device__ __forceinline__ void unpack_block<DType::Q5_1>(const uint8_t* row, int64_t j, int32_t* v, float* d, float* m,
-                                                         int* /*sc*/) {
-  const uint8_t* b = row + j * block_bytes<DType::Q5_1>();  // (24-byte blocks: 4-byte aligned in an aligned row)
-  const uint32_t* p = reinterpret_cast<const uint32_t*>(b);
-  const uint32_t dm = p[0];
+__device__ __forceinline__ void unpack_block<DType::Q5_1>(const uint8_t* row, int64_t j, int64_t nb, int32_t* v,
+                                                         float* d, float* m, int* /*sc*/) {
+  const uint32_t dm = *reinterpret_cast<const uint32_t*>(row + 20 * nb + 4 * j);
   *d = h2f(static_cast<uint16_t>(dm & 0xFFFF));
   *m = h2f(static_cast<uint16_t>(dm >> 16));
-  const uint32_t qs[4] = {p[2], p[3], p[4], p[5]};
-  q5_words(qs, p[1], v);
+  q5_words(quants16(row, j), *reinterpret_cast<const uint32_t*>(row + 16 * nb + 4 * j), v);
 }
 template <>
-__device__ __forceinline__ void unpack_block<DType::Q8_0>(const uint8_t* row, int64_t j, int32_t* v, float* d, float* m,
-                                                         int* /*sc*/) {
-  const uint8_t* b = row + j * block_bytes<DType::Q8_0>();
-  *d = h2f(ld16(b));
+__device__ __forceinline__ void unpack_block<DType::Q8_0>(const uint8_t* row, int64_t j, int64_t nb, int32_t* v,
+                                                         float* d, float* m, int* /*sc*/) {
+  *d = h2f(ld16(row + 32 * nb + 2 * j));
   *m = 0.0f;
   uint32_t w[8];
-  ld_words<8>(b + 2, w);
+  ld32x8(row + 32 * j, w);
 #pragma unroll
   for (int i = 0; i < 8; ++i) v[i] = static_cast<int32_t>(w[i]);
 }
@@ -140,8 +131,8 @@ __device__ __forceinline__ void k_sub_scales(const uint8_t* b, int sub, float* d
 // Sub-block j & 7 of super-block j >> 3. Q4_K/Q5_K super-blocks (144, 176 bytes) keep the
 // row's 16-byte alignment; Q6_K's (210 bytes) only 2-byte alignment (ld_words).
 template <>
-__device__ __forceinline__ void unpack_block<DType::Q4_K>(const uint8_t* row, int64_t j, int32_t* v, float* d, float* m,
-                                                         int* /*sc*/) {
+__device__ __forceinline__ void unpack_block<DType::Q4_K>(const uint8_t* row, int64_t j, int64_t /*nb*/, int32_t* v,
+                                                         float* d, float* m, int* /*sc*/) {
   const uint8_t* b = row + (j >> 3) * 144;
   const int sub = static_cast<int>(j & 7);
   k_sub_scales(b, sub, d, m);
@@ -152,8 +143,8 @@ __device__ __forceinline__ void unpack_block<DType::Q4_K>(const uint8_t* row, in
   for (int i = 0; i < 8; ++i) v[i] = static_cast<int32_t>((qw[i] >> shift) & 0x0F0F0F0Fu);
 }
 template <>
-__device__ __forceinline__ void unpack_block<DType::Q5_K>(const uint8_t* row, int64_t j, int32_t* v, float* d, float* m,
-                                                         int* /*sc*/) {
+__device__ __forceinline__ void unpack_block<DType::Q5_K>(const uint8_t* row, int64_t j, int64_t /*nb*/, int32_t* v,
+                                                         float* d, float* m, int* /*sc*/) {
   const uint8_t* b = row + (j >> 3) * 176;
   const int sub = static_cast<int>(j & 7);
   k_sub_scales(b, sub, d, m);
@@ -166,8 +157,8 @@ __device__ __forceinline__ void unpack_block<DType::Q5_K>(const uint8_t* row, in
     v[i] = static_cast<int32_t>(((qw[i] >> shift) & 0x0F0F0F0Fu) | (((hw[i] >> sub) & 0x01010101u) << 4));
 }
 template <>
-__device__ __forceinline__ void unpack_block<DType::Q6_K>(const uint8_t* row, int64_t j, int32_t* v, float* d, float* m,
-                                                         int* sc) {
+__device__ __forceinline__ void unpack_block<DType::Q6_K>(const uint8_t* row, int64_t j, int64_t /*nb*/, int32_t* v,
+                                                         float* d, float* m, int* sc) {
   const uint8_t* b = row + (j >> 3) * 210;
   const int rem = static_cast<int>(j & 7), half = rem >> 2, k = rem & 3;
   const uint8_t* ql = b + 64 * half + ((k & 1) ? 32 : 0);
@@ -226,7 +217,7 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
     float d[R], m[R];
     int sc[R][2];
 #pragma unroll
-    for (int i = 0; i < R; ++i) unpack_block<T>(wr[i], b, v[i], &d[i], &m[i], sc[i]);
+    for (int i = 0; i < R; ++i) unpack_block<T>(wr[i], b, nb, v[i], &d[i], &m[i], sc[i]);
 #pragma unroll
     for (int t = 0; t < NT; ++t) {
       if (t >= nt) break;

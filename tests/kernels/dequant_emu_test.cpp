@@ -27,12 +27,12 @@ TEST_CASE("the CUDA block decoders' source decodes every weight type exactly as 
     for (int64_t cols : {k_quant ? int64_t{512} : int64_t{96}, is_float ? int64_t{45} : int64_t{0}}) {
       if (cols == 0) continue;
       const int64_t rows = 7;
-      // The device pads float rows to 32 columns (zeros); the quantized types need none.
-      const int64_t padded = is_float ? (cols + 31) / 32 * 32 : cols;
-      const size_t src_rb = *row_bytes(t, static_cast<uint64_t>(cols)), rb = *row_bytes(t, static_cast<uint64_t>(padded));
+      // Rows in the device layout (float rows padded to 32 columns, the 32-value block
+      // types split into quants, high bits and scales).
+      const size_t src_rb = *row_bytes(t, static_cast<uint64_t>(cols));
       const auto w = test::random_weight(t, rows, cols, g);
-      std::vector<uint8_t> dev(rb * rows, 0);
-      for (int64_t r = 0; r < rows; ++r) std::memcpy(dev.data() + r * rb, w.data() + r * src_rb, src_rb);
+      size_t rb = 0;
+      const auto dev = test::device_rows(t, w, rows, cols, 0, &rb);
       const std::vector<int32_t> ids = {3, 0, 6, 3, 1};
       std::vector<float> out(ids.size() * static_cast<size_t>(cols), -1.0f);
       bool ran = false;

@@ -34,12 +34,13 @@ std::vector<float> run(const std::vector<uint8_t>& w, size_t row_bytes, int64_t 
 template <DType T, int NT>
 void check(std::mt19937& g, int64_t rows, int64_t nb, int64_t n) {
   const int64_t cols = nb * 32;
-  const size_t rb = *row_bytes(T, static_cast<uint64_t>(cols));
+  const size_t src_rb = *row_bytes(T, static_cast<uint64_t>(cols));
   std::normal_distribution<float> nd(0.0f, 1.0f);
-  // (random blocks for the K-quants, which have no quantizer here; the device buffer's
-  // padding past the last row, which the word loads may touch)
-  std::vector<uint8_t> w = test::random_weight(T, rows, cols, g);
-  w.resize(w.size() + cuda::kWeightPad, 0xEE);
+  // (random blocks for the K-quants, which have no quantizer here; rows in the device
+  // layout with the buffer's padding past the last row, which the word loads may touch)
+  const std::vector<uint8_t> gguf = test::random_weight(T, rows, cols, g);
+  size_t rb = 0;
+  const std::vector<uint8_t> w = test::device_rows(T, gguf, rows, cols, cuda::kWeightPad, &rb);
   // Activations quantized by the kernel that does it on the device.
   std::vector<float> x(static_cast<size_t>(n * cols));
   for (auto& v : x) v = nd(g);
@@ -63,7 +64,7 @@ void check(std::mt19937& g, int64_t rows, int64_t nb, int64_t n) {
   std::vector<float> deq(static_cast<size_t>(cols));
   double worst = 0;
   for (int64_t r = 0; r < rows; ++r) {
-    REQUIRE(cpu::dequantize_row_ref(T, w.data() + r * rb, deq.data(), cols));
+    REQUIRE(cpu::dequantize_row_ref(T, gguf.data() + r * src_rb, deq.data(), cols));
     for (int64_t t = 0; t < n; ++t) {
       double ref = 0, scale = 1;
       for (int64_t b = 0; b < nb; ++b)
@@ -81,22 +82,23 @@ void check(std::mt19937& g, int64_t rows, int64_t nb, int64_t n) {
 }
 
 // Every block's unpacked integers, scales and offsets give the reference dequantizer's
-// values, for rows whose blocks start at both 2-byte alignments (odd block counts of the
-// 18-, 22- and 34-byte types, odd super-block counts of Q6_K's 210-byte blocks).
+// values: split device rows of odd block counts (so the high-bit and scale sections start
+// at odd multiples of a block's share), K-quant rows of one and of three super-blocks.
 template <DType T>
 void check_unpack(std::mt19937& g, int64_t nb) {
   const int64_t rows = 3, cols = nb * 32;
-  const size_t rb = *row_bytes(T, static_cast<uint64_t>(cols));
-  std::vector<uint8_t> w = test::random_weight(T, rows, cols, g);
-  w.resize(w.size() + cuda::kWeightPad, 0xEE);
+  const size_t src_rb = *row_bytes(T, static_cast<uint64_t>(cols));
+  const std::vector<uint8_t> gguf = test::random_weight(T, rows, cols, g);
+  size_t rb = 0;
+  const std::vector<uint8_t> w = test::device_rows(T, gguf, rows, cols, cuda::kWeightPad, &rb);
   std::vector<float> deq(static_cast<size_t>(cols));
   for (int64_t r = 0; r < rows; ++r) {
-    REQUIRE(cpu::dequantize_row_ref(T, w.data() + r * rb, deq.data(), cols));
+    REQUIRE(cpu::dequantize_row_ref(T, gguf.data() + r * src_rb, deq.data(), cols));
     for (int64_t j = 0; j < nb; ++j) {
       int32_t v[8];
       float d, m;
       int sc[2] = {1, 1};
-      cuda::unpack_block<T>(w.data() + r * rb, j, v, &d, &m, sc);
+      cuda::unpack_block<T>(w.data() + r * rb, j, nb, v, &d, &m, sc);
       for (int e = 0; e < 32; ++e) {
         const int q = static_cast<int>(static_cast<int8_t>(static_cast<uint32_t>(v[e / 4]) >> (8 * (e % 4))));
         const int qu = static_cast<int>((static_cast<uint32_t>(v[e / 4]) >> (8 * (e % 4))) & 0xFF);
@@ -156,7 +158,7 @@ namespace {
 template <DType T, int NT>
 void check_epilogues(std::mt19937& g, int64_t nb, int64_t n) {
   const int64_t cols = nb * 32;
-  const size_t rb = *row_bytes(T, static_cast<uint64_t>(cols));
+  size_t rb = *cuda::device_row_bytes(T, cols);
   std::normal_distribution<float> nd(0.0f, 1.0f);
   std::vector<float> x(static_cast<size_t>(n * cols));
   for (auto& v : x) v = nd(g);
@@ -164,9 +166,7 @@ void check_epilogues(std::mt19937& g, int64_t nb, int64_t n) {
   cuda_emu::launch(static_cast<unsigned>((n * nb + 7) / 8), 256, cuda::quantize_q8_kernel, x.data(), cols, cols, n,
                    !cuda::is_k_quant(T), T == DType::Q4_1 || T == DType::Q5_1, xq.data());
   auto weight = [&](int64_t rows) {
-    std::vector<uint8_t> w = test::random_weight(T, rows, cols, g);
-    w.resize(w.size() + cuda::kWeightPad, 0xEE);
-    return w;
+    return test::device_rows(T, test::random_weight(T, rows, cols, g), rows, cols, cuda::kWeightPad, &rb);
   };
   const unsigned groups = static_cast<unsigned>((n + NT - 1) / NT);
   auto fused_launch = [&]<int R>(const std::vector<uint8_t>& w, auto out) {

@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "kernels/cpu/quant_ref.h"
+#include "kernels/cuda/layout.h"
 #include "kernels/dtype.h"
 #include "kernels/fp16.h"
 #include "kernels/quant_blocks.h"
@@ -40,6 +41,18 @@ inline std::vector<uint8_t> random_weight(DType type, int64_t rows, int64_t cols
       row[j] = scale * (structured ? static_cast<float>(((r * 7 + j * 3) % 17) - 8) * 0.125f : nd(rng));
     cpu::quantize_row_ref(type, row.data(), out.data() + rb * r, cols);
   }
+  return out;
+}
+
+// A GGUF matrix's rows in the CUDA backend's device layout (kernels/cuda/layout.h: floats
+// padded to 32 columns, the 32-value block types split), `pad` bytes of 0xEE after the
+// last row as the device buffer has; the row stride in *stride.
+inline std::vector<uint8_t> device_rows(DType type, const std::vector<uint8_t>& gguf, int64_t rows, int64_t cols,
+                                        size_t pad, size_t* stride) {
+  const size_t src_rb = *row_bytes(type, static_cast<uint64_t>(cols));
+  *stride = *cuda::device_row_bytes(type, cols);
+  std::vector<uint8_t> out(*stride * static_cast<size_t>(rows) + pad, 0xEE);
+  for (int64_t r = 0; r < rows; ++r) cuda::to_device_row(type, gguf.data() + src_rb * r, cols, out.data() + *stride * r);
   return out;
 }
 
