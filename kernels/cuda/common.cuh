@@ -163,17 +163,28 @@ __device__ __forceinline__ void dequant32<DType::Q5_1>(const uint8_t* row, int64
 #pragma unroll
   for (int j = 0; j < 32; ++j) out[j] = q[j] * d + m;
 }
-// 6-bit scale and min of sub-block j (0..7) of a Q4_K/Q5_K super-block.
-__device__ __forceinline__ void k_scale_min_dev(int j, const uint8_t* q, float* sc, float* m) {
+// The 16-byte header of a Q4_K/Q5_K super-block (d, dmin, then 12 bytes of 6-bit scales
+// and mins) in one 16-byte load: the eight sub-blocks of a super-block (eight lanes of a
+// GEMV warp) share it, where byte loads took one load instruction per scale byte.
+struct KHeader {
+  uint32_t dm;     // d (low half), dmin (high half), f16
+  uint32_t q[3];   // the scale bytes
+};
+__device__ __forceinline__ KHeader k_header(const uint8_t* b) {
+  const uint4 h = *reinterpret_cast<const uint4*>(b);
+  return KHeader{h.x, {h.y, h.z, h.w}};
+}
+// 6-bit scale and min of sub-block j (0..7) from the header's scale bytes.
+__device__ __forceinline__ void k_scale_min_dev(int j, const KHeader& h, float* sc, float* m) {
+  const auto q = [&](int i) { return (h.q[i >> 2] >> (8 * (i & 3))) & 0xFF; };
   if (j < 4) {
-    *sc = q[j] & 63;
-    *m = q[j + 4] & 63;
+    *sc = q(j) & 63;
+    *m = q(j + 4) & 63;
   } else {
-    *sc = (q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4);
-    *m = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
+    *sc = (q(j + 4) & 0xF) | ((q(j - 4) >> 6) << 4);
+    *m = (q(j + 4) >> 4) | ((q(j) >> 6) << 4);
   }
 }
-
 // Q4_K and Q5_K super-blocks (144 and 176 bytes) keep 16-byte alignment from an aligned
 // row, so their quant bytes come in 16-byte loads (rows are, on the device and in the
 // tests); Q6_K's 210-byte blocks allow 16-bit loads only.
@@ -181,10 +192,10 @@ template <>
 __device__ __forceinline__ void dequant32<DType::Q4_K>(const uint8_t* row, int64_t c, int64_t /*nb*/, float* out) {
   const uint8_t* b = row + (c >> 3) * 144;
   const int sub = static_cast<int>(c & 7);
-  const uint32_t dm = *reinterpret_cast<const uint32_t*>(b);
-  const float d = h2f(static_cast<uint16_t>(dm & 0xFFFF)), dmin = h2f(static_cast<uint16_t>(dm >> 16));
+  const KHeader h = k_header(b);
+  const float d = h2f(static_cast<uint16_t>(h.dm & 0xFFFF)), dmin = h2f(static_cast<uint16_t>(h.dm >> 16));
   float sc, m;
-  k_scale_min_dev(sub, b + 4, &sc, &m);
+  k_scale_min_dev(sub, h, &sc, &m);
   const float d1 = d * sc, m1 = dmin * m;
   uint32_t qw[8];
   ld32x8(b + 16 + 32 * (sub >> 1), qw);
@@ -196,10 +207,10 @@ template <>
 __device__ __forceinline__ void dequant32<DType::Q5_K>(const uint8_t* row, int64_t c, int64_t /*nb*/, float* out) {
   const uint8_t* b = row + (c >> 3) * 176;
   const int sub = static_cast<int>(c & 7);
-  const uint32_t dm = *reinterpret_cast<const uint32_t*>(b);
-  const float d = h2f(static_cast<uint16_t>(dm & 0xFFFF)), dmin = h2f(static_cast<uint16_t>(dm >> 16));
+  const KHeader h = k_header(b);
+  const float d = h2f(static_cast<uint16_t>(h.dm & 0xFFFF)), dmin = h2f(static_cast<uint16_t>(h.dm >> 16));
   float sc, m;
-  k_scale_min_dev(sub, b + 4, &sc, &m);
+  k_scale_min_dev(sub, h, &sc, &m);
   const float d1 = d * sc, m1 = dmin * m;
   uint32_t hw[8], qw[8];
   ld32x8(b + 16, hw);

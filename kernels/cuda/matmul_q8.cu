@@ -121,11 +121,11 @@ __device__ __forceinline__ void unpack_block<DType::Q8_0>(const uint8_t* row, in
 
 // d * scale and -dmin * min of sub-block `sub` of the Q4_K/Q5_K super-block at b.
 __device__ __forceinline__ void k_sub_scales(const uint8_t* b, int sub, float* d, float* m) {
-  const uint32_t dm = *reinterpret_cast<const uint32_t*>(b);
+  const KHeader h = k_header(b);
   float sc, mn;
-  k_scale_min_dev(sub, b + 4, &sc, &mn);
-  *d = __fmul_rn(h2f(static_cast<uint16_t>(dm & 0xFFFF)), sc);
-  *m = -__fmul_rn(h2f(static_cast<uint16_t>(dm >> 16)), mn);
+  k_scale_min_dev(sub, h, &sc, &mn);
+  *d = __fmul_rn(h2f(static_cast<uint16_t>(h.dm & 0xFFFF)), sc);
+  *m = -__fmul_rn(h2f(static_cast<uint16_t>(h.dm >> 16)), mn);
 }
 
 // Sub-block j & 7 of super-block j >> 3. Q4_K/Q5_K super-blocks (144, 176 bytes) keep the
