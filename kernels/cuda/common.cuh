@@ -34,22 +34,6 @@ __device__ __forceinline__ void rope_rotate(float x0, float x1, float c, float s
 __device__ __forceinline__ float h2f(uint16_t h) { return __half2float(__ushort_as_half(h)); }
 __device__ __forceinline__ float bf2f(uint16_t h) { return __uint_as_float(static_cast<uint32_t>(h) << 16); }
 __device__ __forceinline__ uint16_t ld16(const uint8_t* p) { return *reinterpret_cast<const uint16_t*>(p); }
-// N little-endian words of the bytes at p, p 2-byte aligned (Q6_K's 210-byte blocks), from N + 1 aligned 32-bit loads joined by funnel shifts instead of 2N 16-bit
-// loads. It reads up to 4 bytes past p + 4N: weights on the device carry kWeightPad (ops.h)
-// bytes after their last row for that.
-template <int N>
-__device__ __forceinline__ void ld_words(const uint8_t* p, uint32_t* w) {
-  const uintptr_t a = reinterpret_cast<uintptr_t>(p);
-  const uint32_t* q = reinterpret_cast<const uint32_t*>(a & ~uintptr_t{3});
-  const uint32_t shift = static_cast<uint32_t>(a & 3) * 8;
-  uint32_t lo = q[0];
-#pragma unroll
-  for (int i = 0; i < N; ++i) {
-    const uint32_t hi = q[i + 1];
-    w[i] = __funnelshift_r(lo, hi, shift);
-    lo = hi;
-  }
-}
 
 // 32 bytes at a 16-byte-aligned address as eight words (two 16-byte loads).
 __device__ __forceinline__ void ld32x8(const uint8_t* p, uint32_t* w) {
@@ -187,7 +171,7 @@ __device__ __forceinline__ void k_scale_min_dev(int j, const KHeader& h, float* 
 }
 // Q4_K and Q5_K super-blocks (144 and 176 bytes) keep 16-byte alignment from an aligned
 // row, so their quant bytes come in 16-byte loads (rows are, on the device and in the
-// tests); Q6_K's 210-byte blocks allow 16-bit loads only.
+// tests); Q6_K's rows are split for that (layout.h).
 template <>
 __device__ __forceinline__ void dequant32<DType::Q4_K>(const uint8_t* row, int64_t c, int64_t /*nb*/, float* out) {
   const uint8_t* b = row + (c >> 3) * 144;
@@ -223,22 +207,26 @@ __device__ __forceinline__ void dequant32<DType::Q5_K>(const uint8_t* row, int64
   }
 }
 template <>
-__device__ __forceinline__ void dequant32<DType::Q6_K>(const uint8_t* row, int64_t c, int64_t /*nb*/, float* out) {
-  const uint8_t* b = row + (c >> 3) * 210;
+__device__ __forceinline__ void dequant32<DType::Q6_K>(const uint8_t* row, int64_t c, int64_t nb, float* out) {
+  // Split rows (layout.h): super-block sb's 192 quant bytes at 192 sb, its 16 scales at
+  // 192 nsb + 16 sb, its d at 208 nsb + 2 sb.
+  const int64_t nsb = nb >> 3, sb = c >> 3;
+  const uint8_t* b = row + sb * 192;
   const int rem = static_cast<int>(c & 7), half = rem >> 2, k = rem & 3;
   const uint8_t* ql = b + 64 * half + ((k & 1) ? 32 : 0);
   const uint8_t* qh = b + 128 + 32 * half;
-  const int8_t* scales = reinterpret_cast<const int8_t*>(b + 192) + 8 * half;
-  const float d = h2f(ld16(b + 208));
+  const int8_t* scales = reinterpret_cast<const int8_t*>(row + 192 * nsb + 16 * sb) + 8 * half;
+  const float d = h2f(ld16(row + 208 * nsb + 2 * sb));
   const float s0 = d * scales[2 * k], s1 = d * scales[1 + 2 * k];
   const int lshift = (k >> 1) * 4, hshift = 2 * k;
+  uint32_t lw[8], hw[8];
+  ld32x8(ql, lw);
+  ld32x8(qh, hw);
 #pragma unroll
-  for (int l = 0; l < 32; l += 2) {
-    const uint32_t lo = ld16(ql + l), hi = ld16(qh + l);
-    const int q0 = static_cast<int>((((lo & 0xFF) >> lshift) & 0xF) | ((((hi & 0xFF) >> hshift) & 3) << 4)) - 32;
-    const int q1 = static_cast<int>((((lo >> 8) >> lshift) & 0xF) | ((((hi >> 8) >> hshift) & 3) << 4)) - 32;
-    out[l] = (l < 16 ? s0 : s1) * q0;
-    out[l + 1] = (l < 16 ? s0 : s1) * q1;
+  for (int l = 0; l < 32; ++l) {
+    const uint32_t lo = byte_of(lw, l), hi = byte_of(hw, l);
+    const int q = static_cast<int>(((lo >> lshift) & 0xF) | (((hi >> hshift) & 3) << 4)) - 32;
+    out[l] = (l < 16 ? s0 : s1) * q;
   }
 }
 

@@ -99,7 +99,7 @@ class CudaBackend final : public Backend {
     // Rows in the device layout (kernels/cuda/layout.h): float rows padded to 32 columns,
     // the 32-value block types split into quants, high bits and scales.
     const size_t stride = *dev_row;
-    const bool as_is = stride == *src_row && !cuda::split_block(type);
+    const bool as_is = stride == *src_row && !cuda::split_layout(type);
     int64_t rows = 0;
     for (const auto& [p, r] : parts) {
       if (!p || r <= 0) return make_error("empty weight part");
@@ -111,9 +111,7 @@ class CudaBackend final : public Backend {
     w->cols = cols;
     w->row_bytes = stride;
     cudaSetDevice(device_);
-    // (kWeightPad bytes past the last row: the GEMVs' word loads of Q6_K's 2-byte aligned
-    // blocks read up to 4 bytes past a block)
-    if (cudaError_t e = cudaMalloc(&w->data, stride * static_cast<size_t>(rows) + cuda::kWeightPad); e != cudaSuccess) {
+    if (cudaError_t e = cudaMalloc(&w->data, stride * static_cast<size_t>(rows)); e != cudaSuccess) {
       w->data = nullptr;
       return make_error("cudaMalloc of " + std::to_string(stride * rows) + " bytes for a weight: " + cudaGetErrorString(e));
     }

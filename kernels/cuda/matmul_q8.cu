@@ -129,7 +129,7 @@ __device__ __forceinline__ void k_sub_scales(const uint8_t* b, int sub, float* d
 }
 
 // Sub-block j & 7 of super-block j >> 3. Q4_K/Q5_K super-blocks (144, 176 bytes) keep the
-// row's 16-byte alignment; Q6_K's (210 bytes) only 2-byte alignment (ld_words).
+// row's 16-byte alignment; Q6_K's rows are split (quants, scales, d) for it.
 template <>
 __device__ __forceinline__ void unpack_block<DType::Q4_K>(const uint8_t* row, int64_t j, int64_t /*nb*/, int32_t* v,
                                                          float* d, float* m, int* /*sc*/) {
@@ -157,21 +157,22 @@ __device__ __forceinline__ void unpack_block<DType::Q5_K>(const uint8_t* row, in
     v[i] = static_cast<int32_t>(((qw[i] >> shift) & 0x0F0F0F0Fu) | (((hw[i] >> sub) & 0x01010101u) << 4));
 }
 template <>
-__device__ __forceinline__ void unpack_block<DType::Q6_K>(const uint8_t* row, int64_t j, int64_t /*nb*/, int32_t* v,
+__device__ __forceinline__ void unpack_block<DType::Q6_K>(const uint8_t* row, int64_t j, int64_t nb, int32_t* v,
                                                          float* d, float* m, int* sc) {
-  const uint8_t* b = row + (j >> 3) * 210;
+  const int64_t nsb = nb >> 3, sb = j >> 3;  // (split rows: quants, scales, d; layout.h)
+  const uint8_t* b = row + sb * 192;
   const int rem = static_cast<int>(j & 7), half = rem >> 2, k = rem & 3;
   const uint8_t* ql = b + 64 * half + ((k & 1) ? 32 : 0);
   const uint8_t* qh = b + 128 + 32 * half;
-  const uint16_t s01 = ld16(b + 192 + 8 * half + 2 * k);
+  const uint16_t s01 = ld16(row + 192 * nsb + 16 * sb + 8 * half + 2 * k);
   sc[0] = static_cast<int8_t>(s01 & 0xFF);
   sc[1] = static_cast<int8_t>(s01 >> 8);
-  *d = h2f(ld16(b + 208));
+  *d = h2f(ld16(row + 208 * nsb + 2 * sb));
   *m = 0.0f;
   const int lshift = (k >> 1) * 4, hshift = 2 * k;
   uint32_t lw[8], hw[8];
-  ld_words<8>(ql, lw);
-  ld_words<8>(qh, hw);
+  ld32x8(ql, lw);
+  ld32x8(qh, hw);
 #pragma unroll
   for (int i = 0; i < 8; ++i) {
     const uint32_t lo = lw[i], hi = hw[i];

@@ -52,10 +52,6 @@ struct alignas(16) Q8Block {
   float d, s;  // scale (f16-rounded for the 32-block types) and d * sum(q)
   float pad[2];
 };
-// Bytes a weight's device buffer carries past its last row (the GEMVs' word loads of Q6_K's
-// 2-byte aligned blocks read up to 4 bytes past a block). Rows are in the device layout of
-// kernels/cuda/layout.h.
-constexpr size_t kWeightPad = 16;
 bool uses_q8_activations(DType type);  // Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K
 // x [n, ldx] (cols a multiple of 32) -> out [n, cols / 32]; numerics depend on the weight type.
 cudaError_t quantize_q8(DType weight_type, const float* x, int64_t ldx, int64_t cols, int64_t n, Q8Block* out,

@@ -146,11 +146,6 @@ inline void __syncwarp(unsigned /*mask*/ = 0xffffffffu) {
   cuda_emu::current->warps[threadIdx.x / 32]->arrive_and_wait();
 }
 inline uint32_t __float_as_uint(float f) { return std::bit_cast<uint32_t>(f); }
-// The low word of (hi:lo) >> (shift & 31), as the CUDA intrinsic.
-inline uint32_t __funnelshift_r(uint32_t lo, uint32_t hi, uint32_t shift) {
-  shift &= 31;
-  return shift == 0 ? lo : (lo >> shift) | (hi << (32 - shift));
-}
 template <typename T>
 T __ldcs(const T* p) {  // a streaming load: a plain load here
   return *p;

@@ -32,7 +32,7 @@ TEST_CASE("the CUDA block decoders' source decodes every weight type exactly as 
       const size_t src_rb = *row_bytes(t, static_cast<uint64_t>(cols));
       const auto w = test::random_weight(t, rows, cols, g);
       size_t rb = 0;
-      const auto dev = test::device_rows(t, w, rows, cols, 0, &rb);
+      const auto dev = test::device_rows(t, w, rows, cols, &rb);
       const std::vector<int32_t> ids = {3, 0, 6, 3, 1};
       std::vector<float> out(ids.size() * static_cast<size_t>(cols), -1.0f);
       bool ran = false;

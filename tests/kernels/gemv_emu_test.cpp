@@ -93,12 +93,8 @@ TEST_CASE("the one-token several-rows-per-warp GEMV kernel's source gives the on
   std::normal_distribution<float> nd(0.0f, 1.0f);
   auto run_type = [&]<DType T>(int64_t cols) {
     for (int64_t rows : {5, 33}) {
-      const bool is_float = T == DType::F32;
-      const int64_t padded = is_float ? (cols + 31) / 32 * 32 : cols;
-      const size_t src_rb = *row_bytes(T, static_cast<uint64_t>(cols)), rb = *row_bytes(T, static_cast<uint64_t>(padded));
-      const auto wsrc = test::random_weight(T, rows, cols, g);
-      std::vector<uint8_t> w(rb * static_cast<size_t>(rows), 0);
-      for (int64_t r = 0; r < rows; ++r) std::memcpy(w.data() + r * rb, wsrc.data() + r * src_rb, src_rb);
+      size_t rb = 0;  // (rows in the device layout)
+      const auto w = test::device_rows(T, test::random_weight(T, rows, cols, g), rows, cols, &rb);
       std::vector<float> x(static_cast<size_t>(cols));
       for (auto& v : x) v = nd(g);
       std::vector<float> one(static_cast<size_t>(rows), -1.0f), four(one.size(), -2.0f);

@@ -37,10 +37,10 @@ void check(std::mt19937& g, int64_t rows, int64_t nb, int64_t n) {
   const size_t src_rb = *row_bytes(T, static_cast<uint64_t>(cols));
   std::normal_distribution<float> nd(0.0f, 1.0f);
   // (random blocks for the K-quants, which have no quantizer here; rows in the device
-  // layout with the buffer's padding past the last row, which the word loads may touch)
+  // layout)
   const std::vector<uint8_t> gguf = test::random_weight(T, rows, cols, g);
   size_t rb = 0;
-  const std::vector<uint8_t> w = test::device_rows(T, gguf, rows, cols, cuda::kWeightPad, &rb);
+  const std::vector<uint8_t> w = test::device_rows(T, gguf, rows, cols, &rb);
   // Activations quantized by the kernel that does it on the device.
   std::vector<float> x(static_cast<size_t>(n * cols));
   for (auto& v : x) v = nd(g);
@@ -90,7 +90,7 @@ void check_unpack(std::mt19937& g, int64_t nb) {
   const size_t src_rb = *row_bytes(T, static_cast<uint64_t>(cols));
   const std::vector<uint8_t> gguf = test::random_weight(T, rows, cols, g);
   size_t rb = 0;
-  const std::vector<uint8_t> w = test::device_rows(T, gguf, rows, cols, cuda::kWeightPad, &rb);
+  const std::vector<uint8_t> w = test::device_rows(T, gguf, rows, cols, &rb);
   std::vector<float> deq(static_cast<size_t>(cols));
   for (int64_t r = 0; r < rows; ++r) {
     REQUIRE(cpu::dequantize_row_ref(T, gguf.data() + r * src_rb, deq.data(), cols));
@@ -166,7 +166,7 @@ void check_epilogues(std::mt19937& g, int64_t nb, int64_t n) {
   cuda_emu::launch(static_cast<unsigned>((n * nb + 7) / 8), 256, cuda::quantize_q8_kernel, x.data(), cols, cols, n,
                    !cuda::is_k_quant(T), T == DType::Q4_1 || T == DType::Q5_1, xq.data());
   auto weight = [&](int64_t rows) {
-    return test::device_rows(T, test::random_weight(T, rows, cols, g), rows, cols, cuda::kWeightPad, &rb);
+    return test::device_rows(T, test::random_weight(T, rows, cols, g), rows, cols, &rb);
   };
   const unsigned groups = static_cast<unsigned>((n + NT - 1) / NT);
   auto fused_launch = [&]<int R>(const std::vector<uint8_t>& w, auto out) {

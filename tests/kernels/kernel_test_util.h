@@ -45,13 +45,12 @@ inline std::vector<uint8_t> random_weight(DType type, int64_t rows, int64_t cols
 }
 
 // A GGUF matrix's rows in the CUDA backend's device layout (kernels/cuda/layout.h: floats
-// padded to 32 columns, the 32-value block types split), `pad` bytes of 0xEE after the
-// last row as the device buffer has; the row stride in *stride.
+// padded to 32 columns, the 32-value block types and Q6_K split); the row stride in *stride.
 inline std::vector<uint8_t> device_rows(DType type, const std::vector<uint8_t>& gguf, int64_t rows, int64_t cols,
-                                        size_t pad, size_t* stride) {
+                                        size_t* stride) {
   const size_t src_rb = *row_bytes(type, static_cast<uint64_t>(cols));
   *stride = *cuda::device_row_bytes(type, cols);
-  std::vector<uint8_t> out(*stride * static_cast<size_t>(rows) + pad, 0xEE);
+  std::vector<uint8_t> out(*stride * static_cast<size_t>(rows));
   for (int64_t r = 0; r < rows; ++r) cuda::to_device_row(type, gguf.data() + src_rb * r, cols, out.data() + *stride * r);
   return out;
 }
