@@ -525,8 +525,9 @@ void bench_decode_parts(const ModelConfig& cfg, double copy_gbs) {
   part("attention", "1 seq x 1024 ctx", 1, 2.0 * ctx * nkv * hd * 2,
        [&] { (*be)->attention(**cache, 0, qkv, qkv_rows, int32_t(nh), 0.088f, act); });
   gemv_part("o GEMV", H, nh * hd, 1, [&](const Weight& w) { (*be)->matmul(w, act, 1, y, H); });
+  float* xr = (*be)->upload(test::random_floats(size_t(H), rng, 0.5f));  // (its own residual: it grows)
   part("add_rms_norm", "1 x " + std::to_string(H), 2, 4.0 * H * 4,
-       [&] { (*be)->add_rms_norm(x, y, norm_w, 1e-5f, 1, H, y); });
+       [&] { (*be)->add_rms_norm(xr, y, norm_w, 1e-5f, 1, H, y); });
   gemv_part("gate/up GEMV + SiLU", 2 * ffn, H, 1, [&](const Weight& w) { (*be)->matmul_silu(w, x, 1, ffn, y, act); });
   gemv_part("down GEMV", H, ffn, 1, [&](const Weight& w) { (*be)->matmul(w, act, 1, y, H); });
   const double before_head = layer_ms;

@@ -21,9 +21,12 @@ __device__ __forceinline__ float warp_max(float v) {
   return v;
 }
 
-// SiLU-gated product silu(g) * u (silu_mul_kernel and the GEMV epilogue: one expression,
-// so both give the same bits).
-__device__ __forceinline__ float silu_gate(float g, float u) { return g / (1.0f + expf(-g)) * u; }
+// SiLU-gated product silu(g) * u (silu_mul_kernel and the GEMV epilogue), with explicit
+// rounding so that nvcc cannot contract expf's last step into the add differently in the
+// two kernels: both give the same bits.
+__device__ __forceinline__ float silu_gate(float g, float u) {
+  return __fmul_rn(__fdiv_rn(g, __fadd_rn(1.0f, expf(-g))), u);
+}
 // One RoPE rotation, with explicit rounding so that every kernel doing it (rope.cu, the
 // GEMV epilogue) rounds alike whatever the compiler would contract.
 __device__ __forceinline__ void rope_rotate(float x0, float x1, float c, float s, float* y0, float* y1) {

@@ -84,7 +84,7 @@ class CudaBackend final : public Backend {
   std::string name() const override { return name_; }
   std::string stats() const override {
     return "cuda graphs: " + std::to_string(graphs_.num_graphs()) + " held, " + std::to_string(graphs_.replays()) +
-           " replays";
+           " replays; fused GEMV epilogues: " + std::to_string(fused_calls_);
   }
   bool is_host_memory() const override { return false; }
 
@@ -458,6 +458,7 @@ class CudaBackend final : public Backend {
     const int64_t cols = w.cols;
     cuda::Q8Block* xq = nullptr;
     if (cuda::uses_q8_activations(type) && !(xq = q8_scratch(n, cols))) return;
+    ++fused_calls_;
     run("gemv_silu", __LINE__, {P(data), rb, U(ffn), U(cols), P(x), U(n), P(out), P(xq)}, [=](cudaStream_t st) {
       const cudaError_t e = xq ? cuda::quantize_q8(type, x, cols, cols, n, xq, st) : cudaSuccess;
       return e != cudaSuccess ? e : cuda::gemv_silu(type, data, rb, ffn, cols, x, xq, n, out, ffn, st);
@@ -488,6 +489,7 @@ class CudaBackend final : public Backend {
     uint16_t* kc = c.k + c.layer_elems * layer;
     uint16_t* vc = c.v + c.layer_elems * layer;
     const cuda::RopeKvArgs a{qkv, ld, nh, nkv, head_dim, cos_sin, neox, dstep_.slot_mapping, kc, vc};
+    ++fused_calls_;
     run("gemv_rope_kv_write", __LINE__,
         {step_key(), P(data), rb, U(cols), P(x), U(n), P(qkv), U(ld), U(nh), U(nkv), U(head_dim), P(cos_sin), U(neox),
          P(kc), P(vc), P(xq)},
@@ -637,6 +639,7 @@ class CudaBackend final : public Backend {
     const char* e = std::getenv("TROUPE_CUDA_FUSE");
     return !(e && std::string(e) == "0");
   }();
+  uint64_t fused_calls_ = 0;  // matmul_silu / matmul_rope_kv_write calls that took the fused kernels
   cudaStream_t stream_;
   cublasHandle_t blas_;
   std::string name_, error_;

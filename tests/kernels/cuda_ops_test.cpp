@@ -6,6 +6,7 @@
 // without a GPU (or a build without nvcc) each case prints why it is skipped.
 #include <catch2/catch.hpp>
 #include <cmath>
+#include <cstdlib>
 #include <limits>
 #include <numeric>
 #include <random>
@@ -514,14 +515,22 @@ TEST_CASE("cuda: fused add+RMSNorm and RoPE+KV-write give the unfused ops' bits"
 }
 
 TEST_CASE("cuda: the GEMVs' fused SiLU and RoPE + KV-write epilogues give the unfused ops' bits", "[cuda][kernels]") {
+  unsetenv("TROUPE_CUDA_FUSE");  // (the backend reads it when made)
   auto gpu = gpu_or_skip();
   if (!gpu) return;
+  // How many fused calls took the fused kernels (the backend's stats line counts them).
+  auto fused_calls = [&] {
+    const std::string st = gpu->stats(), key = "fused GEMV epilogues: ";
+    const size_t at = st.find(key);
+    REQUIRE(at != std::string::npos);
+    return std::stoull(st.substr(at + key.size()));
+  };
   std::mt19937 rng(16);
   const int64_t cols = 512;
   // F32 has no fused kernel: its fused calls take the unfused ops (the same bits trivially).
   for (const DType t : {DType::BF16, DType::F16, DType::Q4_0, DType::Q4_1, DType::Q8_0, DType::Q4_K, DType::Q6_K,
                         DType::F32}) {
-    for (const int64_t ffn : {37L, 2100L}) {  // one gate/up pair a warp, and two
+    for (const int64_t ffn : {37L, 2101L}) {  // one gate/up pair a warp, and two (a partial last warp)
       auto data = test::random_weight(t, 2 * ffn, cols, rng);
       auto w = gpu->make_weight(t, cols, {{data.data(), ffn}, {data.data() + data.size() / 2, ffn}});
       REQUIRE(w.ok());
@@ -530,8 +539,10 @@ TEST_CASE("cuda: the GEMVs' fused SiLU and RoPE + KV-write epilogues give the un
         float* px = put(*gpu, x);
         float* gu = gpu->alloc(static_cast<size_t>(n * 2 * ffn));
         float* out = gpu->alloc(static_cast<size_t>(n * ffn));
+        const auto before = fused_calls();
         gpu->matmul_silu(**w, px, n, ffn, gu, out);
         const auto fused = get(*gpu, out, static_cast<size_t>(n * ffn));
+        CHECK(fused_calls() == before + (t == DType::F32 ? 0 : 1));
         gpu->matmul(**w, px, n, gu, 2 * ffn);
         gpu->silu_mul(gu, n, ffn, out);
         expect_close(fused, get(*gpu, out, static_cast<size_t>(n * ffn)), 0, 0,
@@ -590,7 +601,9 @@ TEST_CASE("cuda: the GEMVs' fused SiLU and RoPE + KV-write epilogues give the un
         out.insert(out.end(), a.begin(), a.end());
         return out;
       };
+      const auto before = fused_calls();
       const auto fused = run(true);
+      CHECK(fused_calls() == before + (t == DType::F32 ? 0 : 1));
       expect_close(fused, run(false), 0, 0,
                    std::string("matmul_rope_kv_write vs matmul + rope_kv_write (exact), ") + std::string(dtype_traits(t).name) +
                        (kind == RopeKind::Neox ? " neox" : " interleaved"));
