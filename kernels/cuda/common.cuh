@@ -119,8 +119,8 @@ __device__ __forceinline__ void dequant32<DType::Q4_1>(const uint8_t* row, int64
 }
 template <>
 __device__ __forceinline__ void dequant32<DType::Q8_0>(const uint8_t* row, int64_t c, int64_t nb, float* out) {
-  uint32_t qw[8];
-  ld32x8(row + 32 * c, qw);
+  const uint4 lo = reinterpret_cast<const uint4*>(row)[c], hi = reinterpret_cast<const uint4*>(row)[nb + c];
+  const uint32_t qw[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
   const float d = h2f(ld16(row + 32 * nb + 2 * c));
 #pragma unroll
   for (int j = 0; j < 32; ++j) out[j] = static_cast<int8_t>(byte_of(qw, j)) * d;

@@ -288,7 +288,7 @@ class CudaBackend final : public Backend {
     }
     if ((n <= kGemvMaxTokens || batch_invariant_) && cuda::uses_q8_activations(type) && !simple_gemv_) {
       // As the CPU and llama.cpp: int8 activations per 32 values, integer dot products.
-      cuda::Q8Block* xq = q8_scratch(n, cols);
+      uint8_t* xq = q8_scratch(n, cols);
       if (!xq) return;
       run("quantize_q8 + gemv_q8", __LINE__, {P(data), rb, U(rows), U(cols), P(x), U(n), P(y), U(ldy), P(xq)},
           [=](cudaStream_t st) {
@@ -456,7 +456,7 @@ class CudaBackend final : public Backend {
     const void* data = w.data;
     const size_t rb = w.row_bytes;
     const int64_t cols = w.cols;
-    cuda::Q8Block* xq = nullptr;
+    uint8_t* xq = nullptr;
     if (cuda::uses_q8_activations(type) && !(xq = q8_scratch(n, cols))) return;
     ++fused_calls_;
     run("gemv_silu", __LINE__, {P(data), rb, U(ffn), U(cols), P(x), U(n), P(out), P(xq)}, [=](cudaStream_t st) {
@@ -483,7 +483,7 @@ class CudaBackend final : public Backend {
     const void* data = w.data;
     const size_t rb = w.row_bytes;
     const int64_t cols = w.cols;
-    cuda::Q8Block* xq = nullptr;
+    uint8_t* xq = nullptr;
     if (cuda::uses_q8_activations(type) && !(xq = q8_scratch(n, cols))) return;
     const bool neox = kind == RopeKind::Neox;
     uint16_t* kc = c.k + c.layer_elems * layer;
@@ -515,9 +515,9 @@ class CudaBackend final : public Backend {
            !(tc_gemm_ && cuda::has_gemm_tc(type)) && cuda::has_fused_gemv(type);
   }
   // The int8 activations' buffer for n rows of cols values (nullptr on failure, recorded).
-  cuda::Q8Block* q8_scratch(int64_t n, int64_t cols) {
-    const size_t bytes = size_t(n) * size_t(cols / 32) * sizeof(cuda::Q8Block);
-    return ensure(&xq_, &xq_cap_, bytes) ? static_cast<cuda::Q8Block*>(xq_) : nullptr;
+  uint8_t* q8_scratch(int64_t n, int64_t cols) {
+    const size_t bytes = size_t(n) * cuda::q8_row_bytes(cols);
+    return ensure(&xq_, &xq_cap_, bytes) ? static_cast<uint8_t*>(xq_) : nullptr;
   }
   bool check(cudaError_t e, const char* what, const char* file, int line) {
     if (e == cudaSuccess) return true;

@@ -3,7 +3,7 @@
 //
 // Float rows are padded with zeros to 32 columns. The 32-value block types Q4_0, Q4_1,
 // Q5_0, Q5_1 and Q8_0 are kept *split*: a row holds all its blocks' quants first (16 bytes a
-// block, 32 for Q8_0), then their high bits (Q5_0, Q5_1: 4 bytes a block), then their
+// block; Q8_0's first 16, then its last 16), then their high bits (Q5_0, Q5_1: 4 bytes a block), then their
 // scales (d, or d and m: 2 or 4 bytes a block) -- the GGUF row's bytes in another order,
 // the row stride rounded up to 16 bytes. A warp whose 32 lanes take a block each then loads
 // 512 contiguous bytes of quants with 16-byte loads and 64-128 contiguous bytes of scales,
@@ -42,7 +42,7 @@ inline std::optional<SplitLayout> split_layout(DType type) {
     case DType::Q4_1: return SplitLayout{2, {{16, 4}, {4, 0}}};
     case DType::Q5_0: return SplitLayout{3, {{16, 6}, {4, 2}, {2, 0}}};
     case DType::Q5_1: return SplitLayout{3, {{16, 8}, {4, 4}, {4, 0}}};
-    case DType::Q8_0: return SplitLayout{2, {{32, 2}, {2, 0}}};
+    case DType::Q8_0: return SplitLayout{3, {{16, 2}, {16, 18}, {2, 0}}};  // first and last 16 quants, d
     case DType::Q6_K: return SplitLayout{3, {{192, 0}, {16, 192}, {2, 208}}};  // ql and qh, scales, d
     default: return std::nullopt;
   }

@@ -375,7 +375,7 @@ void launch_half_fused(const uint8_t* w, size_t row_bytes, int64_t cols, const f
 bool has_fused_gemv(DType type) { return type == DType::F16 || type == DType::BF16 || uses_q8_activations(type); }
 
 cudaError_t gemv_silu(DType type, const void* w, size_t row_bytes, int64_t ffn, int64_t cols, const float* x,
-                      const Q8Block* xq, int64_t n, float* out, int64_t ldo, cudaStream_t stream) {
+                      const uint8_t* xq, int64_t n, float* out, int64_t ldo, cudaStream_t stream) {
   if (n <= 0 || ffn <= 0) return cudaSuccess;
   if (uses_q8_activations(type)) return gemv_q8_silu(type, w, row_bytes, ffn, cols, xq, n, out, ldo, stream);
   if (type != DType::F16 && type != DType::BF16) return cudaErrorInvalidValue;
@@ -391,7 +391,7 @@ cudaError_t gemv_silu(DType type, const void* w, size_t row_bytes, int64_t ffn, 
 }
 
 cudaError_t gemv_rope_kv_write(DType type, const void* w, size_t row_bytes, int64_t cols, const float* x,
-                               const Q8Block* xq, int64_t n, const RopeKvArgs& args, cudaStream_t stream) {
+                               const uint8_t* xq, int64_t n, const RopeKvArgs& args, cudaStream_t stream) {
   if (n <= 0) return cudaSuccess;
   if (args.head_dim <= 0 || args.head_dim % 2 != 0) return cudaErrorInvalidValue;
   if (uses_q8_activations(type)) return gemv_q8_rope_kv_write(type, w, row_bytes, cols, xq, n, args, stream);

@@ -19,9 +19,20 @@ namespace {
 
 constexpr int kWarpsPerBlock = 4;
 
+// One token's quantized activations (ops.h: q8_row_bytes): block b's first 16 values at
+// 16 b, its last 16 at 16 (nb + b), d at float 8 nb + b, s at float 9 nb + b.
+struct Q8Row {
+  const uint8_t* p;
+  int64_t nb;
+  __device__ int4 lo(int64_t b) const { return reinterpret_cast<const int4*>(p)[b]; }
+  __device__ int4 hi(int64_t b) const { return reinterpret_cast<const int4*>(p)[nb + b]; }
+  __device__ float d(int64_t b) const { return reinterpret_cast<const float*>(p)[8 * nb + b]; }
+  __device__ float s(int64_t b) const { return reinterpret_cast<const float*>(p)[9 * nb + b]; }
+};
+
 // One warp per (token, 32-block group): lane j quantizes element j of the block.
 __global__ void quantize_q8_kernel(const float* __restrict__ x, int64_t ldx, int64_t cols, int64_t n,
-                                   bool d_as_f16, bool s_as_f16, Q8Block* __restrict__ out) {
+                                   bool d_as_f16, bool s_as_f16, uint8_t* __restrict__ out) {
   const int64_t nb = cols / 32;
   const int64_t warp = (int64_t{blockIdx.x} * blockDim.x + threadIdx.x) >> 5;
   const int lane = threadIdx.x & 31;
@@ -35,12 +46,13 @@ __global__ void quantize_q8_kernel(const float* __restrict__ x, int64_t ldx, int
   int sum = q;
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
-  Q8Block& blk = out[t * nb + b];
-  blk.q[lane] = static_cast<int8_t>(q);
+  uint8_t* row = out + t * static_cast<int64_t>(q8_row_bytes(cols));
+  row[lane < 16 ? 16 * b + lane : 16 * (nb + b) + lane - 16] = static_cast<uint8_t>(static_cast<int8_t>(q));
   if (lane == 0) {
+    float* f = reinterpret_cast<float*>(row);
     const float d = d_as_f16 ? __half2float(__float2half_rn(dd)) : dd;
-    blk.d = d;
-    blk.s = s_as_f16 ? __half2float(__float2half_rn(dd * static_cast<float>(sum))) : d * static_cast<float>(sum);
+    f[8 * nb + b] = d;
+    f[9 * nb + b] = s_as_f16 ? __half2float(__float2half_rn(dd * static_cast<float>(sum))) : d * static_cast<float>(sum);
   }
 }
 
@@ -49,8 +61,8 @@ constexpr bool is_k_quant(DType t) { return t == DType::Q4_K || t == DType::Q5_K
 // 32-value block j of a device row (kernels/cuda/layout.h) of nb blocks as 8 words of 4
 // signed/unsigned bytes in element order, plus d and m; for Q6_K also the two 16-value
 // scales (sc[0] for words 0-3, sc[1] for 4-7). The 32-value types' rows are split: block j's
-// quants at 16 j (32 j for Q8_0) in one 16-byte load (two), its high bits and scales in
-// their own sections, so a warp's loads of them are contiguous.
+// quants at 16 j in one 16-byte load (Q8_0: its last 16 at 16 (nb + j), a second), its high
+// bits and scales in their own sections, so a warp's loads of them are contiguous.
 template <DType T>
 __device__ __forceinline__ void unpack_block(const uint8_t* row, int64_t j, int64_t nb, int32_t* v, float* d, float* m,
                                              int* sc);
@@ -113,8 +125,8 @@ __device__ __forceinline__ void unpack_block<DType::Q8_0>(const uint8_t* row, in
                                                          float* d, float* m, int* /*sc*/) {
   *d = h2f(ld16(row + 32 * nb + 2 * j));
   *m = 0.0f;
-  uint32_t w[8];
-  ld32x8(row + 32 * j, w);
+  const uint4 lo = quants16(row, j), hi = quants16(row, nb + j);  // (the first 16 quants, then the last)
+  const uint32_t w[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
 #pragma unroll
   for (int i = 0; i < 8; ++i) v[i] = static_cast<int32_t>(w[i]);
 }
@@ -192,7 +204,7 @@ __device__ __forceinline__ void unpack_block<DType::Q6_K>(const uint8_t* row, in
 // write); items past the end re-read the warp's first item and are not stored.
 template <DType T, int NT, int R, class E = RowsOut>
 __global__ void __launch_bounds__(kWarpsPerBlock * 32)
-    gemv_q8_kernel(const uint8_t* __restrict__ w, size_t row_bytes, int64_t nb, const Q8Block* __restrict__ xq,
+    gemv_q8_kernel(const uint8_t* __restrict__ w, size_t row_bytes, int64_t nb, const uint8_t* __restrict__ xq,
                    int64_t n, E out) {
   constexpr int K = E::kRows, P = R / K;
   static_assert(R % K == 0, "whole items per warp");
@@ -203,7 +215,8 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
   const int np = items - item0 < P ? static_cast<int>(items - item0) : P;
   const int64_t t0 = int64_t{blockIdx.y} * NT;
   const int nt = n - t0 < NT ? static_cast<int>(n - t0) : NT;
-  xq += t0 * nb;
+  const int64_t xstride = static_cast<int64_t>(q8_row_bytes(nb * 32));
+  xq += t0 * xstride;
   const uint8_t* wr[R];
 #pragma unroll
   for (int i = 0; i < R; ++i)
@@ -222,9 +235,9 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
 #pragma unroll
     for (int t = 0; t < NT; ++t) {
       if (t >= nt) break;
-      const Q8Block& xb = xq[t * nb + b];
-      const int4 q0 = reinterpret_cast<const int4*>(xb.q)[0], q1 = reinterpret_cast<const int4*>(xb.q)[1];
-      const float xd = xb.d, xs = xb.s;
+      const Q8Row xr{xq + t * xstride, nb};
+      const int4 q0 = xr.lo(b), q1 = xr.hi(b);
+      const float xd = xr.d(b), xs = xr.s(b);
 #pragma unroll
       for (int i = 0; i < R; ++i) {
         int isum = 0;
@@ -271,7 +284,7 @@ constexpr int64_t kQ8MultiRowMin = 4096;
 
 #ifndef TROUPE_CUDA_EMULATION  // (tests/kernels/cuda_emulation.h runs the kernels above on the CPU)
 template <DType T, int R, class E>
-void launch_rows(const uint8_t* w, size_t row_bytes, int64_t nb, const Q8Block* xq, int64_t n, const E& out,
+void launch_rows(const uint8_t* w, size_t row_bytes, int64_t nb, const uint8_t* xq, int64_t n, const E& out,
                  cudaStream_t stream) {
   constexpr int64_t per_block = int64_t{kWarpsPerBlock} * (R / E::kRows);
   const unsigned blocks = static_cast<unsigned>((out.items() + per_block - 1) / per_block);
@@ -288,7 +301,7 @@ void launch_rows(const uint8_t* w, size_t row_bytes, int64_t nb, const Q8Block* 
 // a warp there (the same rows a warp), else one; RoPE + KV write: one pair a warp (QKV
 // weights are small).
 template <DType T, class E>
-void launch(const uint8_t* w, size_t row_bytes, int64_t rows, int64_t nb, const Q8Block* xq, int64_t n, const E& out,
+void launch(const uint8_t* w, size_t row_bytes, int64_t rows, int64_t nb, const uint8_t* xq, int64_t n, const E& out,
             cudaStream_t stream) {
   if constexpr (std::is_same_v<E, RopeKvOut>) {
     launch_rows<T, 2>(w, row_bytes, nb, xq, n, out, stream);
@@ -303,7 +316,7 @@ void launch(const uint8_t* w, size_t row_bytes, int64_t rows, int64_t nb, const 
 
 // Calls launch<T>() for the weight type; false when it has no int8 GEMV.
 template <class E>
-bool dispatch(DType type, const uint8_t* w, size_t row_bytes, int64_t rows, int64_t nb, const Q8Block* xq, int64_t n,
+bool dispatch(DType type, const uint8_t* w, size_t row_bytes, int64_t rows, int64_t nb, const uint8_t* xq, int64_t n,
               const E& out, cudaStream_t stream) {
   switch (type) {
     case DType::Q4_0: launch<DType::Q4_0>(w, row_bytes, rows, nb, xq, n, out, stream); return true;
@@ -327,7 +340,7 @@ bool uses_q8_activations(DType type) {
          type == DType::Q8_0 || is_k_quant(type);
 }
 
-cudaError_t quantize_q8(DType weight_type, const float* x, int64_t ldx, int64_t cols, int64_t n, Q8Block* out,
+cudaError_t quantize_q8(DType weight_type, const float* x, int64_t ldx, int64_t cols, int64_t n, uint8_t* out,
                         cudaStream_t stream) {
   if (n <= 0) return cudaSuccess;
   if (cols % 32 != 0) return cudaErrorInvalidValue;
@@ -338,7 +351,7 @@ cudaError_t quantize_q8(DType weight_type, const float* x, int64_t ldx, int64_t 
   return cudaGetLastError();
 }
 
-cudaError_t gemv_q8(DType type, const void* w, size_t row_bytes, int64_t rows, int64_t cols, const Q8Block* xq,
+cudaError_t gemv_q8(DType type, const void* w, size_t row_bytes, int64_t rows, int64_t cols, const uint8_t* xq,
                     int64_t n, float* y, int64_t ldy, cudaStream_t stream) {
   if (n <= 0 || rows <= 0) return cudaSuccess;
   if (!dispatch(type, static_cast<const uint8_t*>(w), row_bytes, rows, cols / 32, xq, n, RowsOut{y, ldy, rows}, stream))
@@ -346,7 +359,7 @@ cudaError_t gemv_q8(DType type, const void* w, size_t row_bytes, int64_t rows, i
   return cudaGetLastError();
 }
 
-cudaError_t gemv_q8_silu(DType type, const void* w, size_t row_bytes, int64_t ffn, int64_t cols, const Q8Block* xq,
+cudaError_t gemv_q8_silu(DType type, const void* w, size_t row_bytes, int64_t ffn, int64_t cols, const uint8_t* xq,
                          int64_t n, float* out, int64_t ldo, cudaStream_t stream) {
   if (n <= 0 || ffn <= 0) return cudaSuccess;
   if (!dispatch(type, static_cast<const uint8_t*>(w), row_bytes, 2 * ffn, cols / 32, xq, n, SiluOut{out, ldo, ffn},
@@ -355,7 +368,7 @@ cudaError_t gemv_q8_silu(DType type, const void* w, size_t row_bytes, int64_t ff
   return cudaGetLastError();
 }
 
-cudaError_t gemv_q8_rope_kv_write(DType type, const void* w, size_t row_bytes, int64_t cols, const Q8Block* xq,
+cudaError_t gemv_q8_rope_kv_write(DType type, const void* w, size_t row_bytes, int64_t cols, const uint8_t* xq,
                                   int64_t n, const RopeKvArgs& args, cudaStream_t stream) {
   if (n <= 0) return cudaSuccess;
   const int64_t rows = (args.num_heads + 2 * args.num_kv_heads) * args.head_dim;

@@ -46,18 +46,20 @@ bool has_gemm_tc(DType type);
 size_t gemm_tc_scratch_bytes(size_t row_bytes, int64_t n);
 cudaError_t gemm_tc(DType type, const void* w, size_t row_bytes, int64_t rows, int64_t cols, const float* x,
                     int64_t ldx, int64_t n, void* scratch, float* y, int64_t ldy, cudaStream_t stream);
-// Activations quantized per 32 values for the quantized weight types (matmul_q8.cu).
-struct alignas(16) Q8Block {
-  int8_t q[32];
-  float d, s;  // scale (f16-rounded for the 32-block types) and d * sum(q)
-  float pad[2];
-};
+// Activations quantized per 32 values for the quantized weight types (matmul_q8.cu). A
+// token's row of nb = cols / 32 blocks holds the blocks' first 16 int8 values (nb x 16
+// bytes), their last 16 (nb x 16), their scales d (nb floats; f16-rounded for the
+// 32-block types), then s = d * sum(q) (nb floats): split so that a GEMV warp's lanes, a
+// block each, read each part as one contiguous run. q8_row_bytes(cols): a token row's
+// bytes, a multiple of 16 (rows stay 16-byte aligned).
+__host__ __device__ inline size_t q8_row_bytes(int64_t cols) { return (static_cast<size_t>(cols / 32) * 40 + 15) / 16 * 16; }
 bool uses_q8_activations(DType type);  // Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K
-// x [n, ldx] (cols a multiple of 32) -> out [n, cols / 32]; numerics depend on the weight type.
-cudaError_t quantize_q8(DType weight_type, const float* x, int64_t ldx, int64_t cols, int64_t n, Q8Block* out,
+// x [n, ldx] (cols a multiple of 32) -> out: n rows of q8_row_bytes(cols); numerics depend
+// on the weight type.
+cudaError_t quantize_q8(DType weight_type, const float* x, int64_t ldx, int64_t cols, int64_t n, uint8_t* out,
                         cudaStream_t stream);
 // y[t, r] = sum over blocks of (d_w d_x) isum + m_w s_x                 y: [n, ldy]
-cudaError_t gemv_q8(DType type, const void* w, size_t row_bytes, int64_t rows, int64_t cols, const Q8Block* xq,
+cudaError_t gemv_q8(DType type, const void* w, size_t row_bytes, int64_t rows, int64_t cols, const uint8_t* xq,
                     int64_t n, float* y, int64_t ldy, cudaStream_t stream);
 // The GEMVs with the next op in their epilogue (gemv_epilogue.cuh), for f16/bf16 weights
 // (x: f32 [n, cols]) and the int8-activation types (xq from quantize_q8()). Each output is
@@ -67,7 +69,7 @@ cudaError_t gemv_q8(DType type, const void* w, size_t row_bytes, int64_t rows, i
 bool has_fused_gemv(DType type);  // F16, BF16 and uses_q8_activations()
 // out[t, j] = silu(W_j . x_t) * (W_{ffn+j} . x_t): W is the fused gate|up weight (2 ffn rows).
 cudaError_t gemv_silu(DType type, const void* w, size_t row_bytes, int64_t ffn, int64_t cols, const float* x,
-                      const Q8Block* xq, int64_t n, float* out, int64_t ldo, cudaStream_t stream);
+                      const uint8_t* xq, int64_t n, float* out, int64_t ldo, cudaStream_t stream);
 // rope_kv_write()'s arguments (qkv: the GEMV's output rows [n, ld], q | k | v).
 struct RopeKvArgs {
   float* qkv = nullptr;
@@ -81,11 +83,11 @@ struct RopeKvArgs {
 // qkv = W x (W: the fused QKV weight, (num_heads + 2 num_kv_heads) head_dim rows), then
 // rope_kv_write() on it: the rotated Q and K in qkv, K and V in the cache.
 cudaError_t gemv_rope_kv_write(DType type, const void* w, size_t row_bytes, int64_t cols, const float* x,
-                               const Q8Block* xq, int64_t n, const RopeKvArgs& args, cudaStream_t stream);
+                               const uint8_t* xq, int64_t n, const RopeKvArgs& args, cudaStream_t stream);
 // Their int8-activation halves (matmul_q8.cu), which the two above call for those types.
-cudaError_t gemv_q8_silu(DType type, const void* w, size_t row_bytes, int64_t ffn, int64_t cols, const Q8Block* xq,
+cudaError_t gemv_q8_silu(DType type, const void* w, size_t row_bytes, int64_t ffn, int64_t cols, const uint8_t* xq,
                          int64_t n, float* out, int64_t ldo, cudaStream_t stream);
-cudaError_t gemv_q8_rope_kv_write(DType type, const void* w, size_t row_bytes, int64_t cols, const Q8Block* xq,
+cudaError_t gemv_q8_rope_kv_write(DType type, const void* w, size_t row_bytes, int64_t cols, const uint8_t* xq,
                                   int64_t n, const RopeKvArgs& args, cudaStream_t stream);
 // W -> f16 [rows, cols] for the cuBLAS path (prefill).
 cudaError_t dequant_to_f16(DType type, const void* w, size_t row_bytes, int64_t rows, int64_t cols, void* out,

@@ -20,9 +20,25 @@ using namespace troupe;
 
 namespace {
 
+// Block b of token t's quantized activations, read from the split row (ops.h).
+struct Q8 {
+  int8_t q[32];
+  float d, s;
+};
+Q8 q8_block(const std::vector<uint8_t>& xq, int64_t cols, int64_t t, int64_t b) {
+  const int64_t nb = cols / 32;
+  const uint8_t* row = xq.data() + t * cuda::q8_row_bytes(cols);
+  Q8 o;
+  std::memcpy(o.q, row + 16 * b, 16);
+  std::memcpy(o.q + 16, row + 16 * (nb + b), 16);
+  std::memcpy(&o.d, row + 4 * (8 * nb + b), 4);
+  std::memcpy(&o.s, row + 4 * (9 * nb + b), 4);
+  return o;
+}
+
 template <DType T, int NT, int R>
 std::vector<float> run(const std::vector<uint8_t>& w, size_t row_bytes, int64_t rows, int64_t nb,
-                       const cuda::Q8Block* xq, int64_t n) {
+                       const uint8_t* xq, int64_t n) {
   std::vector<float> y(static_cast<size_t>(n * rows), -7.0f);
   const unsigned blocks = static_cast<unsigned>((rows + cuda::kWarpsPerBlock * R - 1) / (cuda::kWarpsPerBlock * R));
   const unsigned groups = static_cast<unsigned>((n + NT - 1) / NT);
@@ -44,20 +60,21 @@ void check(std::mt19937& g, int64_t rows, int64_t nb, int64_t n) {
   // Activations quantized by the kernel that does it on the device.
   std::vector<float> x(static_cast<size_t>(n * cols));
   for (auto& v : x) v = nd(g);
-  std::vector<cuda::Q8Block> xq(static_cast<size_t>(n * nb));
+  const size_t xstride = cuda::q8_row_bytes(cols);
+  std::vector<uint8_t> xq(static_cast<size_t>(n) * xstride, 0xEE);
   const bool s_as_f16 = T == DType::Q4_1 || T == DType::Q5_1;
   const bool d_as_f16 = !cuda::is_k_quant(T);
   cuda_emu::launch(static_cast<unsigned>((n * nb + 7) / 8), 256, cuda::quantize_q8_kernel, x.data(), cols, cols, n,
                    d_as_f16, s_as_f16, xq.data());
   for (int64_t i = 0; i < n * nb; ++i) {  // q = round(x / d) within a step of x's scale
-    const cuda::Q8Block& b = xq[static_cast<size_t>(i)];
+    const Q8 b = q8_block(xq, cols, i / nb, i % nb);
     for (int j = 0; j < 32; ++j) REQUIRE(std::fabs(b.q[j] * b.d - x[i * 32 + j]) <= 0.6 * b.d + 1e-6);  // (d is f16-rounded)
   }
   const auto one = run<T, NT, 1>(w, rb, rows, nb, xq.data(), n);
   const auto four = run<T, NT, 4>(w, rb, rows, nb, xq.data(), n);
   CHECK(std::memcmp(one.data(), four.data(), one.size() * 4) == 0);
   for (int64_t t = 0; t < n; ++t) {
-    const auto solo = run<T, 1, 4>(w, rb, rows, nb, xq.data() + t * nb, 1);
+    const auto solo = run<T, 1, 4>(w, rb, rows, nb, xq.data() + t * xstride, 1);
     CHECK(std::memcmp(solo.data(), four.data() + t * rows, static_cast<size_t>(rows) * 4) == 0);
   }
   // The value: sum over blocks of d_w d_x isum + m_w s_x, from the dequantized weights.
@@ -69,7 +86,8 @@ void check(std::mt19937& g, int64_t rows, int64_t nb, int64_t n) {
       double ref = 0, scale = 1;
       for (int64_t b = 0; b < nb; ++b)
         for (int j = 0; j < 32; ++j) {
-          const double p = double(deq[b * 32 + j]) * xq[t * nb + b].d * xq[t * nb + b].q[j];
+          const Q8 xb = q8_block(xq, cols, t, b);
+          const double p = double(deq[b * 32 + j]) * xb.d * xb.q[j];
           ref += p;
           scale += std::fabs(p);
         }
@@ -162,7 +180,7 @@ void check_epilogues(std::mt19937& g, int64_t nb, int64_t n) {
   std::normal_distribution<float> nd(0.0f, 1.0f);
   std::vector<float> x(static_cast<size_t>(n * cols));
   for (auto& v : x) v = nd(g);
-  std::vector<cuda::Q8Block> xq(static_cast<size_t>(n * nb));
+  std::vector<uint8_t> xq(static_cast<size_t>(n) * cuda::q8_row_bytes(cols));
   cuda_emu::launch(static_cast<unsigned>((n * nb + 7) / 8), 256, cuda::quantize_q8_kernel, x.data(), cols, cols, n,
                    !cuda::is_k_quant(T), T == DType::Q4_1 || T == DType::Q5_1, xq.data());
   auto weight = [&](int64_t rows) {
@@ -174,7 +192,7 @@ void check_epilogues(std::mt19937& g, int64_t nb, int64_t n) {
     const int64_t per_block = int64_t{cuda::kWarpsPerBlock} * (R / E::kRows);
     cuda_emu::launch3(static_cast<unsigned>((out.items() + per_block - 1) / per_block), groups, 1,
                       cuda::kWarpsPerBlock * 32, cuda::gemv_q8_kernel<T, NT, R, E>, w.data(), rb, nb,
-                      static_cast<const cuda::Q8Block*>(xq.data()), n, out);
+                      static_cast<const uint8_t*>(xq.data()), n, out);
   };
   for (int64_t ffn : {5, 37}) {
     const auto w = weight(2 * ffn);
