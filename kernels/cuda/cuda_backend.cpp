@@ -32,7 +32,7 @@ class CudaWeight final : public Weight {
     if (data) cudaFree(data);
   }
   void* data = nullptr;
-  size_t row_bytes = 0;  // stride between rows (float types are padded to 32 columns)
+  size_t row_bytes = 0;  // stride between rows in the device layout (kernels/cuda/layout.h)
 };
 
 class CudaKvCache final : public KvCache {
@@ -47,6 +47,9 @@ class CudaKvCache final : public KvCache {
   size_t layer_elems = 0;  // num_blocks * block_size * num_kv_heads * head_dim
   uint16_t *k = nullptr, *v = nullptr;  // [num_layers, layer_elems] f16
 };
+
+// Host memory a weight's rows are converted to the device layout through, at most.
+constexpr size_t kStagingBytes = size_t{64} << 20;
 
 // Decode batches up to this many tokens use the fused GEMV; larger ones cuBLAS unless the
 // backend is batch-invariant.
@@ -121,11 +124,18 @@ class CudaBackend final : public Backend {
       cudaError_t e;
       if (as_is) {
         e = cudaMemcpy(static_cast<uint8_t*>(w->data) + off, p, *src_row * static_cast<size_t>(r), cudaMemcpyHostToDevice);
-      } else {
-        staging.assign(stride * static_cast<size_t>(r), 0);
-        for (int64_t i = 0; i < r; ++i)
-          cuda::to_device_row(type, static_cast<const uint8_t*>(p) + *src_row * i, cols, staging.data() + stride * i);
-        e = cudaMemcpy(static_cast<uint8_t*>(w->data) + off, staging.data(), staging.size(), cudaMemcpyHostToDevice);
+      } else {  // converted in chunks of rows, so the host holds at most kStagingBytes more
+        const int64_t chunk = std::max<int64_t>(1, static_cast<int64_t>(kStagingBytes / stride));
+        e = cudaSuccess;
+        for (int64_t r0 = 0; r0 < r && e == cudaSuccess; r0 += chunk) {
+          const int64_t nr = std::min(chunk, r - r0);
+          staging.resize(stride * static_cast<size_t>(nr));
+          for (int64_t i = 0; i < nr; ++i)
+            cuda::to_device_row(type, static_cast<const uint8_t*>(p) + *src_row * (r0 + i), cols,
+                                staging.data() + stride * i);
+          e = cudaMemcpy(static_cast<uint8_t*>(w->data) + off + stride * r0, staging.data(), staging.size(),
+                         cudaMemcpyHostToDevice);
+        }
       }
       if (e != cudaSuccess) return make_error(std::string("cudaMemcpy of a weight: ") + cudaGetErrorString(e));
       off += stride * static_cast<size_t>(r);

@@ -1,5 +1,6 @@
-// Fused dequantize-GEMV for decode (weights stay in their GGUF blocks on the device) and
-// the dequantize-to-f16 pass that feeds cuBLAS for prefill (cuda_backend.cpp picks).
+// Fused dequantize-GEMV for decode (weights stay quantized on the device, in the layout of
+// kernels/cuda/layout.h) and the dequantize-to-f16 pass that feeds cuBLAS for prefill
+// (cuda_backend.cpp picks).
 #include <cstdint>
 
 #include "kernels/cuda/common.cuh"
