@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -462,17 +463,13 @@ class CudaBackend final : public Backend {
       Backend::matmul_silu(gate_up, x, n, ffn, gu, out);
       return;
     }
-    const DType type = w.type;
-    const void* data = w.data;
-    const size_t rb = w.row_bytes;
-    const int64_t cols = w.cols;
-    uint8_t* xq = nullptr;
-    if (cuda::uses_q8_activations(type) && !(xq = q8_scratch(n, cols))) return;
-    ++fused_calls_;
-    run("gemv_silu", __LINE__, {P(data), rb, U(ffn), U(cols), P(x), U(n), P(out), P(xq)}, [=](cudaStream_t st) {
-      const cudaError_t e = xq ? cuda::quantize_q8(type, x, cols, cols, n, xq, st) : cudaSuccess;
-      return e != cudaSuccess ? e : cuda::gemv_silu(type, data, rb, ffn, cols, x, xq, n, out, ffn, st);
-    });
+    const auto f = fused_weight(w, n);
+    if (!f) return;
+    run("gemv_silu", __LINE__, {P(f->data), f->rb, U(ffn), U(f->cols), P(x), U(n), P(out), P(f->xq)},
+        [=, f = *f](cudaStream_t st) {
+          const cudaError_t e = f.quantize(x, n, st);
+          return e != cudaSuccess ? e : cuda::gemv_silu(f.type, f.data, f.rb, ffn, f.cols, x, f.xq, n, out, ffn, st);
+        });
   }
   void matmul_rope_kv_write(const Weight& wqkv, const float* x, KvCache& cache, int32_t layer, float* qkv, int64_t ld,
                             int64_t n, int32_t num_heads, int32_t num_kv_heads, int64_t head_dim, const float* cos_sin,
@@ -489,23 +486,18 @@ class CudaBackend final : public Backend {
                                     kind);
       return;
     }
-    const DType type = w.type;
-    const void* data = w.data;
-    const size_t rb = w.row_bytes;
-    const int64_t cols = w.cols;
-    uint8_t* xq = nullptr;
-    if (cuda::uses_q8_activations(type) && !(xq = q8_scratch(n, cols))) return;
+    const auto f = fused_weight(w, n);
+    if (!f) return;
     const bool neox = kind == RopeKind::Neox;
     uint16_t* kc = c.k + c.layer_elems * layer;
     uint16_t* vc = c.v + c.layer_elems * layer;
     const cuda::RopeKvArgs a{qkv, ld, nh, nkv, head_dim, cos_sin, neox, dstep_.slot_mapping, kc, vc};
-    ++fused_calls_;
     run("gemv_rope_kv_write", __LINE__,
-        {step_key(), P(data), rb, U(cols), P(x), U(n), P(qkv), U(ld), U(nh), U(nkv), U(head_dim), P(cos_sin), U(neox),
-         P(kc), P(vc), P(xq)},
-        [=](cudaStream_t st) {
-          const cudaError_t e = xq ? cuda::quantize_q8(type, x, cols, cols, n, xq, st) : cudaSuccess;
-          return e != cudaSuccess ? e : cuda::gemv_rope_kv_write(type, data, rb, cols, x, xq, n, a, st);
+        {step_key(), P(f->data), f->rb, U(f->cols), P(x), U(n), P(qkv), U(ld), U(nh), U(nkv), U(head_dim), P(cos_sin),
+         U(neox), P(kc), P(vc), P(f->xq)},
+        [=, f = *f](cudaStream_t st) {
+          const cudaError_t e = f.quantize(x, n, st);
+          return e != cudaSuccess ? e : cuda::gemv_rope_kv_write(f.type, f.data, f.rb, f.cols, x, f.xq, n, a, st);
         });
   }
   void gather_rows(const float* x, int64_t dim, const int32_t* rows, int64_t n, float* out) override {
@@ -523,6 +515,24 @@ class CudaBackend final : public Backend {
   bool fused_gemv(DType type, int64_t n) const {
     return fuse_ && !simple_gemv_ && (n <= kGemvMaxTokens || batch_invariant_) &&
            !(tc_gemm_ && cuda::has_gemm_tc(type)) && cuda::has_fused_gemv(type);
+  }
+  // What a fused call's launch takes of its weight, and for the int8 types the buffer of
+  // its quantized activations (xq; null for f16/bf16). Counts the call.
+  struct FusedWeight {
+    DType type;
+    const void* data;
+    size_t rb;
+    int64_t cols;
+    uint8_t* xq;
+    cudaError_t quantize(const float* x, int64_t n, cudaStream_t st) const {
+      return xq ? cuda::quantize_q8(type, x, cols, cols, n, xq, st) : cudaSuccess;
+    }
+  };
+  std::optional<FusedWeight> fused_weight(const CudaWeight& w, int64_t n) {
+    ++fused_calls_;
+    FusedWeight f{w.type, w.data, w.row_bytes, w.cols, nullptr};
+    if (cuda::uses_q8_activations(w.type) && !(f.xq = q8_scratch(n, w.cols))) return std::nullopt;
+    return f;
   }
   // The int8 activations' buffer for n rows of cols values (nullptr on failure, recorded).
   uint8_t* q8_scratch(int64_t n, int64_t cols) {

@@ -429,6 +429,42 @@ TEST_CASE("cuda: bad device numbers and unsupported shapes are errors, not crash
   CHECK_FALSE(gpu->make_weight(DType::Q4_0, 33, {{junk.data(), 1}}).ok());  // not a block multiple
 }
 
+namespace {
+
+// A mixed step of three sequences for the RoPE + KV-write tests: a 3-token prefill, one
+// token at position 17 and one at 40 (their earlier positions unwritten zeros on every
+// backend), slots following the block tables, and RoPE angles for head size hd.
+struct MixedStep {
+  std::vector<int32_t> ids = {1, 2, 3, 4, 5}, pos = {0, 1, 2, 17, 40}, slots = {32, 33, 34, 17, 104};
+  std::vector<int32_t> qs = {0, 3, 4, 5}, ctx = {3, 18, 41};
+  std::vector<int32_t> tables = {2, 0, 0, 0, 0, 1, 2, 3, 4, 5, 6, 7};
+  std::vector<float> cos_sin;
+  int64_t n() const { return static_cast<int64_t>(ids.size()); }
+  explicit MixedStep(int64_t hd) {
+    cos_sin.resize(static_cast<size_t>(n() * hd));
+    for (int64_t t = 0; t < n(); ++t)
+      for (int64_t i = 0; i < hd / 2; ++i) {
+        cos_sin[t * hd + 2 * i] = std::cos(0.01f * pos[t] * (i + 1));
+        cos_sin[t * hd + 2 * i + 1] = std::sin(0.01f * pos[t] * (i + 1));
+      }
+  }
+  StepInputs inputs() const {
+    StepInputs st;
+    st.num_tokens = static_cast<int32_t>(n());
+    st.num_seqs = 3;
+    st.token_ids = ids.data();
+    st.positions = pos.data();
+    st.query_start = qs.data();
+    st.context_lens = ctx.data();
+    st.slot_mapping = slots.data();
+    st.block_tables = tables.data();
+    st.max_blocks_per_seq = 4;
+    return st;
+  }
+};
+
+}  // namespace
+
 TEST_CASE("cuda: fused add+RMSNorm and RoPE+KV-write give the unfused ops' bits", "[cuda][kernels]") {
   auto gpu = gpu_or_skip();
   if (!gpu) return;
@@ -462,38 +498,18 @@ TEST_CASE("cuda: fused add+RMSNorm and RoPE+KV-write give the unfused ops' bits"
   for (auto kind : {RopeKind::Interleaved, RopeKind::Neox}) {
     const int32_t nh = 6, nkv = 2, hd = 64, bs = 16, num_blocks = 8;
     const int64_t ld = int64_t{nh + 2 * nkv} * hd + 3;  // odd stride
-    // Three sequences: a 3-token prefill, one token at 17 and one at 40 (their earlier
-    // positions are unwritten zeros on both backends). Slots follow the block tables.
-    std::vector<int32_t> ids = {1, 2, 3, 4, 5}, pos = {0, 1, 2, 17, 40}, slots = {32, 33, 34, 17, 104};
-    std::vector<int32_t> qs = {0, 3, 4, 5}, ctx = {3, 18, 41};
-    std::vector<int32_t> tables = {2, 0, 0, 0, 0, 1, 2, 3, 4, 5, 6, 7};
-    const int64_t n = static_cast<int64_t>(ids.size());
+    const MixedStep step(hd);
+    const int64_t n = step.n();
     auto qkv = test::random_floats(static_cast<size_t>(n * ld), rng);
-    std::vector<float> cs(static_cast<size_t>(n * hd));
-    for (int64_t t = 0; t < n; ++t)
-      for (int64_t i = 0; i < hd / 2; ++i) {
-        cs[t * hd + 2 * i] = std::cos(0.01f * pos[t] * (i + 1));
-        cs[t * hd + 2 * i + 1] = std::sin(0.01f * pos[t] * (i + 1));
-      }
     KvCacheShape ks{2, num_blocks, bs, nkv, hd};
     // What the ops write comes back: the rotated QKV rows, and layer 1's cache through
     // attention of the step's own queries over it.
     auto run = [&](Backend& b, bool fused) {
       auto cache = b.make_kv_cache(ks);
       if (!cache) FAIL(cache.error().message);
-      StepInputs st;
-      st.num_tokens = static_cast<int32_t>(n);
-      st.num_seqs = 3;
-      st.token_ids = ids.data();
-      st.positions = pos.data();
-      st.query_start = qs.data();
-      st.context_lens = ctx.data();
-      st.slot_mapping = slots.data();
-      st.block_tables = tables.data();
-      st.max_blocks_per_seq = 4;
-      b.begin_step(st);
+      b.begin_step(step.inputs());
       float* p = put(b, qkv);
-      float* pcs = put(b, cs);
+      float* pcs = put(b, step.cos_sin);
       if (fused) {
         b.rope_kv_write(**cache, 1, p, ld, n, nh, nkv, hd, pcs, kind);
       } else {
@@ -556,34 +572,15 @@ TEST_CASE("cuda: the GEMVs' fused SiLU and RoPE + KV-write epilogues give the un
       auto data = test::random_weight(t, rows, cols, rng);
       auto w = gpu->make_weight(t, cols, {{data.data(), rows}});
       REQUIRE(w.ok());
-      // As the unfused test above: a 3-token prefill and two decoding sequences.
-      std::vector<int32_t> ids = {1, 2, 3, 4, 5}, pos = {0, 1, 2, 17, 40}, slots = {32, 33, 34, 17, 104};
-      std::vector<int32_t> qs = {0, 3, 4, 5}, ctx = {3, 18, 41};
-      std::vector<int32_t> tables = {2, 0, 0, 0, 0, 1, 2, 3, 4, 5, 6, 7};
-      const int64_t n = static_cast<int64_t>(ids.size());
+      const MixedStep step(hd);  // (as the unfused test above)
+      const int64_t n = step.n();
       auto x = test::random_floats(static_cast<size_t>(n * cols), rng);
-      std::vector<float> cs(static_cast<size_t>(n * hd));
-      for (int64_t tk = 0; tk < n; ++tk)
-        for (int64_t i = 0; i < hd / 2; ++i) {
-          cs[tk * hd + 2 * i] = std::cos(0.01f * pos[tk] * (i + 1));
-          cs[tk * hd + 2 * i + 1] = std::sin(0.01f * pos[tk] * (i + 1));
-        }
       auto run = [&](bool fused) {
         auto cache = gpu->make_kv_cache(KvCacheShape{2, 8, bs, nkv, hd});
         if (!cache) FAIL(cache.error().message);
-        StepInputs st;
-        st.num_tokens = static_cast<int32_t>(n);
-        st.num_seqs = 3;
-        st.token_ids = ids.data();
-        st.positions = pos.data();
-        st.query_start = qs.data();
-        st.context_lens = ctx.data();
-        st.slot_mapping = slots.data();
-        st.block_tables = tables.data();
-        st.max_blocks_per_seq = 4;
-        gpu->begin_step(st);
+        gpu->begin_step(step.inputs());
         float* px = put(*gpu, x);
-        float* pcs = put(*gpu, cs);
+        float* pcs = put(*gpu, step.cos_sin);
         float* p = gpu->alloc(static_cast<size_t>(n * ld));
         if (fused) {
           gpu->matmul_rope_kv_write(**w, px, **cache, 1, p, ld, n, nh, nkv, hd, pcs, kind);
