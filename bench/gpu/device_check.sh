@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Runs on a lent GPU machine, in the copy of the working tree (see bench/gpu/device_prep.sh):
 #   device_check.sh stage   copies the carried model half into /tmp/troupe-model
-#   device_check.sh run     joins the halves, checks the sha256, runs bench/gpu/check.sh with
-#                           the carried binaries and packs its output into one file,
+#   device_check.sh run     joins the halves, checks the sha256, unpacks the carried binaries
+#                           into /tmp/troupe-bin, runs bench/gpu/check.sh with them and
+#                           packs its output into one file,
 #                           $OUT/gpu-check.tar.gz (a call returns at most 8 files)
 set -uo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
@@ -18,11 +19,14 @@ case "${1:-}" in
     ls -la "$M"
     ;;
   run)
-    B="$ROOT/.devcarry/bin"
-    [ -x "$B/troupe_tests" ] || { echo "device_check: carry .devcarry/bin (bench/gpu/device_prep.sh)"; exit 1; }
+    C="$ROOT/.devcarry/bin"
+    [ -f "$C/troupe-bin.tar.gz" ] || { echo "device_check: carry .devcarry/bin (bench/gpu/device_prep.sh)"; exit 1; }
+    [ -f "$C/model.sha256" ] || { echo "device_check: $C/model.sha256 missing (bench/gpu/device_prep.sh)"; exit 1; }
+    B=/tmp/troupe-bin
+    rm -rf "$B" && mkdir -p "$B" && tar -xzf "$C/troupe-bin.tar.gz" -C "$B" ||
+      { echo "device_check: cannot unpack $C/troupe-bin.tar.gz"; exit 1; }
     cat "$M/model.part0" "$M/model.part1" >"$M/model.gguf" 2>/dev/null
-    [ -f "$B/model.sha256" ] || { echo "device_check: $B/model.sha256 missing (bench/gpu/device_prep.sh)"; exit 1; }
-    if ! echo "$(cat "$B/model.sha256")  $M/model.gguf" | sha256sum -c --status; then
+    if ! echo "$(cat "$C/model.sha256")  $M/model.gguf" | sha256sum -c --status; then
       echo "device_check: the model halves are missing or damaged in $M (did the machine go cold between calls?)"
       exit 3
     fi
