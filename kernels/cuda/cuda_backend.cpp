@@ -101,7 +101,7 @@ class CudaBackend final : public Backend {
     if (!src_row || !dev_row || cols <= 0)
       return make_error("weight columns " + std::to_string(cols) + " do not fit the block size");
     // Rows in the device layout (kernels/cuda/layout.h): float rows padded to 32 columns,
-    // the 32-value block types split into quants, high bits and scales.
+    // the 32-value block types and Q6_K split into quants, high bits and scales.
     const size_t stride = *dev_row;
     const bool as_is = stride == *src_row && !cuda::split_layout(type);
     int64_t rows = 0;
