@@ -281,6 +281,17 @@ __device__ __forceinline__ bool tc_tile_uniform(const int32_t* token_seq, int32_
   return token_seq[t0] == token_seq[t1];
 }
 
+// The token groups of every GEMV launch: f.template operator()<NT>(groups) with NT = 1, 2
+// or 4 for up to 4 tokens (one group), else NT = 8 and ceil(n / 8) groups (grid y). A
+// token's bits depend on neither.
+template <typename F>
+__host__ void with_token_groups(int64_t n, F&& f) {
+  if (n == 1) f.template operator()<1>(1u);
+  else if (n == 2) f.template operator()<2>(1u);
+  else if (n <= 4) f.template operator()<4>(1u);
+  else f.template operator()<8>(static_cast<unsigned>((n + 7) / 8));
+}
+
 // Calls f.template operator()<T>() for the runtime type; false when unsupported.
 template <typename F>
 __host__ bool dispatch_dtype(DType t, F&& f) {

@@ -288,7 +288,8 @@ class CudaBackend final : public Backend {
     const size_t rb = w.row_bytes;
     const int64_t rows = w.rows, cols = w.cols;
     const std::initializer_list<uint64_t> key = {P(data), rb, U(rows), U(cols), P(x), U(n), P(y), U(ldy)};
-    if (tc_gemm_ && cuda::has_gemm_tc(type) && !simple_gemv_) {
+    const MatmulPath path = matmul_path(type, n);
+    if (path == MatmulPath::kTensorCores) {
       // Tensor cores at every batch size, batch-invariant (matmul_tc.cu); capturable.
       if (!ensure(&xh_, &xh_cap_, cuda::gemm_tc_scratch_bytes(rb, n))) return;
       void* xh = xh_;
@@ -297,7 +298,7 @@ class CudaBackend final : public Backend {
       });
       return;
     }
-    if ((n <= kGemvMaxTokens || batch_invariant_) && cuda::uses_q8_activations(type) && !simple_gemv_) {
+    if (path == MatmulPath::kGemvQ8) {
       // As the CPU and llama.cpp: int8 activations per 32 values, integer dot products.
       uint8_t* xq = q8_scratch(n, cols);
       if (!xq) return;
@@ -308,7 +309,7 @@ class CudaBackend final : public Backend {
           });
       return;
     }
-    if (n <= kGemvMaxTokens || batch_invariant_) {
+    if (path == MatmulPath::kGemv) {
       const bool simple = simple_gemv_;
       run("gemv", __LINE__, key, [=](cudaStream_t st) {
         return cuda::gemv(type, data, rb, rows, cols, x, cols, n, y, ldy, st, simple);
@@ -510,11 +511,19 @@ class CudaBackend final : public Backend {
 
  private:
   bool failed() const { return !error_.empty(); }
+  // Which kernel matmul() runs for this weight type and token count.
+  enum class MatmulPath { kTensorCores, kGemvQ8, kGemv, kCublas };
+  MatmulPath matmul_path(DType type, int64_t n) const {
+    if (tc_gemm_ && cuda::has_gemm_tc(type) && !simple_gemv_) return MatmulPath::kTensorCores;
+    if (n > kGemvMaxTokens && !batch_invariant_) return MatmulPath::kCublas;
+    return cuda::uses_q8_activations(type) && !simple_gemv_ ? MatmulPath::kGemvQ8 : MatmulPath::kGemv;
+  }
   // Whether matmul() would run the GEMV for this type and token count and a fused epilogue
   // exists for it (TROUPE_CUDA_FUSE=0: never, for benchmarks).
   bool fused_gemv(DType type, int64_t n) const {
-    return fuse_ && !simple_gemv_ && (n <= kGemvMaxTokens || batch_invariant_) &&
-           !(tc_gemm_ && cuda::has_gemm_tc(type)) && cuda::has_fused_gemv(type);
+    const MatmulPath path = matmul_path(type, n);
+    return fuse_ && !simple_gemv_ && (path == MatmulPath::kGemv || path == MatmulPath::kGemvQ8) &&
+           cuda::has_fused_gemv(type);
   }
   // What a fused call's launch takes of its weight, and for the int8 types the buffer of
   // its quantized activations (xq; null for f16/bf16). Counts the call.

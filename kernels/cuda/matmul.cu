@@ -336,16 +336,9 @@ cudaError_t gemv(DType type, const void* w, size_t row_bytes, int64_t rows, int6
   const bool vec = (reinterpret_cast<uintptr_t>(x) % 16 == 0) && (ldx % 4 == 0);
   const dim3 block(kWarpsPerBlock * 32);
   const bool ok = dispatch_dtype(type, [&]<DType T>() {
-    if (n == 1) {
-      launch_gemv<T, 1>(dim3(blocks, 1), block, stream, simple, wb, row_bytes, rows, cols, x, ldx, n, vec, y, ldy);
-    } else if (n == 2) {
-      launch_gemv<T, 2>(dim3(blocks, 1), block, stream, simple, wb, row_bytes, rows, cols, x, ldx, n, vec, y, ldy);
-    } else if (n <= 4) {
-      launch_gemv<T, 4>(dim3(blocks, 1), block, stream, simple, wb, row_bytes, rows, cols, x, ldx, n, vec, y, ldy);
-    } else {
-      const unsigned groups = static_cast<unsigned>((n + 7) / 8);
-      launch_gemv<T, 8>(dim3(blocks, groups), block, stream, simple, wb, row_bytes, rows, cols, x, ldx, n, vec, y, ldy);
-    }
+    with_token_groups(n, [&]<int NT>(unsigned groups) {
+      launch_gemv<T, NT>(dim3(blocks, groups), block, stream, simple, wb, row_bytes, rows, cols, x, ldx, n, vec, y, ldy);
+    });
   });
   if (!ok) return cudaErrorInvalidValue;
   return cudaGetLastError();
@@ -361,15 +354,10 @@ void launch_half_fused(const uint8_t* w, size_t row_bytes, int64_t cols, const f
   const unsigned blocks = static_cast<unsigned>((out.items() + per_block - 1) / per_block);
   const bool vec = (reinterpret_cast<uintptr_t>(x) % 16 == 0) && (cols % 4 == 0);
   const dim3 block(kWarpsPerBlock * 32);
-  if (n == 1)
-    gemv_half_rows_kernel<BF16, 1, R, E><<<dim3(blocks, 1), block, 0, stream>>>(w, row_bytes, cols, x, cols, n, vec, out);
-  else if (n == 2)
-    gemv_half_rows_kernel<BF16, 2, R, E><<<dim3(blocks, 1), block, 0, stream>>>(w, row_bytes, cols, x, cols, n, vec, out);
-  else if (n <= 4)
-    gemv_half_rows_kernel<BF16, 4, R, E><<<dim3(blocks, 1), block, 0, stream>>>(w, row_bytes, cols, x, cols, n, vec, out);
-  else
-    gemv_half_rows_kernel<BF16, 8, R, E><<<dim3(blocks, static_cast<unsigned>((n + 7) / 8)), block, 0, stream>>>(
-        w, row_bytes, cols, x, cols, n, vec, out);
+  with_token_groups(n, [&]<int NT>(unsigned groups) {
+    gemv_half_rows_kernel<BF16, NT, R, E><<<dim3(blocks, groups), block, 0, stream>>>(w, row_bytes, cols, x, cols, n,
+                                                                                      vec, out);
+  });
 }
 }  // namespace
 

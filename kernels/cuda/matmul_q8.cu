@@ -289,12 +289,9 @@ void launch_rows(const uint8_t* w, size_t row_bytes, int64_t nb, const uint8_t* 
   constexpr int64_t per_block = int64_t{kWarpsPerBlock} * (R / E::kRows);
   const unsigned blocks = static_cast<unsigned>((out.items() + per_block - 1) / per_block);
   const dim3 block(kWarpsPerBlock * 32);
-  if (n == 1) gemv_q8_kernel<T, 1, R, E><<<dim3(blocks, 1), block, 0, stream>>>(w, row_bytes, nb, xq, n, out);
-  else if (n == 2) gemv_q8_kernel<T, 2, R, E><<<dim3(blocks, 1), block, 0, stream>>>(w, row_bytes, nb, xq, n, out);
-  else if (n <= 4) gemv_q8_kernel<T, 4, R, E><<<dim3(blocks, 1), block, 0, stream>>>(w, row_bytes, nb, xq, n, out);
-  else
-    gemv_q8_kernel<T, 8, R, E><<<dim3(blocks, static_cast<unsigned>((n + 7) / 8)), block, 0, stream>>>(
-        w, row_bytes, nb, xq, n, out);
+  with_token_groups(n, [&]<int NT>(unsigned groups) {
+    gemv_q8_kernel<T, NT, R, E><<<dim3(blocks, groups), block, 0, stream>>>(w, row_bytes, nb, xq, n, out);
+  });
 }
 
 // Plain rows: kQ8RowsPerWarp a warp for large weights; the SiLU epilogue: two gate/up pairs
