@@ -18,9 +18,10 @@ Status Backend::sample(const float*, int64_t, int64_t, const DeviceSampleParams*
   return make_error("backend " + name() + " does not sample; sample on the host");
 }
 
-void Backend::add_rms_norm(float* x, const float* y, const float* w, float eps, int64_t n, int64_t dim, float* out) {
+void Backend::add_rms_norm(float* x, const float* y, const float* w, float eps, int64_t n, int64_t dim, float* out,
+                           const Weight* next) {
   add(x, y, n * dim);
-  rms_norm(x, w, eps, n, dim, out);
+  rms_norm(x, w, eps, n, dim, out, next);
 }
 
 void Backend::rope_kv_write(KvCache& cache, int32_t layer, float* qkv, int64_t ld, int64_t n, int32_t num_heads,

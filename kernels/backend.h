@@ -93,7 +93,12 @@ class Backend {
   virtual void begin_step(const StepInputs& step) = 0;
   // out[i] = table[ids[i]]  (dequantized)                        out: [n, table.cols]
   virtual void embed(const Weight& table, const int32_t* ids, int64_t n, float* out) = 0;
-  virtual void rms_norm(const float* x, const float* w, float eps, int64_t n, int64_t dim, float* out) = 0;
+  // `next`: the weight of the matmul expected to read `out` as the very next op, or null. A
+  // backend may prepare that matmul's input on the way out (CUDA: the int8 activations of
+  // the quantized GEMV, in the norm's own launch); it must check that the next op is that
+  // matmul on `out` before using what it prepared, so a wrong hint costs nothing but time.
+  virtual void rms_norm(const float* x, const float* w, float eps, int64_t n, int64_t dim, float* out,
+                        const Weight* next = nullptr) = 0;
   // y[t, :] = W x[t, :] (+ bias)  x: [n, cols] contiguous, y rows at stride ldy
   virtual void matmul(const Weight& w, const float* x, int64_t n, float* y, int64_t ldy) = 0;
   virtual void add_bias(float* y, int64_t ld, const float* bias, int64_t n, int64_t dim) = 0;
@@ -113,8 +118,9 @@ class Backend {
   // not override one gets the same bits; a backend that does must give the same bits too
   // (the CUDA kernels do, by the same per-thread arithmetic).
   // The residual add fused into the next norm: x += y ([n, dim]), then out = rms_norm(x) * w.
-  // out may be y (the matmul output that was just added).
-  virtual void add_rms_norm(float* x, const float* y, const float* w, float eps, int64_t n, int64_t dim, float* out);
+  // out may be y (the matmul output that was just added). `next`: as rms_norm()'s.
+  virtual void add_rms_norm(float* x, const float* y, const float* w, float eps, int64_t n, int64_t dim, float* out,
+                            const Weight* next = nullptr);
   // RoPE on the Q and K heads of fused QKV rows (q | k | v, row stride ld) and the KV-cache
   // write of the rotated K and of V: rope(q), rope(k) and kv_write in one pass.
   virtual void rope_kv_write(KvCache& cache, int32_t layer, float* qkv, int64_t ld, int64_t n, int32_t num_heads,

@@ -247,10 +247,12 @@ Status Model::forward_stage(const StepInputs& s, KvCache& cache, const float* hi
   // layer's FFN output until the next layer's attention norm (or the end) adds it.
   for (int32_t l = 0; l < num_stage_layers(); ++l) {
     Layer& L = layers_[l];
+    // (each norm names the matmul that reads its output next: see Backend::rms_norm)
+    const Weight* attn_in = L.qkv ? L.qkv.get() : L.q.get();
     if (l == 0)
-      be.rms_norm(x_, L.attn_norm, cfg_.rms_eps, n, H, h_);
+      be.rms_norm(x_, L.attn_norm, cfg_.rms_eps, n, H, h_, attn_in);
     else
-      be.add_rms_norm(x_, h_, L.attn_norm, cfg_.rms_eps, n, H, h_);
+      be.add_rms_norm(x_, h_, L.attn_norm, cfg_.rms_eps, n, H, h_, attn_in);
     if (L.qkv && !L.qkv_bias) {
       be.matmul_rope_kv_write(*L.qkv, h_, cache, l, qkv_, qkv_ld, n, cfg_.num_heads, cfg_.num_kv_heads, hd, cos_sin_,
                               cfg_.rope_kind);
@@ -267,7 +269,7 @@ Status Model::forward_stage(const StepInputs& s, KvCache& cache, const float* hi
     }
     be.attention(cache, l, qkv_, qkv_ld, cfg_.num_heads, scale, attn_);
     be.matmul(*L.o, attn_, n, h_, H);
-    be.add_rms_norm(x_, h_, L.ffn_norm, cfg_.rms_eps, n, H, h_);
+    be.add_rms_norm(x_, h_, L.ffn_norm, cfg_.rms_eps, n, H, h_, L.gate_up ? L.gate_up.get() : L.gate.get());
     if (L.gate_up) {
       be.matmul_silu(*L.gate_up, h_, n, cfg_.ffn, gu_, act_);
     } else {
@@ -284,8 +286,8 @@ Status Model::forward_stage(const StepInputs& s, KvCache& cache, const float* hi
   }
   if (num_logits == 0) return be.sync();
   be.gather_rows(x_, H, rows, num_logits, last_);
-  be.rms_norm(last_, output_norm_, cfg_.rms_eps, num_logits, H, h_);
   const Weight& out_w = output_ ? *output_ : *embed_;
+  be.rms_norm(last_, output_norm_, cfg_.rms_eps, num_logits, H, h_, &out_w);
   if (sampling && sampling->tokens) std::fill(sampling->tokens, sampling->tokens + num_logits, -1);
   if (be.is_host_memory()) {
     be.matmul(out_w, h_, num_logits, logits, cfg_.vocab);

@@ -2,8 +2,8 @@
 # The GPU check (docs/gpu.md): builds the CUDA targets (unless TROUPE_BIN_DIR names a folder
 # with troupe, troupe_tests and troupe_gpu_bench already built), runs every [cuda] test
 # (ops against the CPU, the default model and bf16 weights end to end, batch invariance),
-# the GPU microbenchmarks and Llama-3-8B dummy figures, and `troupe bench` on the default
-# model; prints one table and writes OUT_DIR/gpu-check.{md,json} plus the logs.
+# the GPU microbenchmarks and Llama-3-8B dummy figures, `troupe bench` on the default model
+# and on the Llama-3-70B dummy shape in q4_0, and one `troupe serve` request; prints one table and writes OUT_DIR/gpu-check.{md,json} plus the logs.
 #   bench/gpu/check.sh OUT_DIR
 # Environment: TROUPE_BIN_DIR (prebuilt binaries), TROUPE_MODEL_PATH or TROUPE_HOME (the
 # default model, as for the tests), TROUPE_CUDA_ARCHS (default 90 here: the GPU at hand).
@@ -49,6 +49,11 @@ for dev in cuda cpu; do
     { say "troupe bench --device $dev failed"; tail -3 "$OUT/bench-default-$dev.log"; status=1; }
   cat "$OUT/bench-default-$dev.json"
 done
+
+say "Llama-3-70B dummy weights in q4_0 (40 GB on the device): troupe bench on the GPU"
+(cd "$ROOT" && timeout 300 "$BIN/troupe" bench --device cuda --load-format dummy -m "$ROOT/configs/llama-3-70b.json" --dtype q4_0 -p 128 -n 32 -r 1 --json) >"$OUT/bench-70b-q4_0.json" 2>"$OUT/bench-70b-q4_0.log" ||
+  { say "troupe bench of the 70B dummy shape failed"; tail -3 "$OUT/bench-70b-q4_0.log"; status=1; }
+cat "$OUT/bench-70b-q4_0.json"
 
 say "troupe serve --device cuda: one chat completion over HTTP, then SIGTERM"
 PORT="${TROUPE_CHECK_PORT:-18431}"

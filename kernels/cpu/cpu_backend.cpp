@@ -88,7 +88,8 @@ class CpuBackend final : public Backend {
     });
   }
 
-  void rms_norm(const float* x, const float* w, float eps, int64_t n, int64_t dim, float* out) override {
+  void rms_norm(const float* x, const float* w, float eps, int64_t n, int64_t dim, float* out,
+                const Weight* /*next*/ = nullptr) override {
     pool_.parallel_for(n, [&](int64_t a, int64_t b) { cpu::rms_norm_rows(x, w, eps, a, b, dim, out); });
   }
 
@@ -185,7 +186,8 @@ class CpuBackend final : public Backend {
 
   void add(float* x, const float* y, int64_t count) override { cpu::add_range(x, y, 0, count); }
   // Each thread adds and normalizes its own rows (the same bits as add, then rms_norm).
-  void add_rms_norm(float* x, const float* y, const float* w, float eps, int64_t n, int64_t dim, float* out) override {
+  void add_rms_norm(float* x, const float* y, const float* w, float eps, int64_t n, int64_t dim, float* out,
+                    const Weight* /*next*/ = nullptr) override {
     pool_.parallel_for(n, [&](int64_t a, int64_t b) {
       cpu::add_range(x, y, a * dim, b * dim);
       cpu::rms_norm_rows(x, w, eps, a, b, dim, out);

@@ -88,7 +88,8 @@ class CudaBackend final : public Backend {
   std::string name() const override { return name_; }
   std::string stats() const override {
     return "cuda graphs: " + std::to_string(graphs_.num_graphs()) + " held, " + std::to_string(graphs_.replays()) +
-           " replays; fused GEMV epilogues: " + std::to_string(fused_calls_);
+           " replays; fused GEMV epilogues: " + std::to_string(fused_calls_) +
+           "; activations quantized by norms: " + std::to_string(norm_quantized_);
   }
   bool is_host_memory() const override { return false; }
 
@@ -176,6 +177,7 @@ class CudaBackend final : public Backend {
   }
 
   void copy_in(float* dst, const float* src, size_t n) override {
+    ++op_seq_;
     if (failed() || !n) return;
     if (graphs_.recording()) {
       if (void* staged = stage(src, n * sizeof(float))) {
@@ -205,6 +207,7 @@ class CudaBackend final : public Backend {
   }
 
   void begin_step(const StepInputs& s) override {
+    ++op_seq_;
     cudaSetDevice(device_);
     flush();
     if (failed()) return;
@@ -276,9 +279,13 @@ class CudaBackend final : public Backend {
       return cuda::embed(type, data, rb, cols, dev_ids, n, out, st);
     });
   }
-  void rms_norm(const float* x, const float* w, float eps, int64_t n, int64_t dim, float* out) override {
-    run("rms_norm", __LINE__, {P(x), P(w), F(eps), U(n), U(dim), P(out)},
-        [=](cudaStream_t st) { return cuda::rms_norm(x, w, eps, n, dim, out, st); });
+  void rms_norm(const float* x, const float* w, float eps, int64_t n, int64_t dim, float* out,
+                const Weight* next = nullptr) override {
+    cuda::Q8Numerics nq;
+    uint8_t* xq = norm_q8(next, n, dim, &nq);
+    run("rms_norm", __LINE__, {P(x), P(w), F(eps), U(n), U(dim), P(out), P(xq), Q(nq)},
+        [=](cudaStream_t st) { return cuda::rms_norm(x, w, eps, n, dim, out, st, xq, nq); });
+    if (xq) prepared(out, n, dim, nq);
   }
   void matmul(const Weight& weight, const float* x, int64_t n, float* y, int64_t ldy) override {
     if (failed() || n <= 0) return;
@@ -299,12 +306,14 @@ class CudaBackend final : public Backend {
       return;
     }
     if (path == MatmulPath::kGemvQ8) {
-      // As the CPU and llama.cpp: int8 activations per 32 values, integer dot products.
+      // As the CPU and llama.cpp: int8 activations per 32 values, integer dot products
+      // (quantized here, or already by the norm that wrote x).
+      const bool ready = take_prepared(x, n, cols, type);
       uint8_t* xq = q8_scratch(n, cols);
       if (!xq) return;
-      run("quantize_q8 + gemv_q8", __LINE__, {P(data), rb, U(rows), U(cols), P(x), U(n), P(y), U(ldy), P(xq)},
+      run("quantize_q8 + gemv_q8", __LINE__, {P(data), rb, U(rows), U(cols), P(x), U(n), P(y), U(ldy), P(xq), U(ready)},
           [=](cudaStream_t st) {
-            const cudaError_t e = cuda::quantize_q8(type, x, cols, cols, n, xq, st);
+            const cudaError_t e = ready ? cudaSuccess : cuda::quantize_q8(type, x, cols, cols, n, xq, st);
             return e != cudaSuccess ? e : cuda::gemv_q8(type, data, rb, rows, cols, xq, n, y, ldy, st);
           });
       return;
@@ -436,9 +445,13 @@ class CudaBackend final : public Backend {
     if (failed()) return make_error("CUDA: " + error_);
     return {};
   }
-  void add_rms_norm(float* x, const float* y, const float* w, float eps, int64_t n, int64_t dim, float* out) override {
-    run("add_rms_norm", __LINE__, {P(x), P(y), P(w), F(eps), U(n), U(dim), P(out)},
-        [=](cudaStream_t st) { return cuda::add_rms_norm(x, y, w, eps, n, dim, out, st); });
+  void add_rms_norm(float* x, const float* y, const float* w, float eps, int64_t n, int64_t dim, float* out,
+                    const Weight* next = nullptr) override {
+    cuda::Q8Numerics nq;
+    uint8_t* xq = norm_q8(next, n, dim, &nq);
+    run("add_rms_norm", __LINE__, {P(x), P(y), P(w), F(eps), U(n), U(dim), P(out), P(xq), Q(nq)},
+        [=](cudaStream_t st) { return cuda::add_rms_norm(x, y, w, eps, n, dim, out, st, xq, nq); });
+    if (xq) prepared(out, n, dim, nq);
   }
   void rope_kv_write(KvCache& cache, int32_t layer, float* qkv, int64_t ld, int64_t n, int32_t num_heads,
                      int32_t num_kv_heads, int64_t head_dim, const float* cos_sin, RopeKind kind) override {
@@ -464,9 +477,9 @@ class CudaBackend final : public Backend {
       Backend::matmul_silu(gate_up, x, n, ffn, gu, out);
       return;
     }
-    const auto f = fused_weight(w, n);
+    const auto f = fused_weight(w, x, n);
     if (!f) return;
-    run("gemv_silu", __LINE__, {P(f->data), f->rb, U(ffn), U(f->cols), P(x), U(n), P(out), P(f->xq)},
+    run("gemv_silu", __LINE__, {P(f->data), f->rb, U(ffn), U(f->cols), P(x), U(n), P(out), P(f->xq), U(f->ready)},
         [=, f = *f](cudaStream_t st) {
           const cudaError_t e = f.quantize(x, n, st);
           return e != cudaSuccess ? e : cuda::gemv_silu(f.type, f.data, f.rb, ffn, f.cols, x, f.xq, n, out, ffn, st);
@@ -487,7 +500,7 @@ class CudaBackend final : public Backend {
                                     kind);
       return;
     }
-    const auto f = fused_weight(w, n);
+    const auto f = fused_weight(w, x, n);
     if (!f) return;
     const bool neox = kind == RopeKind::Neox;
     uint16_t* kc = c.k + c.layer_elems * layer;
@@ -495,7 +508,7 @@ class CudaBackend final : public Backend {
     const cuda::RopeKvArgs a{qkv, ld, nh, nkv, head_dim, cos_sin, neox, dstep_.slot_mapping, kc, vc};
     run("gemv_rope_kv_write", __LINE__,
         {step_key(), P(f->data), f->rb, U(f->cols), P(x), U(n), P(qkv), U(ld), U(nh), U(nkv), U(head_dim), P(cos_sin),
-         U(neox), P(kc), P(vc), P(f->xq)},
+         U(neox), P(kc), P(vc), P(f->xq), U(f->ready)},
         [=, f = *f](cudaStream_t st) {
           const cudaError_t e = f.quantize(x, n, st);
           return e != cudaSuccess ? e : cuda::gemv_rope_kv_write(f.type, f.data, f.rb, f.cols, x, f.xq, n, a, st);
@@ -526,22 +539,58 @@ class CudaBackend final : public Backend {
            cuda::has_fused_gemv(type);
   }
   // What a fused call's launch takes of its weight, and for the int8 types the buffer of
-  // its quantized activations (xq; null for f16/bf16). Counts the call.
+  // its quantized activations (xq; null for f16/bf16) and whether the norm that wrote x has
+  // filled it already (ready). Counts the call.
   struct FusedWeight {
     DType type;
     const void* data;
     size_t rb;
     int64_t cols;
     uint8_t* xq;
+    bool ready;
     cudaError_t quantize(const float* x, int64_t n, cudaStream_t st) const {
-      return xq ? cuda::quantize_q8(type, x, cols, cols, n, xq, st) : cudaSuccess;
+      return xq && !ready ? cuda::quantize_q8(type, x, cols, cols, n, xq, st) : cudaSuccess;
     }
   };
-  std::optional<FusedWeight> fused_weight(const CudaWeight& w, int64_t n) {
+  std::optional<FusedWeight> fused_weight(const CudaWeight& w, const float* x, int64_t n) {
     ++fused_calls_;
-    FusedWeight f{w.type, w.data, w.row_bytes, w.cols, nullptr};
-    if (cuda::uses_q8_activations(w.type) && !(f.xq = q8_scratch(n, w.cols))) return std::nullopt;
+    FusedWeight f{w.type, w.data, w.row_bytes, w.cols, nullptr, false};
+    if (cuda::uses_q8_activations(w.type)) {
+      f.ready = take_prepared(x, n, w.cols, w.type);
+      if (!(f.xq = q8_scratch(n, w.cols))) return std::nullopt;
+    }
     return f;
+  }
+  // Activations a norm quantizes in its own launch for the int8 GEMV named as its output's
+  // next reader (Backend::rms_norm's `next`), in the xq_ scratch. prepared_ says whose they
+  // are; a matmul takes them only as the very next op (op_seq_ counts every launch, copy and
+  // step) on the same buffer, shape and rounding, and quantizes x itself otherwise.
+  struct Prepared {
+    const float* x = nullptr;
+    int64_t n = 0, cols = 0;
+    cuda::Q8Numerics nq;
+    uint64_t seq = 0;
+  };
+  // The buffer a norm of n rows of dim values writes the int8 activations of its output to
+  // for `next` (null: `next` does not take the int8 GEMV, or none is named; *nq: their rounding).
+  uint8_t* norm_q8(const Weight* next, int64_t n, int64_t dim, cuda::Q8Numerics* nq) {
+    if (!next || !fuse_ || failed() || n <= 0 || dim % 32 != 0) return nullptr;
+    const auto& w = static_cast<const CudaWeight&>(*next);
+    if (w.cols != dim || matmul_path(w.type, n) != MatmulPath::kGemvQ8) return nullptr;
+    *nq = cuda::q8_numerics(w.type);
+    return q8_scratch(n, dim);
+  }
+  void prepared(const float* out, int64_t n, int64_t dim, cuda::Q8Numerics nq) {
+    if (failed()) return;
+    prepared_ = {out, n, dim, nq, op_seq_};
+    ++norm_quantized_;
+  }
+  // Whether the norm just before quantized x for this matmul (consumed either way).
+  bool take_prepared(const float* x, int64_t n, int64_t cols, DType type) {
+    const bool hit = prepared_.x == x && prepared_.seq == op_seq_ && prepared_.n == n && prepared_.cols == cols &&
+                     prepared_.nq == cuda::q8_numerics(type);
+    prepared_.x = nullptr;
+    return hit;
   }
   // The int8 activations' buffer for n rows of cols values (nullptr on failure, recorded).
   uint8_t* q8_scratch(int64_t n, int64_t cols) {
@@ -562,6 +611,7 @@ class CudaBackend final : public Backend {
   }
   static uint64_t P(const void* p) { return reinterpret_cast<uintptr_t>(p); }
   static uint64_t U(int64_t v) { return static_cast<uint64_t>(v); }
+  static uint64_t Q(cuda::Q8Numerics nq) { return U(nq.d_as_f16) | U(nq.s_as_f16) << 1; }
   static uint64_t F(float f) {
     uint32_t b;
     std::memcpy(&b, &f, 4);
@@ -578,6 +628,7 @@ class CudaBackend final : public Backend {
   // Runs a launch now, or records it for the step's graph.
   template <typename Fn>
   void run(const char* what, int line, std::initializer_list<uint64_t> key, Fn&& fn) {
+    ++op_seq_;
     if (failed()) return;
     if (graphs_.recording()) {
       graphs_.add(what, key, std::forward<Fn>(fn));
@@ -587,6 +638,7 @@ class CudaBackend final : public Backend {
   }
   // Runs what is recorded (a graph replay, a capture, or eager launches).
   void flush() {
+    ++op_seq_;  // (callers go on to eager work: cuBLAS, copies, sampling)
     if (!graphs_.has_pending()) return;
     std::string what;
     const cudaError_t e = graphs_.flush(stream_, &what);
@@ -631,6 +683,7 @@ class CudaBackend final : public Backend {
     return true;
   }
   const int32_t* upload_indices(const int32_t* host, int64_t n) {
+    ++op_seq_;
     if (n <= 0) return nullptr;
     if (!ensure(&idx_dev_, &idx_cap_, static_cast<size_t>(n) * 4)) return nullptr;
     void* dev = idx_dev_;
@@ -669,6 +722,9 @@ class CudaBackend final : public Backend {
     return !(e && std::string(e) == "0");
   }();
   uint64_t fused_calls_ = 0;  // matmul_silu / matmul_rope_kv_write calls that took the fused kernels
+  uint64_t norm_quantized_ = 0;  // norms that quantized their output for the next matmul
+  Prepared prepared_;
+  uint64_t op_seq_ = 0;
   cudaStream_t stream_;
   cublasHandle_t blas_;
   std::string name_, error_;

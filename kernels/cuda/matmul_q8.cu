@@ -13,6 +13,7 @@
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/gemv_epilogue.cuh"
 #include "kernels/cuda/ops.h"
+#include "kernels/cuda/quantize_q8.cuh"
 
 namespace troupe::cuda {
 namespace {
@@ -31,29 +32,14 @@ struct Q8Row {
 };
 
 // One warp per (token, 32-block group): lane j quantizes element j of the block.
-__global__ void quantize_q8_kernel(const float* __restrict__ x, int64_t ldx, int64_t cols, int64_t n,
-                                   bool d_as_f16, bool s_as_f16, uint8_t* __restrict__ out) {
+__global__ void quantize_q8_kernel(const float* __restrict__ x, int64_t ldx, int64_t cols, int64_t n, Q8Numerics nq,
+                                   uint8_t* __restrict__ out) {
   const int64_t nb = cols / 32;
   const int64_t warp = (int64_t{blockIdx.x} * blockDim.x + threadIdx.x) >> 5;
   const int lane = threadIdx.x & 31;
   if (warp >= n * nb) return;
   const int64_t t = warp / nb, b = warp % nb;
-  const float v = x[t * ldx + b * 32 + lane];
-  const float amax = warp_max(fabsf(v));
-  const float dd = amax / 127.0f;
-  const float id = amax != 0.0f ? 127.0f / amax : 0.0f;
-  const int q = __float2int_rn(v * id);
-  int sum = q;
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
-  uint8_t* row = out + t * static_cast<int64_t>(q8_row_bytes(cols));
-  row[lane < 16 ? 16 * b + lane : 16 * (nb + b) + lane - 16] = static_cast<uint8_t>(static_cast<int8_t>(q));
-  if (lane == 0) {
-    float* f = reinterpret_cast<float*>(row);
-    const float d = d_as_f16 ? __half2float(__float2half_rn(dd)) : dd;
-    f[8 * nb + b] = d;
-    f[9 * nb + b] = s_as_f16 ? __half2float(__float2half_rn(dd * static_cast<float>(sum))) : d * static_cast<float>(sum);
-  }
+  quantize_q8_block(x[t * ldx + b * 32 + lane], lane, b, nb, out + t * static_cast<int64_t>(q8_row_bytes(cols)), nq);
 }
 
 constexpr bool is_k_quant(DType t) { return t == DType::Q4_K || t == DType::Q5_K || t == DType::Q6_K; }
@@ -342,9 +328,8 @@ cudaError_t quantize_q8(DType weight_type, const float* x, int64_t ldx, int64_t 
   if (n <= 0) return cudaSuccess;
   if (cols % 32 != 0) return cudaErrorInvalidValue;
   const int64_t warps = n * (cols / 32);
-  const bool s_as_f16 = weight_type == DType::Q4_1 || weight_type == DType::Q5_1;
   quantize_q8_kernel<<<static_cast<unsigned>((warps + 7) / 8), 256, 0, stream>>>(x, ldx, cols, n,
-                                                                                 !is_k_quant(weight_type), s_as_f16, out);
+                                                                                 q8_numerics(weight_type), out);
   return cudaGetLastError();
 }
 

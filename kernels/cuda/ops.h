@@ -28,10 +28,23 @@ bool is_supported_type(DType type);
 // out[i, :] = dequant(table row ids[i])                         out: [n, cols]
 cudaError_t embed(DType type, const void* table, size_t row_bytes, int64_t cols, const int32_t* ids, int64_t n,
                   float* out, cudaStream_t stream);
-cudaError_t rms_norm(const float* x, const float* w, float eps, int64_t n, int64_t dim, float* out, cudaStream_t stream);
+// How the int8 activations are rounded for a weight type (matmul_q8.cu): d as f16 for the
+// 32-value block types (f32 for the K-quants), s = d * sum(q) as f16 for Q4_1 and Q5_1.
+struct Q8Numerics {
+  bool d_as_f16 = true, s_as_f16 = false;
+  bool operator==(const Q8Numerics&) const = default;
+};
+inline Q8Numerics q8_numerics(DType weight_type) {
+  const bool k_quant = weight_type == DType::Q4_K || weight_type == DType::Q5_K || weight_type == DType::Q6_K;
+  return {!k_quant, weight_type == DType::Q4_1 || weight_type == DType::Q5_1};
+}
+// The norms can also quantize their output as quantize_q8() would (the same bytes), for the
+// int8 GEMV that reads it next: xq non-null (n rows of q8_row_bytes(dim)) needs dim % 32 == 0.
+cudaError_t rms_norm(const float* x, const float* w, float eps, int64_t n, int64_t dim, float* out, cudaStream_t stream,
+                     uint8_t* xq = nullptr, Q8Numerics nq = {});
 // x += y, then out = rms_norm(x) * w; the same bits as add() then rms_norm(). out may be y.
 cudaError_t add_rms_norm(float* x, const float* y, const float* w, float eps, int64_t n, int64_t dim, float* out,
-                         cudaStream_t stream);
+                         cudaStream_t stream, uint8_t* xq = nullptr, Q8Numerics nq = {});
 // y[t, r] = sum_k W[r, k] x[t, k]; W rows of row_bytes in GGUF layout. Fused dequant-GEMV in
 // groups of up to 8 tokens; each token's result is independent of n (batch-invariant).
 //                                                               x: [n, ldx], y: [n, ldy]

@@ -608,6 +608,74 @@ TEST_CASE("cuda: the GEMVs' fused SiLU and RoPE + KV-write epilogues give the un
   }
 }
 
+TEST_CASE("cuda: norms that quantize their output for the next matmul give the unfused ops' bits", "[cuda][kernels]") {
+  unsetenv("TROUPE_CUDA_FUSE");  // (the backend reads it when made)
+  auto gpu = gpu_or_skip();
+  if (!gpu) return;
+  auto quantized = [&] {
+    const std::string st = gpu->stats(), key = "activations quantized by norms: ";
+    const size_t at = st.find(key);
+    REQUIRE(at != std::string::npos);
+    return std::stoull(st.substr(at + key.size()));
+  };
+  std::mt19937 rng(17);
+  const int64_t cols = 576, rows = 300;
+  for (const DType t : {DType::Q4_0, DType::Q4_1, DType::Q8_0, DType::Q4_K, DType::Q6_K, DType::BF16}) {
+    const bool int8 = t != DType::BF16;
+    auto data = test::random_weight(t, rows, cols, rng);
+    auto w = gpu->make_weight(t, cols, {{data.data(), rows}});
+    REQUIRE(w.ok());
+    const auto nw = test::random_floats(static_cast<size_t>(cols), rng);
+    float* pw = put(*gpu, nw);
+    for (const int64_t n : {1L, 3L, 11L}) {
+      const auto x = test::random_floats(static_cast<size_t>(n * cols), rng, 3.0f);
+      const auto y = test::random_floats(static_cast<size_t>(n * cols), rng);
+      // mode 0: no hint; 1: the hint, then the matmul; 2: the hint, but another op writes
+      // the norm's output before the matmul (what the norm prepared must not be used).
+      auto run = [&](bool add, int mode) {
+        float* px = put(*gpu, x);
+        float* py = put(*gpu, y);
+        float* out = gpu->alloc(static_cast<size_t>(n * rows));
+        const Weight* next = mode > 0 ? w->get() : nullptr;
+        if (add)
+          gpu->add_rms_norm(px, py, pw, 1e-5f, n, cols, py, next);
+        else
+          gpu->rms_norm(px, pw, 1e-5f, n, cols, py, next);
+        if (mode == 2) gpu->add(py, px, n * cols);
+        gpu->matmul(**w, py, n, out, rows);
+        auto r = get(*gpu, out, static_cast<size_t>(n * rows));
+        auto xs = get(*gpu, px, static_cast<size_t>(n * cols));
+        r.insert(r.end(), xs.begin(), xs.end());
+        return r;
+      };
+      for (bool add : {false, true}) {
+        const std::string what = std::string(dtype_traits(t).name) + " n " + std::to_string(n) +
+                                 (add ? " add_rms_norm" : " rms_norm");
+        const auto before = quantized();
+        const auto hinted = run(add, 1);
+        CHECK(quantized() == before + (int8 ? 1 : 0));
+        expect_close(hinted, run(add, 0), 0, 0, "norm quantizing for the matmul vs norm + matmul (exact), " + what);
+        expect_close(run(add, 2), [&] {
+          // The same ops without the hint: what the matmul must see once the output changed.
+          float* px = put(*gpu, x);
+          float* py = put(*gpu, y);
+          float* out = gpu->alloc(static_cast<size_t>(n * rows));
+          if (add)
+            gpu->add_rms_norm(px, py, pw, 1e-5f, n, cols, py);
+          else
+            gpu->rms_norm(px, pw, 1e-5f, n, cols, py);
+          gpu->add(py, px, n * cols);
+          gpu->matmul(**w, py, n, out, rows);
+          auto r = get(*gpu, out, static_cast<size_t>(n * rows));
+          auto xs = get(*gpu, px, static_cast<size_t>(n * cols));
+          r.insert(r.end(), xs.begin(), xs.end());
+          return r;
+        }(), 0, 0, "a hint followed by another op: the matmul quantizes the changed output itself, " + what);
+      }
+    }
+  }
+}
+
 namespace {
 
 // Rows of logits of several shapes: peaked, flat (draws deep in the order), tied, with NaN,

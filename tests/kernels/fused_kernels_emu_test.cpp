@@ -1,5 +1,5 @@
-// The fused CUDA kernels' own source (add_rms_norm in kernels/cuda/rms_norm.cu,
-// rope_kv_write in kernels/cuda/rope.cu), run on the CPU through tests/kernels/cuda_emulation.h
+// The fused CUDA kernels' own source (add_rms_norm in kernels/cuda/rms_norm.cu, the norms'
+// int8 quantization of their output, rope_kv_write in kernels/cuda/rope.cu), run on the CPU through tests/kernels/cuda_emulation.h
 // against the unfused kernels' source run the same way (the same bits: the same elements
 // in the same threads and order) and against the CPU backend (within float tolerance).
 // On a GPU, tests/kernels/cuda_ops_test.cpp checks the compiled kernels the same way.
@@ -7,6 +7,7 @@
 #include "tests/kernels/cuda_emulation.h"
 // (the emulation header first: it defines the CUDA keywords the kernel sources use)
 #include "kernels/cuda/kv_write.cu"
+#include "kernels/cuda/matmul_q8.cu"
 #include "kernels/cuda/rms_norm.cu"
 #include "kernels/cuda/rope.cu"
 
@@ -43,13 +44,13 @@ TEST_CASE("the fused add+RMSNorm kernel's source, run on the CPU, gives add + rm
     // Fused, with out aliasing y as the model calls it.
     auto xf = x0, yf = y0;
     cuda_emu::launch(static_cast<unsigned>(n), cuda::kThreads, cuda::add_rms_norm_kernel, xf.data(), yf.data(),
-                     w.data(), 1e-5f, dim, yf.data());
+                     w.data(), 1e-5f, dim, yf.data(), nullptr, cuda::Q8Numerics{});
     // Unfused: the element-wise add, then the norm kernel.
     auto xu = x0;
     for (size_t i = 0; i < xu.size(); ++i) xu[i] += y0[i];
     std::vector<float> outu(xu.size());
     cuda_emu::launch(static_cast<unsigned>(n), cuda::kThreads, cuda::rms_norm_kernel, xu.data(), w.data(), 1e-5f, dim,
-                     outu.data());
+                     outu.data(), nullptr, cuda::Q8Numerics{});
     CHECK(same_bits(xf, xu));
     CHECK(same_bits(yf, outu));
     // The CPU backend's add_rms_norm.
@@ -58,6 +59,60 @@ TEST_CASE("the fused add+RMSNorm kernel's source, run on the CPU, gives add + rm
     cpu->add_rms_norm(xc.data(), yc.data(), pw, 1e-5f, n, dim, yc.data());
     CHECK(same_bits(xc, xf));
     CHECK(max_diff(yc, yf) <= 1e-4);
+  }
+}
+
+TEST_CASE("the norms' kernels, quantizing their output, give quantize_q8's bytes", "[kernels][cuda-emulation]") {
+  std::mt19937 rng(5);
+  // 576: SmolLM2's width (the last 256-thread pass has two warps of values); 2080: not a
+  // multiple of 256; 64: fewer values than threads.
+  for (int64_t dim : {576, 2080, 64}) {
+    const int64_t n = 3;
+    const size_t rb = cuda::q8_row_bytes(dim);
+    auto x0 = test::random_floats(static_cast<size_t>(n * dim), rng, 3.0f);
+    std::fill(x0.begin() + 32, x0.begin() + 64, 0.0f);  // a zero block (amax 0) of the plain norm
+    const auto y0 = test::random_floats(static_cast<size_t>(n * dim), rng, 2.0f);
+    const auto w = test::random_floats(static_cast<size_t>(dim), rng);
+    for (DType type : {DType::Q4_0, DType::Q4_1, DType::Q6_K}) {
+      const cuda::Q8Numerics nq = cuda::q8_numerics(type);
+      for (bool add : {false, true}) {
+        // Fused: the norm writes its output and its quantized form (xq pre-filled, so
+        // bytes left unwritten would show; the row's padding is never written).
+        auto xf = x0, yf = y0;
+        std::vector<float> of(xf.size());
+        std::vector<uint8_t> qf(static_cast<size_t>(n) * rb, 0xEE);
+        if (add)
+          cuda_emu::launch(static_cast<unsigned>(n), cuda::kThreads, cuda::add_rms_norm_kernel, xf.data(), yf.data(),
+                           w.data(), 1e-5f, dim, yf.data(), qf.data(), nq);
+        else
+          cuda_emu::launch(static_cast<unsigned>(n), cuda::kThreads, cuda::rms_norm_kernel,
+                           static_cast<const float*>(xf.data()), w.data(), 1e-5f, dim, of.data(), qf.data(), nq);
+        const auto& outf = add ? yf : of;
+        // Unfused: the plain norm, then the quantizer kernel on its output.
+        auto xu = x0, yu = y0;
+        std::vector<float> ou(xu.size());
+        if (add)
+          cuda_emu::launch(static_cast<unsigned>(n), cuda::kThreads, cuda::add_rms_norm_kernel, xu.data(), yu.data(),
+                           w.data(), 1e-5f, dim, yu.data(), nullptr, cuda::Q8Numerics{});
+        else
+          cuda_emu::launch(static_cast<unsigned>(n), cuda::kThreads, cuda::rms_norm_kernel,
+                           static_cast<const float*>(xu.data()), w.data(), 1e-5f, dim, ou.data(), nullptr,
+                           cuda::Q8Numerics{});
+        const auto& outu = add ? yu : ou;
+        std::vector<uint8_t> qu(qf.size(), 0xEE);
+        const int64_t warps = n * (dim / 32);
+        cuda_emu::launch(static_cast<unsigned>((warps + 7) / 8), 256, cuda::quantize_q8_kernel, outu.data(), dim, dim, n,
+                         nq, qu.data());
+        INFO("dim " << dim << ", " << dtype_traits(type).name << (add ? ", add_rms_norm" : ", rms_norm"));
+        CHECK(same_bits(outf, outu));
+        CHECK(same_bits(xf, xu));
+        CHECK(qf == qu);
+        // Every quant byte and scale was written (the plain row's zero block too).
+        const size_t written = static_cast<size_t>(dim / 32) * 40;
+        for (int64_t t = 0; t < n; ++t)
+          CHECK(std::count(qf.begin() + t * rb, qf.begin() + t * rb + written, uint8_t{0xEE}) < static_cast<long>(written / 8));
+      }
+    }
   }
 }
 

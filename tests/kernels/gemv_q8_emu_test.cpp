@@ -62,10 +62,8 @@ void check(std::mt19937& g, int64_t rows, int64_t nb, int64_t n) {
   for (auto& v : x) v = nd(g);
   const size_t xstride = cuda::q8_row_bytes(cols);
   std::vector<uint8_t> xq(static_cast<size_t>(n) * xstride, 0xEE);
-  const bool s_as_f16 = T == DType::Q4_1 || T == DType::Q5_1;
-  const bool d_as_f16 = !cuda::is_k_quant(T);
   cuda_emu::launch(static_cast<unsigned>((n * nb + 7) / 8), 256, cuda::quantize_q8_kernel, x.data(), cols, cols, n,
-                   d_as_f16, s_as_f16, xq.data());
+                   cuda::q8_numerics(T), xq.data());
   for (int64_t i = 0; i < n * nb; ++i) {  // q = round(x / d) within a step of x's scale
     const Q8 b = q8_block(xq, cols, i / nb, i % nb);
     for (int j = 0; j < 32; ++j) REQUIRE(std::fabs(b.q[j] * b.d - x[i * 32 + j]) <= 0.6 * b.d + 1e-6);  // (d is f16-rounded)
@@ -182,7 +180,7 @@ void check_epilogues(std::mt19937& g, int64_t nb, int64_t n) {
   for (auto& v : x) v = nd(g);
   std::vector<uint8_t> xq(static_cast<size_t>(n) * cuda::q8_row_bytes(cols));
   cuda_emu::launch(static_cast<unsigned>((n * nb + 7) / 8), 256, cuda::quantize_q8_kernel, x.data(), cols, cols, n,
-                   !cuda::is_k_quant(T), T == DType::Q4_1 || T == DType::Q5_1, xq.data());
+                   cuda::q8_numerics(T), xq.data());
   auto weight = [&](int64_t rows) {
     return test::device_rows(T, test::random_weight(T, rows, cols, g), rows, cols, &rb);
   };
