@@ -21,11 +21,13 @@ Result<LocalNode> spawn_local_node(caf::actor_system& sys, const ModelFiles& fil
   if (opt.scheduler.scheduler.max_batched_tokens > opt.max_batch_tokens)
     return make_error("the token budget per step exceeds the model's max batch");
   // Build every stage's worker first (the slow part), then spawn from the last stage back.
+  auto stage_device = stage_devices(opt.device, opt.num_stages);
+  if (!stage_device) return stage_device.error();
   std::vector<std::shared_ptr<StageWorker>> devices;
   size_t done_layers = 0;
   for (int32_t s = 0; s < opt.num_stages; ++s) {
     LayerRange r{c.num_layers * s / opt.num_stages, c.num_layers * (s + 1) / opt.num_stages};
-    auto made = make_backend(opt.device, opt.threads, opt.cuda);
+    auto made = make_backend((*stage_device)[static_cast<size_t>(s)], opt.threads, opt.cuda);
     if (!made) return made.error();
     auto backend = std::move(*made);
     const size_t before = done_layers;

@@ -18,7 +18,8 @@ void ModelFlags::add_to(CLI::App& app) {
   app.add_option("--dtype", dtype, "weight type for --load-format dummy: f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1")
       ->capture_default_str();
   app.add_option("-t,--threads", threads, "CPU threads (0: all cores)")->capture_default_str();
-  app.add_option("--device", device, "cpu, cuda or cuda:N (a CUDA GPU; needs a build with nvcc and a GPU)")
+  app.add_option("--device", device, "cpu, cuda or cuda:N (a CUDA GPU; needs a build with nvcc and a GPU); troupe serve also takes "
+                 "cuda:N,M,...: its --pipeline-stages spread over those GPUs in order")
       ->capture_default_str();
   app.add_flag("--cuda-cublas", cuda_cublas,
                "CUDA: run batches above 8 tokens through cuBLAS (faster long prefills; a token's result then "

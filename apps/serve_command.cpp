@@ -199,7 +199,7 @@ void add_serve_command(CLI::App& app) {
                 "compute each prompt in one step (waiting for room) instead of in chunks mixed with decodes; "
                 "prompts longer than the token budget are refused");
   cmd->add_option("--scheduling-policy", f->policy, "fcfs, or priority (lower 'priority' runs first)")->capture_default_str();
-  cmd->add_option("--pipeline-stages", f->pipeline_stages, "pipeline-stage actors the layers are split over")->capture_default_str();
+  cmd->add_option("--pipeline-stages", f->pipeline_stages, "pipeline-stage actors the layers are split over (with --device cuda:N,M,...: in contiguous groups, one group per GPU)")->capture_default_str();
   cmd->add_option("--tokenizer-actors", f->tokenizer_actors, "tokenizer actors in the pool")->capture_default_str();
   cmd->add_option("--http-threads", f->http_threads, "threads running the HTTP server")->capture_default_str();
   cmd->add_option("--max-queue", f->max_queue, "sequences that may wait beyond --max-num-seqs before 429")->capture_default_str();

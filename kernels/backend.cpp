@@ -1,4 +1,5 @@
 // Backend helpers shared by every backend, and the --device switch.
+#include <algorithm>
 #include <cstring>
 
 #include "kernels/backend.h"
@@ -52,12 +53,38 @@ Result<std::unique_ptr<Backend>> make_backend(const std::string& device, int cpu
   if (device == "cuda") return make_cuda_backend(opts);
   if (device.rfind("cuda:", 0) == 0) {
     const std::string num = device.substr(5);
+    if (num.find(',') != std::string::npos)
+      return make_error("--device '" + device +
+                        "' names several GPUs: only troupe serve takes a list, spreading its --pipeline-stages over them");
     if (num.empty() || num.size() > 3 || num.find_first_not_of("0123456789") != std::string::npos)
       return make_error("--device '" + device + "': expected cuda:N with N a device number");
     opts.device = std::stoi(num);
     return make_cuda_backend(opts);
   }
   return make_error("--device '" + device + "' is not one of cpu, cuda, cuda:N");
+}
+
+Result<std::vector<std::string>> stage_devices(const std::string& device, int32_t num_stages) {
+  if (num_stages < 1) return make_error("at least one pipeline stage is needed");
+  if (device.rfind("cuda:", 0) != 0 || device.find(',') == std::string::npos)
+    return std::vector<std::string>(static_cast<size_t>(num_stages), device);
+  std::vector<std::string> gpus;
+  const std::string list = device.substr(5);
+  for (size_t at = 0; at <= list.size();) {
+    const size_t end = std::min(list.find(',', at), list.size());
+    const std::string num = list.substr(at, end - at);
+    if (num.empty() || num.size() > 3 || num.find_first_not_of("0123456789") != std::string::npos)
+      return make_error("--device '" + device + "': expected cuda:N,M,... with device numbers (got '" + num + "')");
+    gpus.push_back("cuda:" + num);
+    at = end + 1;
+  }
+  if (gpus.size() > static_cast<size_t>(num_stages))
+    return make_error("--device '" + device + "' names " + std::to_string(gpus.size()) + " GPUs for " +
+                      std::to_string(num_stages) + " pipeline stage(s): give --pipeline-stages at least " +
+                      std::to_string(gpus.size()));
+  std::vector<std::string> out;
+  for (int32_t s = 0; s < num_stages; ++s) out.push_back(gpus[static_cast<size_t>(s) * gpus.size() / num_stages]);
+  return out;
 }
 
 }  // namespace troupe

@@ -165,7 +165,14 @@ std::string cuda_unavailable_reason();
 
 // "cpu" or "cuda" / "cuda:N": the backend a --device flag names.
 // cuda: the CUDA backend's options (ignored for the CPU); its device is the one named.
+// A list of GPUs ("cuda:0,1") is refused here: see stage_devices().
 Result<std::unique_ptr<Backend>> make_backend(const std::string& device, int cpu_threads,
                                               const CudaBackendOptions& cuda = {});
+// The --device of each of num_stages pipeline stages: every stage gets `device` itself, but
+// for a list of GPUs "cuda:A,B,..." the stages are cut into as many contiguous groups as
+// the list names, in order (4 stages over cuda:0,1: stages 0-1 on GPU 0, 2-3 on GPU 1);
+// the list may not name more GPUs than there are stages. Entries are checked when each
+// stage's backend is made (make_backend).
+Result<std::vector<std::string>> stage_devices(const std::string& device, int32_t num_stages);
 
 }  // namespace troupe

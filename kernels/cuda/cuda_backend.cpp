@@ -176,8 +176,11 @@ class CudaBackend final : public Backend {
     return static_cast<float*>(p);
   }
 
+  // (Every entry a step or a model build can start with makes this backend's GPU current:
+  // the stages of one process may sit on different GPUs and share threads.)
   void copy_in(float* dst, const float* src, size_t n) override {
     ++op_seq_;
+    cudaSetDevice(device_);
     if (failed() || !n) return;
     if (graphs_.recording()) {
       if (void* staged = stage(src, n * sizeof(float))) {
@@ -191,6 +194,7 @@ class CudaBackend final : public Backend {
     check(cudaMemcpyAsync(dst, src, n * sizeof(float), cudaMemcpyHostToDevice, stream_), "cudaMemcpyAsync(H2D)", __FILE__, __LINE__);
   }
   void copy_out(float* dst, const float* src, size_t n) override {
+    cudaSetDevice(device_);
     flush();
     if (failed() || !n) return;
     if (check(cudaMemcpyAsync(dst, src, n * sizeof(float), cudaMemcpyDeviceToHost, stream_), "cudaMemcpyAsync(D2H)", __FILE__, __LINE__))
@@ -198,6 +202,7 @@ class CudaBackend final : public Backend {
     arena_off_ = 0;  // the queue is empty: staged data may be overwritten
   }
   Status sync() override {
+    cudaSetDevice(device_);
     flush();
     graphs_.set_recording(false);
     if (!failed()) check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize", __FILE__, __LINE__);
@@ -416,6 +421,7 @@ class CudaBackend final : public Backend {
   bool can_sample() const override { return true; }
   Status sample(const float* logits, int64_t n, int64_t vocab, const DeviceSampleParams* params, int32_t* tokens,
                 float* logprobs) override {
+    cudaSetDevice(device_);
     flush();
     if (!failed() && n > 0) {
       const size_t in = static_cast<size_t>(n) * sizeof(DeviceSampleParams), out = static_cast<size_t>(n) * 8;

@@ -60,12 +60,14 @@ struct TestNode {
   LocalNode node;
   std::map<int, std::vector<RequestUpdate>> updates;
 
-  TestNode(const ModelFiles& files, int32_t stages, int32_t blocks, int32_t budget = 32) {
+  TestNode(const ModelFiles& files, int32_t stages, int32_t blocks, int32_t budget = 32,
+           const std::string& device = "cpu") {
     cfg.set("scheduler.policy", caf::atom("testing"));
     cfg.set("logger.file-verbosity", caf::atom("quiet"));
     sys = std::make_unique<caf::actor_system>(cfg);
     NodeOptions opt;
     opt.num_stages = stages;
+    opt.device = device;
     opt.threads = 1;
     opt.max_batch_tokens = 64;
     opt.detached_workers = false;
@@ -153,6 +155,76 @@ TEST_CASE("actors: concurrent requests through 1, 2 and 3 pipeline stages (a pla
       else CHECK(s.most_plans_in_flight == 1);
     }
   }
+}
+
+TEST_CASE("actors: a list of GPUs spreads the pipeline stages over them in contiguous groups", "[actors][cli]") {
+  auto all = [](const std::string& d, int32_t n) {
+    auto r = stage_devices(d, n);
+    REQUIRE(r.ok());
+    return *r;
+  };
+  using V = std::vector<std::string>;
+  CHECK(all("cpu", 3) == V{"cpu", "cpu", "cpu"});
+  CHECK(all("cuda:1", 2) == V{"cuda:1", "cuda:1"});
+  CHECK(all("cuda:0,1", 2) == V{"cuda:0", "cuda:1"});
+  CHECK(all("cuda:0,1", 4) == V{"cuda:0", "cuda:0", "cuda:1", "cuda:1"});
+  CHECK(all("cuda:2,0,1", 5) == V{"cuda:2", "cuda:2", "cuda:0", "cuda:0", "cuda:1"});
+  CHECK(all("cuda:0,0", 2) == V{"cuda:0", "cuda:0"});
+  for (const char* bad : {"cuda:0,", "cuda:,1", "cuda:0,x", "cuda:0,,1", "cuda:0,1234"}) {
+    INFO(bad);
+    auto r = stage_devices(bad, 4);
+    REQUIRE_FALSE(r.ok());
+    CHECK(r.error().message.find("expected cuda:N,M") != std::string::npos);
+  }
+  auto few = stage_devices("cuda:0,1,2", 2);
+  REQUIRE_FALSE(few.ok());
+  CHECK(few.error().message.find("--pipeline-stages at least 3") != std::string::npos);
+  CHECK_FALSE(stage_devices("cpu", 0).ok());
+  // One backend cannot take a list (troupe run and bench make one).
+  auto one = make_backend("cuda:0,1", 1);
+  REQUIRE_FALSE(one.ok());
+  CHECK(one.error().message.find("only troupe serve takes a list") != std::string::npos);
+  // A node refuses a list longer than its stages before loading anything.
+  TinyFiles tf;
+  caf::actor_system_config cfg;
+  cfg.set("scheduler.policy", caf::atom("testing"));
+  caf::actor_system sys{cfg};
+  NodeOptions opt;
+  opt.num_stages = 1;
+  opt.device = "cuda:0,1";
+  opt.max_batch_tokens = 64;
+  opt.scheduler.scheduler = {32, 8};
+  opt.detached_workers = false;
+  auto n = spawn_local_node(sys, tf.files, opt);
+  REQUIRE_FALSE(n.ok());
+  INFO(n.error().message);
+  CHECK(n.error().message.find("names 2 GPUs") != std::string::npos);
+}
+
+TEST_CASE("actors: two pipeline stages on a GPU list (cuda:0,0) give one GPU stage's greedy tokens", "[actors][cuda]") {
+  if (const std::string why = cuda_unavailable_reason(); !why.empty()) {
+    WARN("skipped: " << why);
+    return;
+  }
+  TinyFiles tf;
+  const int n_new = 8;
+  std::vector<std::vector<int32_t>> prompts;
+  for (int i = 0; i < 4; ++i) prompts.push_back(prompt_of(i, 3 + 11 * i));
+  auto run = [&](int32_t stages, const std::string& device) {
+    TestNode t(tf.files, stages, 64, 32, device);
+    for (int i = 0; i < 4; ++i) t.submit(i, greedy_ids(prompts[i], n_new));
+    t.coordinator().run();
+    std::vector<std::vector<int32_t>> out;
+    for (int i = 0; i < 4; ++i) {
+      REQUIRE(t.done(i));
+      out.push_back(t.tokens(i)[0]);
+      REQUIRE(out.back().size() == static_cast<size_t>(n_new));
+    }
+    CHECK(t.node.board->read().kv_free == 64);
+    return out;
+  };
+  // (batch-invariant by default, so each stage's arithmetic does not depend on the split)
+  CHECK(run(2, "cuda:0,0") == run(1, "cuda"));
 }
 
 TEST_CASE("actors: n > 1 shares the prompt's blocks and seeds give reproducible choices", "[actors]") {
