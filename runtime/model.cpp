@@ -287,7 +287,8 @@ Status Model::forward_stage(const StepInputs& s, KvCache& cache, const float* hi
   if (num_logits == 0) return be.sync();
   be.gather_rows(x_, H, rows, num_logits, last_);
   const Weight& out_w = output_ ? *output_ : *embed_;
-  be.rms_norm(last_, output_norm_, cfg_.rms_eps, num_logits, H, h_, &out_w);
+  // (the logits' matmul reads h_ in chunks on the device: only one chunk can use the hint)
+  be.rms_norm(last_, output_norm_, cfg_.rms_eps, num_logits, H, h_, num_logits <= kLogitChunk ? &out_w : nullptr);
   if (sampling && sampling->tokens) std::fill(sampling->tokens, sampling->tokens + num_logits, -1);
   if (be.is_host_memory()) {
     be.matmul(out_w, h_, num_logits, logits, cfg_.vocab);

@@ -89,7 +89,8 @@ class CudaBackend final : public Backend {
   std::string stats() const override {
     return "cuda graphs: " + std::to_string(graphs_.num_graphs()) + " held, " + std::to_string(graphs_.replays()) +
            " replays; fused GEMV epilogues: " + std::to_string(fused_calls_) +
-           "; activations quantized by norms: " + std::to_string(norm_quantized_);
+           "; activations quantized by norms: " + std::to_string(norm_quantized_) +
+           "; used by the next matmul: " + std::to_string(norm_quantized_used_);
   }
   bool is_host_memory() const override { return false; }
 
@@ -596,6 +597,7 @@ class CudaBackend final : public Backend {
     const bool hit = prepared_.x == x && prepared_.seq == op_seq_ && prepared_.n == n && prepared_.cols == cols &&
                      prepared_.nq == cuda::q8_numerics(type);
     prepared_.x = nullptr;
+    if (hit) ++norm_quantized_used_;
     return hit;
   }
   // The int8 activations' buffer for n rows of cols values (nullptr on failure, recorded).
@@ -729,6 +731,7 @@ class CudaBackend final : public Backend {
   }();
   uint64_t fused_calls_ = 0;  // matmul_silu / matmul_rope_kv_write calls that took the fused kernels
   uint64_t norm_quantized_ = 0;  // norms that quantized their output for the next matmul
+  uint64_t norm_quantized_used_ = 0;  // matmuls that took those bytes instead of quantizing
   Prepared prepared_;
   uint64_t op_seq_ = 0;
   cudaStream_t stream_;

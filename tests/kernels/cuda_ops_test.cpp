@@ -530,17 +530,22 @@ TEST_CASE("cuda: fused add+RMSNorm and RoPE+KV-write give the unfused ops' bits"
   }
 }
 
+namespace {
+// A counter of the backend's stats line: the number after `key`.
+uint64_t stats_count(const Backend& b, const std::string& key) {
+  const std::string st = b.stats();
+  const size_t at = st.find(key);
+  REQUIRE(at != std::string::npos);
+  return std::stoull(st.substr(at + key.size()));
+}
+}  // namespace
+
 TEST_CASE("cuda: the GEMVs' fused SiLU and RoPE + KV-write epilogues give the unfused ops' bits", "[cuda][kernels]") {
   unsetenv("TROUPE_CUDA_FUSE");  // (the backend reads it when made)
   auto gpu = gpu_or_skip();
   if (!gpu) return;
   // How many fused calls took the fused kernels (the backend's stats line counts them).
-  auto fused_calls = [&] {
-    const std::string st = gpu->stats(), key = "fused GEMV epilogues: ";
-    const size_t at = st.find(key);
-    REQUIRE(at != std::string::npos);
-    return std::stoull(st.substr(at + key.size()));
-  };
+  auto fused_calls = [&] { return stats_count(*gpu, "fused GEMV epilogues: "); };
   std::mt19937 rng(16);
   const int64_t cols = 512;
   // F32 has no fused kernel: its fused calls take the unfused ops (the same bits trivially).
@@ -612,14 +617,10 @@ TEST_CASE("cuda: norms that quantize their output for the next matmul give the u
   unsetenv("TROUPE_CUDA_FUSE");  // (the backend reads it when made)
   auto gpu = gpu_or_skip();
   if (!gpu) return;
-  auto quantized = [&] {
-    const std::string st = gpu->stats(), key = "activations quantized by norms: ";
-    const size_t at = st.find(key);
-    REQUIRE(at != std::string::npos);
-    return std::stoull(st.substr(at + key.size()));
-  };
+  auto quantized = [&] { return stats_count(*gpu, "activations quantized by norms: "); };
+  auto used = [&] { return stats_count(*gpu, "used by the next matmul: "); };
   std::mt19937 rng(17);
-  const int64_t cols = 576, rows = 300;
+  const int64_t cols = 768, rows = 300;  // (a multiple of the K-quants' 256-value blocks)
   for (const DType t : {DType::Q4_0, DType::Q4_1, DType::Q8_0, DType::Q4_K, DType::Q6_K, DType::BF16}) {
     const bool int8 = t != DType::BF16;
     auto data = test::random_weight(t, rows, cols, rng);
@@ -630,18 +631,18 @@ TEST_CASE("cuda: norms that quantize their output for the next matmul give the u
     for (const int64_t n : {1L, 3L, 11L}) {
       const auto x = test::random_floats(static_cast<size_t>(n * cols), rng, 3.0f);
       const auto y = test::random_floats(static_cast<size_t>(n * cols), rng);
-      // mode 0: no hint; 1: the hint, then the matmul; 2: the hint, but another op writes
-      // the norm's output before the matmul (what the norm prepared must not be used).
-      auto run = [&](bool add, int mode) {
+      // hint: the norm names the matmul; alter: another op writes the norm's output before
+      // the matmul (what the norm prepared must not be used then).
+      auto run = [&](bool add, bool hint, bool alter) {
         float* px = put(*gpu, x);
         float* py = put(*gpu, y);
         float* out = gpu->alloc(static_cast<size_t>(n * rows));
-        const Weight* next = mode > 0 ? w->get() : nullptr;
+        const Weight* next = hint ? w->get() : nullptr;
         if (add)
           gpu->add_rms_norm(px, py, pw, 1e-5f, n, cols, py, next);
         else
           gpu->rms_norm(px, pw, 1e-5f, n, cols, py, next);
-        if (mode == 2) gpu->add(py, px, n * cols);
+        if (alter) gpu->add(py, px, n * cols);
         gpu->matmul(**w, py, n, out, rows);
         auto r = get(*gpu, out, static_cast<size_t>(n * rows));
         auto xs = get(*gpu, px, static_cast<size_t>(n * cols));
@@ -651,26 +652,17 @@ TEST_CASE("cuda: norms that quantize their output for the next matmul give the u
       for (bool add : {false, true}) {
         const std::string what = std::string(dtype_traits(t).name) + " n " + std::to_string(n) +
                                  (add ? " add_rms_norm" : " rms_norm");
-        const auto before = quantized();
-        const auto hinted = run(add, 1);
+        const auto before = quantized(), used_before = used();
+        const auto hinted = run(add, true, false);
         CHECK(quantized() == before + (int8 ? 1 : 0));
-        expect_close(hinted, run(add, 0), 0, 0, "norm quantizing for the matmul vs norm + matmul (exact), " + what);
-        expect_close(run(add, 2), [&] {
-          // The same ops without the hint: what the matmul must see once the output changed.
-          float* px = put(*gpu, x);
-          float* py = put(*gpu, y);
-          float* out = gpu->alloc(static_cast<size_t>(n * rows));
-          if (add)
-            gpu->add_rms_norm(px, py, pw, 1e-5f, n, cols, py);
-          else
-            gpu->rms_norm(px, pw, 1e-5f, n, cols, py);
-          gpu->add(py, px, n * cols);
-          gpu->matmul(**w, py, n, out, rows);
-          auto r = get(*gpu, out, static_cast<size_t>(n * rows));
-          auto xs = get(*gpu, px, static_cast<size_t>(n * cols));
-          r.insert(r.end(), xs.begin(), xs.end());
-          return r;
-        }(), 0, 0, "a hint followed by another op: the matmul quantizes the changed output itself, " + what);
+        CHECK(used() == used_before + (int8 ? 1 : 0));
+        expect_close(hinted, run(add, false, false), 0, 0,
+                     "norm quantizing for the matmul vs norm + matmul (exact), " + what);
+        const auto used_altered = used();
+        const auto altered = run(add, true, true);
+        CHECK(used() == used_altered);  // another op in between: the matmul quantizes itself
+        expect_close(altered, run(add, false, true), 0, 0,
+                     "a hint followed by another op: the matmul quantizes the changed output itself, " + what);
       }
     }
   }
