@@ -1,5 +1,6 @@
 // Backend helpers shared by every backend, and the --device switch.
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 
 #include "kernels/backend.h"
@@ -45,12 +46,22 @@ void Backend::matmul_rope_kv_write(const Weight& wqkv, const float* x, KvCache& 
   rope_kv_write(cache, layer, qkv, ld, n, num_heads, num_kv_heads, head_dim, cos_sin, kind);
 }
 
+namespace {
+std::atomic<CudaBackendFactory> g_cuda_factory{nullptr};
+Result<std::unique_ptr<Backend>> cuda_backend(const CudaBackendOptions& opts) {
+  const CudaBackendFactory f = g_cuda_factory.load();
+  return f ? f(opts) : make_cuda_backend(opts);
+}
+}  // namespace
+
+void set_cuda_backend_factory_for_tests(CudaBackendFactory factory) { g_cuda_factory.store(factory); }
+
 Result<std::unique_ptr<Backend>> make_backend(const std::string& device, int cpu_threads,
                                               const CudaBackendOptions& cuda) {
   if (device == "cpu") return make_cpu_backend(CpuBackendOptions{cpu_threads});
   CudaBackendOptions opts = cuda;
   opts.device = 0;
-  if (device == "cuda") return make_cuda_backend(opts);
+  if (device == "cuda") return cuda_backend(opts);
   if (device.rfind("cuda:", 0) == 0) {
     const std::string num = device.substr(5);
     if (num.find(',') != std::string::npos)
@@ -59,7 +70,7 @@ Result<std::unique_ptr<Backend>> make_backend(const std::string& device, int cpu
     if (num.empty() || num.size() > 3 || num.find_first_not_of("0123456789") != std::string::npos)
       return make_error("--device '" + device + "': expected cuda:N with N a device number");
     opts.device = std::stoi(num);
-    return make_cuda_backend(opts);
+    return cuda_backend(opts);
   }
   return make_error("--device '" + device + "' is not one of cpu, cuda, cuda:N");
 }

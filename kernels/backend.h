@@ -162,6 +162,11 @@ struct CudaBackendOptions {
 Result<std::unique_ptr<Backend>> make_cuda_backend(const CudaBackendOptions& opts);
 // Why the CUDA backend cannot run here, or empty when it can (built with CUDA, a GPU present).
 std::string cuda_unavailable_reason();
+// Tests only (tests/hostrun/README.md): the factory make_backend() uses for "cuda" devices
+// instead of make_cuda_backend, so that the actor runtime runs on the host-run CUDA backend
+// on machines without a GPU; nullptr restores make_cuda_backend.
+using CudaBackendFactory = Result<std::unique_ptr<Backend>> (*)(const CudaBackendOptions&);
+void set_cuda_backend_factory_for_tests(CudaBackendFactory factory);
 
 // "cpu" or "cuda" / "cuda:N": the backend a --device flag names.
 // cuda: the CUDA backend's options (ignored for the CPU); its device is the one named.

@@ -119,6 +119,7 @@ class CudaBackend final : public Backend {
     cudaSetDevice(device_);
     if (cudaError_t e = cudaMalloc(&w->data, stride * static_cast<size_t>(rows)); e != cudaSuccess) {
       w->data = nullptr;
+      cudaGetLastError();  // (reported here: not the next launch's error)
       return make_error("cudaMalloc of " + std::to_string(stride * rows) + " bytes for a weight: " + cudaGetErrorString(e));
     }
     size_t off = 0;
@@ -140,7 +141,10 @@ class CudaBackend final : public Backend {
                          cudaMemcpyHostToDevice);
         }
       }
-      if (e != cudaSuccess) return make_error(std::string("cudaMemcpy of a weight: ") + cudaGetErrorString(e));
+      if (e != cudaSuccess) {
+        cudaGetLastError();
+        return make_error(std::string("cudaMemcpy of a weight: ") + cudaGetErrorString(e));
+      }
       off += stride * static_cast<size_t>(r);
     }
     max_weight_elems_ = std::max(max_weight_elems_, static_cast<size_t>(rows) * static_cast<size_t>(cols));
@@ -160,10 +164,13 @@ class CudaBackend final : public Backend {
     for (uint16_t** p : {&c->k, &c->v}) {
       if (cudaError_t e = cudaMalloc(reinterpret_cast<void**>(p), bytes); e != cudaSuccess) {
         *p = nullptr;
+        cudaGetLastError();  // (reported here, and a smaller cache may follow: not the next launch's error)
         return make_error("cudaMalloc of " + std::to_string(bytes) + " bytes for the KV cache: " + cudaGetErrorString(e));
       }
-      if (cudaError_t e = cudaMemset(*p, 0, bytes); e != cudaSuccess)
+      if (cudaError_t e = cudaMemset(*p, 0, bytes); e != cudaSuccess) {
+        cudaGetLastError();
         return make_error(std::string("cudaMemset of the KV cache: ") + cudaGetErrorString(e));
+      }
     }
     return std::unique_ptr<KvCache>(std::move(c));
   }
@@ -607,6 +614,9 @@ class CudaBackend final : public Backend {
   }
   bool check(cudaError_t e, const char* what, const char* file, int line) {
     if (e == cudaSuccess) return true;
+    // (a failed call also sets the thread's last error, which the next launch's
+    // cudaGetLastError would report as its own: it is recorded here, so clear it)
+    cudaGetLastError();
     if (error_.empty())
       error_ = std::string(what) + " failed: " + cudaGetErrorString(e) + " (" + file + ":" + std::to_string(line) + ")";
     return false;
@@ -656,6 +666,7 @@ class CudaBackend final : public Backend {
   void* stage(const void* src, size_t bytes) {
     if (!arena_) {
       if (cudaMallocHost(&arena_, kArenaBytes) != cudaSuccess) {
+        cudaGetLastError();  // (tolerated: clears the failed allocation's error)
         arena_ = nullptr;
         return nullptr;
       }
@@ -770,6 +781,7 @@ std::string cuda_unavailable_reason() {
 
 Result<std::unique_ptr<Backend>> make_cuda_backend(const CudaBackendOptions& opts) {
   if (std::string why = cuda_unavailable_reason(); !why.empty()) return make_error("--device cuda: " + why);
+  cudaGetLastError();  // (an earlier failure on this thread, say a backend that ran out of memory, is not ours)
   int count = 0;
   cudaGetDeviceCount(&count);
   if (opts.device < 0 || opts.device >= count)

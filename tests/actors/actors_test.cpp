@@ -224,7 +224,16 @@ TEST_CASE("actors: two pipeline stages on a GPU list (cuda:0,0) give one GPU sta
     return out;
   };
   // (batch-invariant by default, so each stage's arithmetic does not depend on the split)
-  CHECK(run(2, "cuda:0,0") == run(1, "cuda"));
+  const auto one = run(1, "cuda");
+  CHECK(run(2, "cuda:0,0") == one);
+  // Two GPUs, where there are two: the stages on different devices, activations between
+  // them through host memory (the host-run backend of tests/hostrun has two).
+  if (auto second = make_backend("cuda:1", 1); !second.ok()) {
+    WARN("the two-GPU half skipped: " << second.error().message);
+  } else {
+    CHECK(run(2, "cuda:0,1") == one);
+    CHECK(run(3, "cuda:0,1") == one);  // (stages 0-1 on GPU 0, stage 2 on GPU 1)
+  }
 }
 
 TEST_CASE("actors: n > 1 shares the prompt's blocks and seeds give reproducible choices", "[actors]") {

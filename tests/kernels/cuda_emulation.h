@@ -1,4 +1,4 @@
-// Runs a CUDA kernel's source on the CPU, one OS thread per CUDA thread, so that kernels
+// Runs a CUDA kernel's source on the CPU, one fiber per CUDA thread, so that kernels
 // whose logic is intricate (the sampling kernel) are checked on machines without a GPU
 // against the host code they must agree with. Blocks run one after another; __shared__
 // variables (function statics here) are therefore per block. __syncthreads is a barrier
@@ -10,7 +10,8 @@
 // cuda_emu::launch(grid, block, kernel, args...).
 #pragma once
 #include <atomic>
-#include <barrier>
+#include <cstdio>
+#include <cstdlib>
 #include <bit>
 #include <cmath>
 #include <cstdint>
@@ -36,58 +37,180 @@ inline thread_local cuda_emu_dim3 threadIdx, blockIdx, blockDim, gridDim;
 
 namespace cuda_emu {
 
+// CUDA threads are fibers on the calling OS thread (stack switching, a few nanoseconds a
+// switch; the first version's OS thread per CUDA thread spent its time waking threads at
+// barriers). A block's fibers run round-robin, each until it waits at a barrier or
+// returns; a barrier opens when all its threads have arrived. Threads that can never go
+// on (they wait at different barriers, or for one an exited thread never reaches) are a
+// deadlock on a GPU too: reported, then abort().
+extern "C" void troupe_emu_switch(void** save_sp, void* load_sp);
+#if defined(__x86_64__)
+// Saves the callee-saved registers, MXCSR and the x87 control word on the current stack,
+// stores its pointer in *save_sp, then loads load_sp and restores the same from there.
+asm(R"(
+  .text
+  .weak troupe_emu_switch
+  .hidden troupe_emu_switch
+  .type troupe_emu_switch,@function
+troupe_emu_switch:
+  pushq %rbp
+  pushq %rbx
+  pushq %r12
+  pushq %r13
+  pushq %r14
+  pushq %r15
+  subq $8, %rsp
+  stmxcsr (%rsp)
+  fnstcw 4(%rsp)
+  movq %rsp, (%rdi)
+  movq %rsi, %rsp
+  ldmxcsr (%rsp)
+  fldcw 4(%rsp)
+  addq $8, %rsp
+  popq %r15
+  popq %r14
+  popq %r13
+  popq %r12
+  popq %rbx
+  popq %rbp
+  ret
+  .size troupe_emu_switch, .-troupe_emu_switch
+)");
+#else
+#error "tests/kernels/cuda_emulation.h switches stacks with x86-64 code only"
+#endif
+
+struct Barrier {
+  unsigned expected = 0, arrived = 0;
+  uint64_t generation = 0;
+};
+
+struct Fiber {
+  void* sp = nullptr;
+  bool done = false;
+  const Barrier* waiting = nullptr;
+  uint64_t wait_generation = 0;
+};
+
 struct Block {
   unsigned threads = 0;
-  std::unique_ptr<std::barrier<>> all;
-  std::vector<std::unique_ptr<std::barrier<>>> warps;
+  Barrier all;
+  std::vector<Barrier> warps;
   std::vector<uint64_t> lanes;  // one slot per thread for shuffles
+  std::vector<Fiber> fibers;
+  unsigned running = 0;  // the fiber being run
+  void* scheduler_sp = nullptr;
+  std::function<void()> body;  // one thread's kernel call for the current block
 };
 inline Block* current = nullptr;
 
-// grid blocks of `block` threads (a multiple of 32), one block at a time: the same
-// threads run every block, meeting at a barrier between blocks (so a thread that returns
-// early just waits there, and shared statics are never used by two blocks at once).
-template <typename Kernel, typename... Args>
-void launch(unsigned grid, unsigned block, Kernel kernel, Args... args) {
-  Block blk;
-  blk.threads = block;
-  blk.all = std::make_unique<std::barrier<>>(block);
-  for (unsigned w = 0; w < block / 32; ++w) blk.warps.push_back(std::make_unique<std::barrier<>>(32));
-  blk.lanes.assign(block, 0);
-  std::barrier<> block_end(block);
-  current = &blk;
-  std::vector<std::thread> ts;
-  ts.reserve(block);
-  for (unsigned t = 0; t < block; ++t)
-    ts.emplace_back([=, &block_end] {
-      threadIdx.x = t;
-      blockDim.x = block;
-      gridDim.x = grid;
-      for (unsigned b = 0; b < grid; ++b) {
-        blockIdx.x = b;
-        kernel(args...);
-        block_end.arrive_and_wait();
-      }
-    });
-  for (auto& t : ts) t.join();
-  current = nullptr;
+// Stacks for the fibers, kept between launches (kStackBytes each: the kernels' locals).
+constexpr size_t kStackBytes = size_t{256} << 10;
+inline std::vector<std::unique_ptr<unsigned char[]>>& stacks() {
+  static std::vector<std::unique_ptr<unsigned char[]>> s;
+  return s;
 }
 
-// A grid of gx x gy x gz blocks: one launch() per (y, z), its threads setting blockIdx.y/z.
+[[noreturn]] inline void fiber_entry() {
+  Block& b = *current;
+  b.body();
+  b.fibers[b.running].done = true;
+  void* dead = nullptr;
+  troupe_emu_switch(&dead, b.scheduler_sp);
+  __builtin_unreachable();
+}
+
+// A fresh context on stack `i` that starts in fiber_entry.
+inline void* fresh_context(unsigned i) {
+  unsigned char* top = stacks()[i].get() + kStackBytes;
+  auto* sp = reinterpret_cast<uint64_t*>(reinterpret_cast<uintptr_t>(top) & ~uintptr_t{15});
+  *--sp = 0;  // (fiber_entry's frame then starts 8 mod 16, as after a call)
+  *--sp = reinterpret_cast<uint64_t>(&fiber_entry);  // troupe_emu_switch's ret
+  for (int r = 0; r < 6; ++r) *--sp = 0;            // rbp, rbx, r12 .. r15
+  uint32_t mxcsr;
+  uint16_t fpcw;
+  asm volatile("stmxcsr %0" : "=m"(mxcsr));
+  asm volatile("fnstcw %0" : "=m"(fpcw));
+  --sp;
+  std::memcpy(reinterpret_cast<unsigned char*>(sp), &mxcsr, 4);
+  std::memcpy(reinterpret_cast<unsigned char*>(sp) + 4, &fpcw, 2);
+  return sp;
+}
+
+// Inside a fiber: wait until all of b's threads have arrived.
+inline void wait(Barrier& b) {
+  const uint64_t g = b.generation;
+  if (++b.arrived == b.expected) {
+    b.arrived = 0;
+    ++b.generation;
+    return;
+  }
+  Block& blk = *current;
+  Fiber& f = blk.fibers[blk.running];
+  f.waiting = &b;
+  f.wait_generation = g;
+  troupe_emu_switch(&f.sp, blk.scheduler_sp);
+}
+
+// One block: every thread runs `body` (blockIdx already set) to its end.
+inline void run_block(Block& blk, unsigned block) {
+  for (unsigned t = 0; t < block; ++t) blk.fibers[t] = Fiber{fresh_context(t)};
+  blk.all = Barrier{block};
+  for (auto& w : blk.warps) w = Barrier{32};
+  unsigned left = block;
+  while (left > 0) {
+    bool progress = false;
+    for (unsigned t = 0; t < block; ++t) {
+      Fiber& f = blk.fibers[t];
+      if (f.done || (f.waiting && f.waiting->generation == f.wait_generation)) continue;
+      f.waiting = nullptr;
+      blk.running = t;
+      threadIdx.x = t;
+      troupe_emu_switch(&blk.scheduler_sp, f.sp);
+      progress = true;
+      if (f.done) --left;
+    }
+    if (!progress) {
+      std::fprintf(stderr, "cuda emulation: deadlock in block (%u, %u, %u): %u threads wait at barriers never completed\n",
+                   blockIdx.x, blockIdx.y, blockIdx.z, left);
+      std::abort();
+    }
+  }
+}
+
+// A gx x gy x gz grid of blocks of `block` threads (whole warps), one block at a time (so
+// shared statics are never used by two blocks at once), on the calling thread.
 template <typename Kernel, typename... Args>
 void launch3(unsigned gx, unsigned gy, unsigned gz, unsigned block, Kernel kernel, Args... args) {
+  Block blk;
+  blk.threads = block;
+  blk.warps.resize(block / 32);
+  blk.lanes.assign(block, 0);
+  blk.fibers.resize(block);
+  while (stacks().size() < block)  // (not zeroed: pages are touched only as deep as a kernel goes)
+    stacks().push_back(std::unique_ptr<unsigned char[]>(new unsigned char[kStackBytes]));
+  blk.body = [&] { kernel(args...); };
+  Block* outer = current;
+  current = &blk;
+  blockDim = {block, 1, 1};
+  gridDim = {gx, gy, gz};
+  threadIdx = {0, 0, 0};
   for (unsigned z = 0; z < gz; ++z)
     for (unsigned y = 0; y < gy; ++y)
-      launch(gx, block, [=](auto... xs) {
-        blockIdx.y = y;
-        blockIdx.z = z;
-        kernel(xs...);
-      }, args...);
+      for (unsigned x = 0; x < gx; ++x) {
+        blockIdx = {x, y, z};
+        run_block(blk, block);
+      }
+  current = outer;
+}
+template <typename Kernel, typename... Args>
+void launch(unsigned grid, unsigned block, Kernel kernel, Args... args) {
+  launch3(grid, 1, 1, block, kernel, args...);
 }
 
 }  // namespace cuda_emu
 
-inline void __syncthreads() { cuda_emu::current->all->arrive_and_wait(); }
+inline void __syncthreads() { cuda_emu::wait(cuda_emu::current->all); }
 
 template <typename T>
 T __shfl_xor_sync(unsigned /*mask: full warps only*/, T v, int lane_mask) {
@@ -97,9 +220,9 @@ T __shfl_xor_sync(unsigned /*mask: full warps only*/, T v, int lane_mask) {
   uint64_t bits = 0;
   std::memcpy(&bits, &v, sizeof(T));
   blk.lanes[me] = bits;
-  blk.warps[warp]->arrive_and_wait();
+  cuda_emu::wait(blk.warps[warp]);
   const uint64_t theirs = blk.lanes[partner];
-  blk.warps[warp]->arrive_and_wait();
+  cuda_emu::wait(blk.warps[warp]);
   T out;
   std::memcpy(&out, &theirs, sizeof(T));
   return out;
@@ -114,9 +237,9 @@ T __shfl_sync(unsigned /*mask: full warps only*/, T v, int src) {
   uint64_t bits = 0;
   std::memcpy(&bits, &v, sizeof(T));
   blk.lanes[me] = bits;
-  blk.warps[warp]->arrive_and_wait();
+  cuda_emu::wait(blk.warps[warp]);
   const uint64_t theirs = blk.lanes[(me & ~31u) | (static_cast<unsigned>(src) & 31u)];
-  blk.warps[warp]->arrive_and_wait();
+  cuda_emu::wait(blk.warps[warp]);
   T out;
   std::memcpy(&out, &theirs, sizeof(T));
   return out;
@@ -143,7 +266,7 @@ inline int __dp4a(int a, int b, int c) {
 }
 inline float rsqrtf(float x) { return 1.0f / std::sqrt(x); }  // (CUDA's is within 2 ulp of this)
 inline void __syncwarp(unsigned /*mask*/ = 0xffffffffu) {
-  cuda_emu::current->warps[threadIdx.x / 32]->arrive_and_wait();
+  cuda_emu::wait(cuda_emu::current->warps[threadIdx.x / 32]);
 }
 inline uint32_t __float_as_uint(float f) { return std::bit_cast<uint32_t>(f); }
 template <typename T>

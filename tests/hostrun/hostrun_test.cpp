@@ -1,0 +1,286 @@
+// The host-run CUDA backend (tests/hostrun/README.md): the CUDA backend's own host code and
+// its kernels' source, over the fake runtime, on the CPU. These checks are the ones a GPU
+// run would make of the backend's logic (not of its speed, nor of the device's memory
+// model): the fake device catches what a GPU would refuse, every dummy weight type gives
+// the CPU backend's greedy tokens, the fused epilogues, the norms' quantization and graph
+// replay change no bit, and a layer takes the launches docs/gpu.md says.
+#include <catch2/catch.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <functional>
+#include <cstdlib>
+#include <filesystem>
+#include <unistd.h>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "kernels/backend.h"
+#include "runtime/model.h"
+#include "runtime/model_files.h"
+#include "runtime/sequence_runner.h"
+#include "tests/hostrun/runtime.h"
+#include "tests/runtime/greedy_util.h"
+#include "tests/test_util.h"
+
+using namespace troupe;
+
+namespace {
+
+std::unique_ptr<Backend> hostrun_backend(const CudaBackendOptions& o = {}) {
+  auto b = make_cuda_backend(o);
+  if (!b) FAIL(b.error().message);
+  return std::move(*b);
+}
+
+// configs/tiny-llama.json (2 layers) or a copy with `layers` layers, random weights of dtype.
+Result<ModelFiles> tiny(const std::string& dtype, int layers = 2, uint64_t seed = 7) {
+  std::string path = test::source_dir() + "/configs/tiny-llama.json";
+  if (layers != 2) {
+    std::ifstream in(path);
+    nlohmann::json j = nlohmann::json::parse(in);
+    j["num_hidden_layers"] = layers;
+    path = (std::filesystem::temp_directory_path() /
+            ("troupe_hostrun_tiny_" + std::to_string(layers) + "_" + std::to_string(::getpid()) + ".json"))
+               .string();
+    std::ofstream(path) << j.dump();
+  }
+  OpenOptions o;
+  o.load_format = "dummy";
+  o.dummy_dtype = dtype;
+  o.seed = seed;
+  auto files = open_model(path, o);
+  if (layers != 2) std::filesystem::remove(path);
+  return files;
+}
+
+// The logits of every step: a prompt, then n greedy tokens fed one by one.
+struct Trace {
+  std::vector<int32_t> tokens;
+  std::vector<std::vector<float>> logits;
+};
+Trace trace(const ModelFiles& f, Backend& be, const std::vector<int32_t>& prompt, int n) {
+  auto m = Model::build(f.config, *f.weights, be, 64);
+  if (!m) FAIL(m.error().message);
+  auto r = SequenceRunner::create(**m, be, 256);
+  if (!r) FAIL(r.error().message);
+  Trace t;
+  auto l = (*r)->feed(prompt);
+  for (int i = 0; i < n; ++i) {
+    if (!l) FAIL(be.name() << ": " << l.error().message);
+    const int64_t vocab = f.config.vocab;
+    t.logits.emplace_back(*l, *l + vocab);
+    const auto tok = static_cast<int32_t>(std::max_element(*l, *l + vocab) - *l);
+    t.tokens.push_back(tok);
+    if (i + 1 < n) l = (*r)->feed({tok});
+  }
+  return t;
+}
+
+// The logits after each of `tokens` from position `first` on (the tokens before it fed as
+// one prompt, then one token a step), with the argmax of each.
+Trace trace_forced(const ModelFiles& f, Backend& be, const std::vector<int32_t>& tokens, size_t first) {
+  auto m = Model::build(f.config, *f.weights, be, 64);
+  if (!m) FAIL(m.error().message);
+  auto r = SequenceRunner::create(**m, be, 256);
+  if (!r) FAIL(r.error().message);
+  Trace t;
+  auto l = (*r)->feed(std::vector<int32_t>(tokens.begin(), tokens.begin() + first));
+  for (size_t i = first;; ++i) {
+    if (!l) FAIL(be.name() << ": " << l.error().message);
+    const int64_t vocab = f.config.vocab;
+    t.logits.emplace_back(*l, *l + vocab);
+    t.tokens.push_back(static_cast<int32_t>(std::max_element(*l, *l + vocab) - *l));
+    if (i >= tokens.size()) break;
+    l = (*r)->feed({tokens[i]});
+  }
+  return t;
+}
+
+const std::vector<int32_t> kPrompt = {1, 17, 300, 511, 42, 42, 9, 0, 250, 77, 3, 128};
+
+}  // namespace
+
+TEST_CASE("host-run: the fake device runs the CUDA backend's kernels", "[hostrun]") {
+  auto b = hostrun_backend();
+  INFO(b->name());
+  const auto before = hostrun::counters();
+  std::vector<float> x(300), y(300);
+  for (size_t i = 0; i < x.size(); ++i) x[i] = float(i), y[i] = 2.f * float(i);
+  float* dx = b->alloc(x.size());
+  float* dy = b->alloc(y.size());
+  b->copy_in(dx, x.data(), x.size());
+  b->copy_in(dy, y.data(), y.size());
+  b->add(dx, dy, x.size());
+  std::vector<float> out(x.size());
+  b->copy_out(out.data(), dx, out.size());
+  REQUIRE(b->sync().ok());
+  for (size_t i = 0; i < x.size(); ++i) CHECK(out[i] == 3.f * float(i));
+  CHECK(hostrun::counters().kernel_launches > before.kernel_launches);
+}
+
+TEST_CASE("host-run: what a GPU would refuse or corrupt is an error of the step", "[hostrun]") {
+  std::vector<float> host(64, 1.f);
+  SECTION("a kernel writing past its buffer") {
+    auto b = hostrun_backend();
+    float* small = b->alloc(8);
+    float* big = b->alloc(64);
+    b->copy_in(big, host.data(), host.size());
+    b->add(small, big, 64);  // 56 floats past `small`
+    const auto s = b->sync();
+    REQUIRE_FALSE(s.ok());
+    CHECK(s.error().message.find("illegal memory access") != std::string::npos);
+    // The next backend is unharmed.
+    auto c = hostrun_backend();
+    float* d = c->alloc(64);
+    c->copy_in(d, host.data(), host.size());
+    c->add(d, d, 64);
+    std::vector<float> out(64);
+    c->copy_out(out.data(), d, 64);
+    REQUIRE(c->sync().ok());
+    CHECK(out[63] == 2.f);
+  }
+  SECTION("a kernel given host memory") {
+    auto b = hostrun_backend();
+    float* d = b->alloc(64);
+    b->add(d, host.data(), 64);
+    const auto s = b->sync();
+    REQUIRE_FALSE(s.ok());
+    CHECK(s.error().message.find("add") != std::string::npos);
+  }
+  SECTION("an allocation that failed is not the next launch's error") {
+    // (a failed cudaMalloc also sets the thread's last error, which a launch's
+    // cudaGetLastError would otherwise report: the engine may retry a smaller KV cache)
+    auto b = hostrun_backend();
+    KvCacheShape huge;
+    huge.num_layers = 1;
+    huge.num_blocks = 1 << 20;
+    huge.block_size = 16;
+    huge.num_kv_heads = 8;
+    huge.head_dim = 128;  // 32 GiB
+    auto c = b->make_kv_cache(huge);
+    REQUIRE_FALSE(c.ok());
+    CHECK(c.error().message.find("out of memory") != std::string::npos);
+    float* d = b->alloc(64);
+    b->copy_in(d, host.data(), host.size());
+    b->add(d, d, 64);
+    std::vector<float> out(64);
+    b->copy_out(out.data(), d, 64);
+    const auto s = b->sync();
+    INFO((s.ok() ? std::string("ok") : s.error().message));
+    CHECK(s.ok());
+    CHECK(out[0] == 2.f);
+  }
+  SECTION("weights larger than the device") {
+    auto files = tiny("f32");
+    REQUIRE(files.ok());
+    // (TROUPE_HOSTRUN_MEMORY_MB would shrink the device for the whole process: a weight
+    // bigger than the default 4 GiB instead)
+    auto b = hostrun_backend();
+    std::vector<uint8_t> row(4096 * 4, 0);
+    std::vector<std::pair<const void*, int64_t>> parts;
+    for (int i = 0; i < 300000; ++i) parts.push_back({row.data(), 1});  // 300000 rows of 16 KiB: 4.9 GB
+    auto w = b->make_weight(DType::F32, 4096, parts);
+    REQUIRE_FALSE(w.ok());
+    INFO(w.error().message);
+    CHECK(w.error().message.find("out of memory") != std::string::npos);
+  }
+}
+
+TEST_CASE("host-run: tiny-llama in every dummy weight type gives the CPU backend's logits and greedy choices", "[hostrun][model]") {
+  // Both backends are fed the CPU's greedy tokens (random weights give flat logits, so a
+  // free-running comparison would diverge at the first near tie): every step's logits
+  // agree within 2% of their range, and where the CPU's top two differ by more than
+  // 0.05 the device picks the same token.
+  auto cpu = make_cpu_backend({1});
+  for (const std::string dtype : {"f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1"}) {
+    auto files = tiny(dtype);
+    REQUIRE(files.ok());
+    auto gpu = hostrun_backend();
+    const Trace c = trace(*files, *cpu, kPrompt, 24);
+    std::vector<int32_t> forced = kPrompt;
+    forced.insert(forced.end(), c.tokens.begin(), c.tokens.end() - 1);
+    const Trace g = trace_forced(*files, *gpu, forced, kPrompt.size());
+    REQUIRE(g.logits.size() == c.logits.size());
+    double max_diff = 0, max_abs = 0;
+    int decisive = 0, agree = 0;
+    for (size_t s = 0; s < c.logits.size(); ++s) {
+      const auto& cl = c.logits[s];
+      std::vector<float> sorted = cl;
+      std::partial_sort(sorted.begin(), sorted.begin() + 2, sorted.end(), std::greater<float>());
+      for (size_t i = 0; i < cl.size(); ++i) {
+        max_diff = std::max(max_diff, std::fabs(double(cl[i]) - g.logits[s][i]));
+        max_abs = std::max(max_abs, std::fabs(double(cl[i])));
+      }
+      if (sorted[0] - sorted[1] > 0.05f) {
+        ++decisive;
+        agree += g.tokens[s] == c.tokens[s];
+      }
+    }
+    INFO(dtype << ": logits max |diff| " << max_diff << " of " << max_abs << " over 24 steps; " << agree << " of "
+               << decisive << " decisive steps pick the CPU's token");
+    CHECK(max_diff <= 0.02 * max_abs);
+    CHECK(decisive >= 8);
+    CHECK(agree == decisive);
+  }
+}
+
+TEST_CASE("host-run: fused epilogues, the norms' quantization and graph replay change no bit", "[hostrun][model]") {
+  for (const std::string dtype : {"q8_0", "q4_1", "bf16"}) {
+    auto files = tiny(dtype);
+    REQUIRE(files.ok());
+    INFO(dtype);
+    auto fused = hostrun_backend();
+    const Trace a = trace(*files, *fused, kPrompt, 12);
+    CHECK(fused->stats().find("fused GEMV epilogues: 0;") == std::string::npos);
+    setenv("TROUPE_CUDA_FUSE", "0", 1);
+    auto plain = hostrun_backend();
+    unsetenv("TROUPE_CUDA_FUSE");
+    const Trace b = trace(*files, *plain, kPrompt, 12);
+    CHECK(plain->stats().find("fused GEMV epilogues: 0;") != std::string::npos);
+    CHECK(a.tokens == b.tokens);
+    CHECK(a.logits == b.logits);  // bit for bit
+    CudaBackendOptions go;
+    go.graph_max_tokens = 64;
+    auto graphs = hostrun_backend(go);
+    const auto before = hostrun::counters();
+    const Trace c = trace(*files, *graphs, kPrompt, 12);
+    INFO(graphs->stats());
+    CHECK(hostrun::counters().graph_launches > before.graph_launches);
+    CHECK(graphs->stats().find(" 0 replays") == std::string::npos);
+    CHECK(a.tokens == c.tokens);
+    CHECK(a.logits == c.logits);
+  }
+}
+
+TEST_CASE("host-run: a decode step takes 9 launches a layer for the int8 types, 7 for bf16", "[hostrun][model]") {
+  // Launches of one decode step (12 tokens of context: one attention launch) with 2 and 4
+  // layers; the difference is two layers' worth.
+  for (const auto& [dtype, per_layer] : std::vector<std::pair<std::string, uint64_t>>{{"q8_0", 9}, {"q4_0", 9}, {"bf16", 7}}) {
+    uint64_t step[2] = {0, 0};
+    for (int i = 0; i < 2; ++i) {
+      auto files = tiny(dtype, i == 0 ? 2 : 4);
+      REQUIRE(files.ok());
+      auto gpu = hostrun_backend();
+      auto m = Model::build(files->config, *files->weights, *gpu, 64);
+      REQUIRE(m.ok());
+      auto r = SequenceRunner::create(**m, *gpu, 256);
+      REQUIRE(r.ok());
+      REQUIRE((*r)->feed(kPrompt).ok());
+      const auto before = hostrun::counters().kernel_launches;
+      REQUIRE((*r)->feed({5}).ok());
+      step[i] = hostrun::counters().kernel_launches - before;
+    }
+    INFO(dtype << ": a decode step of 2 layers takes " << step[0] << " launches, of 4 layers " << step[1]);
+    CHECK(step[1] - step[0] == 2 * per_layer);
+  }
+}
+
+namespace {
+// make_backend("cuda...") -- the actor runtime's way to a backend -- gives this binary's
+// host-run CUDA backend.
+[[maybe_unused]] const bool factory_installed = [] {
+  set_cuda_backend_factory_for_tests(&make_cuda_backend);
+  return true;
+}();
+}  // namespace
