@@ -109,8 +109,10 @@ class Backend {
   virtual void kv_write(KvCache& cache, int32_t layer, const float* k, const float* v, int64_t ld) = 0;
   // Causal attention of the step's queries over the paged cache.
   // q: [n, num_heads * head_dim] at stride ld_q; out: [n, num_heads * head_dim] contiguous.
+  // next: the matmul that reads out next, if known (a hint, as for rms_norm: a backend may
+  // prepare its input on the way out; the result is the same).
   virtual void attention(KvCache& cache, int32_t layer, const float* q, int64_t ld_q, int32_t num_heads,
-                         float scale, float* out) = 0;
+                         float scale, float* out, const Weight* next = nullptr) = 0;
   virtual void silu_mul(const float* gate_up, int64_t n, int64_t ffn, float* out) = 0;
   virtual void add(float* x, const float* y, int64_t count) = 0;
 

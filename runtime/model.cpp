@@ -267,7 +267,7 @@ Status Model::forward_stage(const StepInputs& s, KvCache& cache, const float* hi
       if (L.qkv_bias) be.add_bias(qkv_, qkv_ld, L.qkv_bias, n, qkv_ld);
       be.rope_kv_write(cache, l, qkv_, qkv_ld, n, cfg_.num_heads, cfg_.num_kv_heads, hd, cos_sin_, cfg_.rope_kind);
     }
-    be.attention(cache, l, qkv_, qkv_ld, cfg_.num_heads, scale, attn_);
+    be.attention(cache, l, qkv_, qkv_ld, cfg_.num_heads, scale, attn_, L.o.get());
     be.matmul(*L.o, attn_, n, h_, H);
     be.add_rms_norm(x_, h_, L.ffn_norm, cfg_.rms_eps, n, H, h_, L.gate_up ? L.gate_up.get() : L.gate.get());
     if (L.gate_up) {

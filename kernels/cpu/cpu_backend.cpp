@@ -129,7 +129,7 @@ class CpuBackend final : public Backend {
   }
 
   void attention(KvCache& cache, int32_t layer, const float* q, int64_t ld_q, int32_t num_heads, float scale,
-                 float* out) override {
+                 float* out, const Weight* /*next*/ = nullptr) override {
     auto& c = static_cast<CpuKvCache&>(cache);
     const int32_t nkv = c.shape_.num_kv_heads, hd = c.shape_.head_dim, bs = c.shape_.block_size;
     const int32_t group = num_heads / nkv;

@@ -18,6 +18,7 @@
 
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/ops.h"
+#include "kernels/cuda/quantize_q8.cuh"
 
 namespace troupe::cuda {
 namespace {
@@ -36,7 +37,18 @@ struct Args {
   const __half* kc;
   const __half* vc;
   bool skip_tc_tiles;  // tokens of tiles attention_tc takes are left to it
+  uint8_t* xq;         // non-null: the output quantized too (quantize_q8.cuh), a row per token
+  Q8Numerics nq;
 };
+
+// Stores element d of head h of token t's output, and quantizes it with the 31 other
+// values of its 32-value block when asked: the caller's warp holds one whole block, lane j
+// element j (head sizes are multiples of 32), and calls this uniformly.
+__device__ __forceinline__ void emit_out(const Args& a, float* out, int t, int h, int hd, int d, float v) {
+  const int64_t dim = static_cast<int64_t>(a.num_heads) * hd, j = static_cast<int64_t>(h) * hd + d;
+  out[t * dim + j] = v;
+  if (a.xq) quantize_q8_block(v, threadIdx.x & 31, j / 32, dim / 32, a.xq + t * q8_row_bytes(dim), a.nq);
+}
 
 // Head sizes up to 128 stage each warp's 32 K rows in shared memory with coalesced loads
 // (two whole rows per load instruction) before a lane reads its own key's row there: read
@@ -272,8 +284,9 @@ __global__ void __launch_bounds__(kThreads) attention_loop_kernel(Args a, float*
   }
 #pragma unroll
   for (int k = 0; k < K; ++k) {
+    // (a warp's 32 consecutive i are one head's 32-value block: g is uniform in it)
     const int i = threadIdx.x + k * kThreads, g = i / hd, d = i % hd;
-    if (g < hs.gn) out[(static_cast<int64_t>(t) * a.num_heads + hs.h0 + g) * hd + d] = __fdiv_rn(acc[k], l[k]);
+    if (g < hs.gn) emit_out(a, out, t, hs.h0 + g, hd, d, __fdiv_rn(acc[k], l[k]));
   }
 }
 
@@ -316,7 +329,7 @@ __global__ void __launch_bounds__(kThreads)
       const float* p = base + static_cast<int64_t>(seg) * (hd + 2);
       merge_step(m, l, acc, p[hd], p[hd + 1], p[d]);
     }
-    out[(static_cast<int64_t>(t) * a.num_heads + h) * hd + d] = __fdiv_rn(acc, l);
+    emit_out(a, out, t, h, hd, d, __fdiv_rn(acc, l));  // (warps past hd skip the loop whole)
   }
 }
 
@@ -361,12 +374,13 @@ int64_t attention_loop_blocks(int32_t num_tokens, int32_t num_heads, int32_t num
 cudaError_t attention(const DeviceStep& step, const float* q, int64_t ld_q, int32_t num_heads, int32_t num_kv_heads,
                       int32_t head_dim, int32_t block_size, float scale, const uint16_t* k_cache,
                       const uint16_t* v_cache, float* out, float* partials, cudaStream_t stream, bool skip_tc_tiles,
-                      bool direct_k) {
+                      bool direct_k, uint8_t* xq, Q8Numerics nq) {
   if (step.num_tokens <= 0) return cudaSuccess;
   if (num_kv_heads <= 0 || num_heads % num_kv_heads != 0) return cudaErrorInvalidValue;
   if (skip_tc_tiles && partials) return cudaErrorInvalidValue;  // only the looped path skips
+  if (xq && (skip_tc_tiles || head_dim % 32 != 0)) return cudaErrorInvalidValue;
   const Args a{step, q, ld_q, num_heads, num_kv_heads, block_size, scale, reinterpret_cast<const __half*>(k_cache),
-               reinterpret_cast<const __half*>(v_cache), skip_tc_tiles};
+               reinterpret_cast<const __half*>(v_cache), skip_tc_tiles, xq, nq};
   const int segs = attention_segments(step.max_context);
   switch (head_dim) {
     case 32: return launch<1>(a, step.num_tokens, out, partials, segs, direct_k, stream);

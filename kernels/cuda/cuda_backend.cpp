@@ -384,7 +384,7 @@ class CudaBackend final : public Backend {
         [=](cudaStream_t st) { return cuda::kv_write(ds, k, v, ld, row, kc, vc, st); });
   }
   void attention(KvCache& cache, int32_t layer, const float* q, int64_t ld_q, int32_t num_heads, float scale,
-                 float* out) override {
+                 float* out, const Weight* next = nullptr) override {
     if (failed()) return;
     auto& c = static_cast<CudaKvCache&>(cache);
     // Split-KV when the looped path's blocks (a token and up to four query heads of a KV
@@ -416,8 +416,13 @@ class CudaBackend final : public Backend {
       run("attention_tc", __LINE__, {step_key(), P(q), U(ld_q), U(num_heads), U(nkv), U(hd), U(bs), F(scale), P(kc), P(vc), P(out)},
           [=](cudaStream_t st) { return cuda::attention_tc(ds, q, ld_q, num_heads, nkv, hd, bs, scale, kc, vc, out, st); });
     const bool direct = direct_k_;
-    run("attention", __LINE__, {step_key(), P(q), U(ld_q), U(num_heads), U(nkv), U(hd), U(bs), F(scale), P(kc), P(vc), P(out), P(partials), U(tc)},
-        [=](cudaStream_t st) { return cuda::attention(ds, q, ld_q, num_heads, nkv, hd, bs, scale, kc, vc, out, partials, st, tc, direct); });
+    // The int8 GEMV of the O projection reads out next: the kernel quantizes it on the way
+    // out (not with the tensor-core kernel, which writes some of the tokens).
+    cuda::Q8Numerics nq;
+    uint8_t* xq = tc ? nullptr : norm_q8(next, dstep_.num_tokens, int64_t{num_heads} * hd, &nq);
+    run("attention", __LINE__, {step_key(), P(q), U(ld_q), U(num_heads), U(nkv), U(hd), U(bs), F(scale), P(kc), P(vc), P(out), P(partials), U(tc), P(xq), Q(nq)},
+        [=](cudaStream_t st) { return cuda::attention(ds, q, ld_q, num_heads, nkv, hd, bs, scale, kc, vc, out, partials, st, tc, direct, xq, nq); });
+    if (xq) prepared(out, dstep_.num_tokens, int64_t{num_heads} * hd, nq);
   }
   void silu_mul(const float* gate_up, int64_t n, int64_t ffn, float* out) override {
     run("silu_mul", __LINE__, {P(gate_up), U(n), U(ffn), P(out)},

@@ -129,11 +129,13 @@ cudaError_t kv_write(const DeviceStep& step, const float* k, const float* v, int
 // Both give the same bits.
 // skip_tc_tiles (looped path only): leave the tokens of the tiles attention_tc takes.
 // direct_k: read K rows from global memory even where they would be staged in shared
-// memory (head sizes up to 128); the same bits.
+// memory (head sizes up to 128); the same bits. xq (not with skip_tc_tiles): also writes
+// out quantized for the int8 GEMV (n rows of q8_row_bytes(num_heads * head_dim)), the
+// bytes quantize_q8() would write from it.
 cudaError_t attention(const DeviceStep& step, const float* q, int64_t ld_q, int32_t num_heads, int32_t num_kv_heads,
                       int32_t head_dim, int32_t block_size, float scale, const uint16_t* k_cache,
                       const uint16_t* v_cache, float* out, float* partials, cudaStream_t stream,
-                      bool skip_tc_tiles = false, bool direct_k = false);
+                      bool skip_tc_tiles = false, bool direct_k = false, uint8_t* xq = nullptr, Q8Numerics nq = {});
 // Prefill attention on tensor cores (WMMA; not batch-invariant): tiles of 16 step tokens of
 // one sequence, a block of four warps per tile and group of up to four query heads of one
 // KV head, over the same cache and with the same output layout as attention(). Tokens in

@@ -71,8 +71,8 @@ struct Fixture {
     st.max_context = max_ctx;
   }
   float scale() const { return 1.0f / std::sqrt(static_cast<float>(c.hd)); }
-  cuda::Args args(bool skip_tc) const {
-    return cuda::Args{st, q.data(), ldq, c.nh, c.nkv, bs, scale(), kc.data(), vc.data(), skip_tc};
+  cuda::Args args(bool skip_tc, uint8_t* xq = nullptr, cuda::Q8Numerics nq = {}) const {
+    return cuda::Args{st, q.data(), ldq, c.nh, c.nkv, bs, scale(), kc.data(), vc.data(), skip_tc, xq, nq};
   }
   // The largest |difference| from a double reference over tokens with want(t).
   template <typename Want>
@@ -105,6 +105,14 @@ struct Fixture {
   }
 };
 
+// quantize_q8()'s bytes for rows of x, through the quantizer's own per-warp step: one warp
+// per 32-value block (what matmul_q8.cu's quantize_q8_kernel does).
+__global__ void quantize_rows_kernel(const float* x, int64_t dim, uint8_t* out, cuda::Q8Numerics nq) {
+  const int64_t b = threadIdx.x / 32, t = blockIdx.x;
+  const int lane = threadIdx.x & 31;
+  cuda::quantize_q8_block(x[t * dim + b * 32 + lane], lane, b, dim / 32, out + t * cuda::q8_row_bytes(dim), nq);
+}
+
 unsigned head_groups(const Case& c) {
   const int group = c.nh / c.nkv;
   return static_cast<unsigned>(c.nkv * ((group + cuda::kGroup - 1) / cuda::kGroup));
@@ -130,6 +138,27 @@ void check(const Case& c, std::mt19937& g) {
   const double w = f.worst(looped, [](int) { return true; });
   INFO("heads " << c.nh << "/" << c.nkv << " hd " << c.hd << ": max |diff| from the double reference " << w);
   CHECK(w < 2e-3);
+  // Asked to quantize the output for the O projection's int8 GEMV, both paths write the
+  // bytes the quantizer writes from the output, and the output's bits are unchanged.
+  const int64_t dim = int64_t{c.nh} * c.hd;
+  const size_t qbytes = static_cast<size_t>(f.n) * cuda::q8_row_bytes(dim);
+  for (const cuda::Q8Numerics nq : {cuda::q8_numerics(DType::Q4_0), cuda::q8_numerics(DType::Q4_1), cuda::q8_numerics(DType::Q6_K)}) {
+    std::vector<uint8_t> want(qbytes, 0), xq_loop(qbytes, 0), xq_split(qbytes, 0);
+    if (dim / 32 <= 32)  // (one block of dim threads, as the reference kernel wants)
+      cuda_emu::launch(f.n, static_cast<unsigned>(dim), quantize_rows_kernel, static_cast<const float*>(looped.data()), dim,
+                       want.data(), nq);
+    std::vector<float> out_loop(looped.size(), -5.0f), out_split(looped.size(), -6.0f);
+    cuda_emu::launch3(f.n, head_groups(c), 1, cuda::kThreads, cuda::attention_loop_kernel<DPL>, f.args(false, xq_loop.data(), nq),
+                      out_loop.data());
+    cuda_emu::launch3(f.n, head_groups(c), segs, cuda::kThreads, cuda::attention_split_kernel<DPL>, f.args(false), segs,
+                      partials.data());
+    cuda_emu::launch3(f.n, c.nh, 1, cuda::kThreads, cuda::attention_combine_kernel<DPL>, f.args(false, xq_split.data(), nq),
+                      segs, static_cast<const float*>(partials.data()), out_split.data());
+    CHECK(std::memcmp(looped.data(), out_loop.data(), looped.size() * 4) == 0);
+    CHECK(std::memcmp(looped.data(), out_split.data(), looped.size() * 4) == 0);
+    CHECK(xq_loop == xq_split);
+    if (dim / 32 <= 32) CHECK(xq_loop == want);
+  }
 }
 
 template <int DPL>
