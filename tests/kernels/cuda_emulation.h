@@ -39,14 +39,16 @@ namespace cuda_emu {
 
 // CUDA threads are fibers on the calling OS thread (stack switching, a few nanoseconds a
 // switch; the first version's OS thread per CUDA thread spent its time waking threads at
-// barriers). A block's fibers run round-robin, each until it waits at a barrier or
-// returns; a barrier opens when all its threads have arrived. Threads that can never go
-// on (they wait at different barriers, or for one an exited thread never reaches) are a
-// deadlock on a GPU too: reported, then abort().
+// barriers). A fiber runs until it waits at a barrier or returns, then switches straight
+// to the next thread of the block that can run, round-robin; a barrier opens when all its
+// threads have arrived. Threads that can never go on (they wait at different barriers, or
+// for one an exited thread never reaches) are a deadlock on a GPU too: reported, then
+// abort().
 extern "C" void troupe_emu_switch(void** save_sp, void* load_sp);
 #if defined(__x86_64__)
-// Saves the callee-saved registers, MXCSR and the x87 control word on the current stack,
-// stores its pointer in *save_sp, then loads load_sp and restores the same from there.
+// Saves the callee-saved registers on the current stack, stores its pointer in *save_sp,
+// then loads load_sp and restores them from there. (Not MXCSR or the x87 control word:
+// no kernel changes rounding modes, so every fiber has the thread's.)
 asm(R"(
   .text
   .weak troupe_emu_switch
@@ -59,14 +61,8 @@ troupe_emu_switch:
   pushq %r13
   pushq %r14
   pushq %r15
-  subq $8, %rsp
-  stmxcsr (%rsp)
-  fnstcw 4(%rsp)
   movq %rsp, (%rdi)
   movq %rsi, %rsp
-  ldmxcsr (%rsp)
-  fldcw 4(%rsp)
-  addq $8, %rsp
   popq %r15
   popq %r14
   popq %r13
@@ -93,10 +89,10 @@ struct Fiber {
 };
 
 struct Block {
-  unsigned threads = 0;
+  unsigned threads = 0, finished = 0;
   Barrier all;
   std::vector<Barrier> warps;
-  std::vector<uint64_t> lanes;  // one slot per thread for shuffles
+  std::vector<uint64_t> lanes[2];  // one slot per thread for shuffles, by warp barrier parity
   std::vector<Fiber> fibers;
   unsigned running = 0;  // the fiber being run
   void* scheduler_sp = nullptr;
@@ -111,12 +107,29 @@ inline std::vector<std::unique_ptr<unsigned char[]>>& stacks() {
   return s;
 }
 
+// Leaves the running fiber (its context saved in *save) for the next one that can run, or
+// for the scheduler when none can (the block is done, or deadlocked).
+inline void switch_to_next(Block& blk, void** save) {
+  for (unsigned k = 1; k <= blk.threads; ++k) {
+    const unsigned t = (blk.running + k) % blk.threads;
+    Fiber& f = blk.fibers[t];
+    if (f.done || (f.waiting && f.waiting->generation == f.wait_generation)) continue;
+    f.waiting = nullptr;
+    blk.running = t;
+    threadIdx.x = t;
+    troupe_emu_switch(save, f.sp);
+    return;
+  }
+  troupe_emu_switch(save, blk.scheduler_sp);
+}
+
 [[noreturn]] inline void fiber_entry() {
   Block& b = *current;
   b.body();
   b.fibers[b.running].done = true;
+  ++b.finished;
   void* dead = nullptr;
-  troupe_emu_switch(&dead, b.scheduler_sp);
+  switch_to_next(b, &dead);
   __builtin_unreachable();
 }
 
@@ -127,13 +140,6 @@ inline void* fresh_context(unsigned i) {
   *--sp = 0;  // (fiber_entry's frame then starts 8 mod 16, as after a call)
   *--sp = reinterpret_cast<uint64_t>(&fiber_entry);  // troupe_emu_switch's ret
   for (int r = 0; r < 6; ++r) *--sp = 0;            // rbp, rbx, r12 .. r15
-  uint32_t mxcsr;
-  uint16_t fpcw;
-  asm volatile("stmxcsr %0" : "=m"(mxcsr));
-  asm volatile("fnstcw %0" : "=m"(fpcw));
-  --sp;
-  std::memcpy(reinterpret_cast<unsigned char*>(sp), &mxcsr, 4);
-  std::memcpy(reinterpret_cast<unsigned char*>(sp) + 4, &fpcw, 2);
   return sp;
 }
 
@@ -149,7 +155,7 @@ inline void wait(Barrier& b) {
   Fiber& f = blk.fibers[blk.running];
   f.waiting = &b;
   f.wait_generation = g;
-  troupe_emu_switch(&f.sp, blk.scheduler_sp);
+  switch_to_next(blk, &f.sp);
 }
 
 // One block: every thread runs `body` (blockIdx already set) to its end.
@@ -157,24 +163,14 @@ inline void run_block(Block& blk, unsigned block) {
   for (unsigned t = 0; t < block; ++t) blk.fibers[t] = Fiber{fresh_context(t)};
   blk.all = Barrier{block};
   for (auto& w : blk.warps) w = Barrier{32};
-  unsigned left = block;
-  while (left > 0) {
-    bool progress = false;
-    for (unsigned t = 0; t < block; ++t) {
-      Fiber& f = blk.fibers[t];
-      if (f.done || (f.waiting && f.waiting->generation == f.wait_generation)) continue;
-      f.waiting = nullptr;
-      blk.running = t;
-      threadIdx.x = t;
-      troupe_emu_switch(&blk.scheduler_sp, f.sp);
-      progress = true;
-      if (f.done) --left;
-    }
-    if (!progress) {
-      std::fprintf(stderr, "cuda emulation: deadlock in block (%u, %u, %u): %u threads wait at barriers never completed\n",
-                   blockIdx.x, blockIdx.y, blockIdx.z, left);
-      std::abort();
-    }
+  blk.finished = 0;
+  blk.running = 0;
+  threadIdx.x = 0;
+  troupe_emu_switch(&blk.scheduler_sp, blk.fibers[0].sp);
+  if (blk.finished != block) {
+    std::fprintf(stderr, "cuda emulation: deadlock in block (%u, %u, %u): %u threads wait at barriers never completed\n",
+                 blockIdx.x, blockIdx.y, blockIdx.z, block - blk.finished);
+    std::abort();
   }
 }
 
@@ -185,7 +181,8 @@ void launch3(unsigned gx, unsigned gy, unsigned gz, unsigned block, Kernel kerne
   Block blk;
   blk.threads = block;
   blk.warps.resize(block / 32);
-  blk.lanes.assign(block, 0);
+  blk.lanes[0].assign(block, 0);
+  blk.lanes[1].assign(block, 0);
   blk.fibers.resize(block);
   while (stacks().size() < block)  // (not zeroed: pages are touched only as deep as a kernel goes)
     stacks().push_back(std::unique_ptr<unsigned char[]>(new unsigned char[kStackBytes]));
@@ -219,10 +216,12 @@ T __shfl_xor_sync(unsigned /*mask: full warps only*/, T v, int lane_mask) {
   const unsigned me = threadIdx.x, warp = me / 32, partner = (me & ~31u) | ((me & 31u) ^ static_cast<unsigned>(lane_mask));
   uint64_t bits = 0;
   std::memcpy(&bits, &v, sizeof(T));
-  blk.lanes[me] = bits;
+  // (slots alternate with the warp barrier's generation: a lane that has read may write
+  // its next value before the others have read this one; one barrier per exchange)
+  auto& lanes = blk.lanes[blk.warps[warp].generation & 1];
+  lanes[me] = bits;
   cuda_emu::wait(blk.warps[warp]);
-  const uint64_t theirs = blk.lanes[partner];
-  cuda_emu::wait(blk.warps[warp]);
+  const uint64_t theirs = lanes[partner];
   T out;
   std::memcpy(&out, &theirs, sizeof(T));
   return out;
@@ -236,10 +235,10 @@ T __shfl_sync(unsigned /*mask: full warps only*/, T v, int src) {
   const unsigned me = threadIdx.x, warp = me / 32;
   uint64_t bits = 0;
   std::memcpy(&bits, &v, sizeof(T));
-  blk.lanes[me] = bits;
+  auto& lanes = blk.lanes[blk.warps[warp].generation & 1];  // (as in __shfl_xor_sync)
+  lanes[me] = bits;
   cuda_emu::wait(blk.warps[warp]);
-  const uint64_t theirs = blk.lanes[(me & ~31u) | (static_cast<unsigned>(src) & 31u)];
-  cuda_emu::wait(blk.warps[warp]);
+  const uint64_t theirs = lanes[(me & ~31u) | (static_cast<unsigned>(src) & 31u)];
   T out;
   std::memcpy(&out, &theirs, sizeof(T));
   return out;
