@@ -34,7 +34,8 @@ void Backend::rope_kv_write(KvCache& cache, int32_t layer, float* qkv, int64_t l
   kv_write(cache, layer, k, k + int64_t{num_kv_heads} * head_dim, ld);
 }
 
-void Backend::matmul_silu(const Weight& gate_up, const float* x, int64_t n, int64_t ffn, float* gu, float* out) {
+void Backend::matmul_silu(const Weight& gate_up, const float* x, int64_t n, int64_t ffn, float* gu, float* out,
+                          const Weight* /*next*/) {
   matmul(gate_up, x, n, gu, 2 * ffn);
   silu_mul(gu, n, ffn, out);
 }

@@ -129,7 +129,9 @@ class Backend {
                              int32_t num_kv_heads, int64_t head_dim, const float* cos_sin, RopeKind kind);
   // The fused gate/up matmul (gate rows, then up rows: 2 ffn rows) with the SiLU-gated
   // multiply: out = silu(gate) * up ([n, ffn]). gu: [n, 2 ffn] scratch the default fills.
-  virtual void matmul_silu(const Weight& gate_up, const float* x, int64_t n, int64_t ffn, float* gu, float* out);
+  // next: the weight that reads out next (a hint, as rms_norm's).
+  virtual void matmul_silu(const Weight& gate_up, const float* x, int64_t n, int64_t ffn, float* gu, float* out,
+                           const Weight* next = nullptr);
   // The fused QKV matmul (qkv rows at stride ld) with rope_kv_write() after it.
   virtual void matmul_rope_kv_write(const Weight& wqkv, const float* x, KvCache& cache, int32_t layer, float* qkv,
                                     int64_t ld, int64_t n, int32_t num_heads, int32_t num_kv_heads, int64_t head_dim,

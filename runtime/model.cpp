@@ -271,7 +271,7 @@ Status Model::forward_stage(const StepInputs& s, KvCache& cache, const float* hi
     be.matmul(*L.o, attn_, n, h_, H);
     be.add_rms_norm(x_, h_, L.ffn_norm, cfg_.rms_eps, n, H, h_, L.gate_up ? L.gate_up.get() : L.gate.get());
     if (L.gate_up) {
-      be.matmul_silu(*L.gate_up, h_, n, cfg_.ffn, gu_, act_);
+      be.matmul_silu(*L.gate_up, h_, n, cfg_.ffn, gu_, act_, L.down.get());
     } else {
       be.matmul(*L.gate, h_, n, gu_, 2 * cfg_.ffn);
       be.matmul(*L.up, h_, n, gu_ + cfg_.ffn, 2 * cfg_.ffn);

@@ -78,7 +78,8 @@ class CudaBackend final : public Backend {
     cudaStreamSynchronize(stream_);
     for (void* p : buffers_) cudaFree(p);
     graphs_.clear();
-    for (void* p : {static_cast<void*>(step_dev_), idx_dev_, wh_, xh_, partials_, xq_, sample_dev_}) if (p) cudaFree(p);
+    for (void* p : {static_cast<void*>(step_dev_), idx_dev_, wh_, xh_, partials_, xq_, xq2_, done_, sample_dev_})
+      if (p) cudaFree(p);
     if (step_host_) cudaFreeHost(step_host_);
     if (arena_) cudaFreeHost(arena_);
     if (sample_host_) cudaFreeHost(sample_host_);
@@ -89,8 +90,8 @@ class CudaBackend final : public Backend {
   std::string stats() const override {
     return "cuda graphs: " + std::to_string(graphs_.num_graphs()) + " held, " + std::to_string(graphs_.replays()) +
            " replays; fused GEMV epilogues: " + std::to_string(fused_calls_) +
-           "; activations quantized by norms: " + std::to_string(norm_quantized_) +
-           "; used by the next matmul: " + std::to_string(norm_quantized_used_);
+           "; activations quantized for the next matmul (by norms, attention, SiLU): " +
+           std::to_string(q8_prepared_) + "; used by the next matmul: " + std::to_string(q8_prepared_used_);
   }
   bool is_host_memory() const override { return false; }
 
@@ -295,10 +296,10 @@ class CudaBackend final : public Backend {
   void rms_norm(const float* x, const float* w, float eps, int64_t n, int64_t dim, float* out,
                 const Weight* next = nullptr) override {
     cuda::Q8Numerics nq;
-    uint8_t* xq = norm_q8(next, n, dim, &nq);
+    uint8_t* xq = q8_for(next, n, dim, &nq);
     run("rms_norm", __LINE__, {P(x), P(w), F(eps), U(n), U(dim), P(out), P(xq), Q(nq)},
         [=](cudaStream_t st) { return cuda::rms_norm(x, w, eps, n, dim, out, st, xq, nq); });
-    if (xq) prepared(out, n, dim, nq);
+    if (xq) prepared(out, n, dim, nq, xq);
   }
   void matmul(const Weight& weight, const float* x, int64_t n, float* y, int64_t ldy) override {
     if (failed() || n <= 0) return;
@@ -321,8 +322,9 @@ class CudaBackend final : public Backend {
     if (path == MatmulPath::kGemvQ8) {
       // As the CPU and llama.cpp: int8 activations per 32 values, integer dot products
       // (quantized here, or already by the norm that wrote x).
-      const bool ready = take_prepared(x, n, cols, type);
-      uint8_t* xq = q8_scratch(n, cols);
+      uint8_t* const given = take_prepared(x, n, cols, type);
+      const bool ready = given != nullptr;
+      uint8_t* xq = ready ? given : q8_scratch(n, cols);
       if (!xq) return;
       run("quantize_q8 + gemv_q8", __LINE__, {P(data), rb, U(rows), U(cols), P(x), U(n), P(y), U(ldy), P(xq), U(ready)},
           [=](cudaStream_t st) {
@@ -419,10 +421,10 @@ class CudaBackend final : public Backend {
     // The int8 GEMV of the O projection reads out next: the kernel quantizes it on the way
     // out (not with the tensor-core kernel, which writes some of the tokens).
     cuda::Q8Numerics nq;
-    uint8_t* xq = tc ? nullptr : norm_q8(next, dstep_.num_tokens, int64_t{num_heads} * hd, &nq);
+    uint8_t* xq = tc ? nullptr : q8_for(next, dstep_.num_tokens, int64_t{num_heads} * hd, &nq);
     run("attention", __LINE__, {step_key(), P(q), U(ld_q), U(num_heads), U(nkv), U(hd), U(bs), F(scale), P(kc), P(vc), P(out), P(partials), U(tc), P(xq), Q(nq)},
         [=](cudaStream_t st) { return cuda::attention(ds, q, ld_q, num_heads, nkv, hd, bs, scale, kc, vc, out, partials, st, tc, direct, xq, nq); });
-    if (xq) prepared(out, dstep_.num_tokens, int64_t{num_heads} * hd, nq);
+    if (xq) prepared(out, dstep_.num_tokens, int64_t{num_heads} * hd, nq, xq);
   }
   void silu_mul(const float* gate_up, int64_t n, int64_t ffn, float* out) override {
     run("silu_mul", __LINE__, {P(gate_up), U(n), U(ffn), P(out)},
@@ -467,10 +469,10 @@ class CudaBackend final : public Backend {
   void add_rms_norm(float* x, const float* y, const float* w, float eps, int64_t n, int64_t dim, float* out,
                     const Weight* next = nullptr) override {
     cuda::Q8Numerics nq;
-    uint8_t* xq = norm_q8(next, n, dim, &nq);
+    uint8_t* xq = q8_for(next, n, dim, &nq);
     run("add_rms_norm", __LINE__, {P(x), P(y), P(w), F(eps), U(n), U(dim), P(out), P(xq), Q(nq)},
         [=](cudaStream_t st) { return cuda::add_rms_norm(x, y, w, eps, n, dim, out, st, xq, nq); });
-    if (xq) prepared(out, n, dim, nq);
+    if (xq) prepared(out, n, dim, nq, xq);
   }
   void rope_kv_write(KvCache& cache, int32_t layer, float* qkv, int64_t ld, int64_t n, int32_t num_heads,
                      int32_t num_kv_heads, int64_t head_dim, const float* cos_sin, RopeKind kind) override {
@@ -489,20 +491,30 @@ class CudaBackend final : public Backend {
     run("rope_kv_write", __LINE__, {step_key(), P(qkv), U(ld), U(nh), U(nkv), U(head_dim), P(cos_sin), U(neox), P(kc), P(vc)},
         [=](cudaStream_t st) { return cuda::rope_kv_write(ds, qkv, ld, nh, nkv, head_dim, cos_sin, neox, kc, vc, st); });
   }
-  void matmul_silu(const Weight& gate_up, const float* x, int64_t n, int64_t ffn, float* gu, float* out) override {
+  void matmul_silu(const Weight& gate_up, const float* x, int64_t n, int64_t ffn, float* gu, float* out,
+                   const Weight* next = nullptr) override {
     if (failed() || n <= 0) return;
     const auto& w = static_cast<const CudaWeight&>(gate_up);
     if (!fused_gemv(w.type, n) || w.rows != 2 * ffn) {
-      Backend::matmul_silu(gate_up, x, n, ffn, gu, out);
+      Backend::matmul_silu(gate_up, x, n, ffn, gu, out, next);
       return;
     }
     const auto f = fused_weight(w, x, n);
     if (!f) return;
-    run("gemv_silu", __LINE__, {P(f->data), f->rb, U(ffn), U(f->cols), P(x), U(n), P(out), P(f->xq), U(f->ready)},
+    // The int8 GEMV also quantizes its output for the down matmul's int8 GEMV (into the
+    // second buffer: the first may hold this launch's own input).
+    cuda::SiluQ8Args q;
+    if (f->xq && (q.xq = q8_for(next, n, ffn, &q.nq, /*second=*/true))) {
+      q.done = silu_counters(n, ffn);
+      if (!q.done) return;
+    }
+    run("gemv_silu", __LINE__,
+        {P(f->data), f->rb, U(ffn), U(f->cols), P(x), U(n), P(out), P(f->xq), U(f->ready), P(q.xq), Q(q.nq), P(q.done)},
         [=, f = *f](cudaStream_t st) {
           const cudaError_t e = f.quantize(x, n, st);
-          return e != cudaSuccess ? e : cuda::gemv_silu(f.type, f.data, f.rb, ffn, f.cols, x, f.xq, n, out, ffn, st);
+          return e != cudaSuccess ? e : cuda::gemv_silu(f.type, f.data, f.rb, ffn, f.cols, x, f.xq, n, out, ffn, st, q);
         });
+    if (q.xq) prepared(out, n, ffn, q.nq, q.xq);
   }
   void matmul_rope_kv_write(const Weight& wqkv, const float* x, KvCache& cache, int32_t layer, float* qkv, int64_t ld,
                             int64_t n, int32_t num_heads, int32_t num_kv_heads, int64_t head_dim, const float* cos_sin,
@@ -575,47 +587,62 @@ class CudaBackend final : public Backend {
     ++fused_calls_;
     FusedWeight f{w.type, w.data, w.row_bytes, w.cols, nullptr, false};
     if (cuda::uses_q8_activations(w.type)) {
-      f.ready = take_prepared(x, n, w.cols, w.type);
-      if (!(f.xq = q8_scratch(n, w.cols))) return std::nullopt;
+      f.xq = take_prepared(x, n, w.cols, w.type);
+      f.ready = f.xq != nullptr;
+      if (!f.ready && !(f.xq = q8_scratch(n, w.cols))) return std::nullopt;
     }
     return f;
   }
-  // Activations a norm quantizes in its own launch for the int8 GEMV named as its output's
-  // next reader (Backend::rms_norm's `next`), in the xq_ scratch. prepared_ says whose they
-  // are; a matmul takes them only as the very next op (op_seq_ counts every launch, copy and
-  // step) on the same buffer, shape and rounding, and quantizes x itself otherwise.
+  // Activations an op (a norm, attention, the SiLU GEMV) quantizes in its own launch for the
+  // int8 GEMV named as its output's next reader (the ops' `next`), in an xq scratch buffer.
+  // prepared_ says whose they are and where; a matmul takes them only as the very next op
+  // (op_seq_ counts every launch, copy and step) on the same buffer, shape and rounding, and
+  // quantizes x itself otherwise.
   struct Prepared {
     const float* x = nullptr;
     int64_t n = 0, cols = 0;
     cuda::Q8Numerics nq;
     uint64_t seq = 0;
+    uint8_t* xq = nullptr;
   };
-  // The buffer a norm of n rows of dim values writes the int8 activations of its output to
-  // for `next` (null: `next` does not take the int8 GEMV, or none is named; *nq: their rounding).
-  uint8_t* norm_q8(const Weight* next, int64_t n, int64_t dim, cuda::Q8Numerics* nq) {
+  // The buffer an op with n rows of dim output values writes their int8 activations to for
+  // `next` (null: `next` does not take the int8 GEMV, or none is named; *nq: their rounding).
+  // second: the second buffer (for an op whose input is in the first).
+  uint8_t* q8_for(const Weight* next, int64_t n, int64_t dim, cuda::Q8Numerics* nq, bool second = false) {
     if (!next || !fuse_ || failed() || n <= 0 || dim % 32 != 0) return nullptr;
     const auto& w = static_cast<const CudaWeight&>(*next);
     if (w.cols != dim || matmul_path(w.type, n) != MatmulPath::kGemvQ8) return nullptr;
     *nq = cuda::q8_numerics(w.type);
-    return q8_scratch(n, dim);
+    return q8_scratch(n, dim, second);
   }
-  void prepared(const float* out, int64_t n, int64_t dim, cuda::Q8Numerics nq) {
+  void prepared(const float* out, int64_t n, int64_t dim, cuda::Q8Numerics nq, uint8_t* xq) {
     if (failed()) return;
-    prepared_ = {out, n, dim, nq, op_seq_};
-    ++norm_quantized_;
+    prepared_ = {out, n, dim, nq, op_seq_, xq};
+    ++q8_prepared_;
   }
-  // Whether the norm just before quantized x for this matmul (consumed either way).
-  bool take_prepared(const float* x, int64_t n, int64_t cols, DType type) {
+  // Where the op just before quantized x for this matmul (consumed either way; null: it did not).
+  uint8_t* take_prepared(const float* x, int64_t n, int64_t cols, DType type) {
     const bool hit = prepared_.x == x && prepared_.seq == op_seq_ && prepared_.n == n && prepared_.cols == cols &&
                      prepared_.nq == cuda::q8_numerics(type);
     prepared_.x = nullptr;
-    if (hit) ++norm_quantized_used_;
-    return hit;
+    if (!hit) return nullptr;
+    ++q8_prepared_used_;
+    return prepared_.xq;
   }
-  // The int8 activations' buffer for n rows of cols values (nullptr on failure, recorded).
-  uint8_t* q8_scratch(int64_t n, int64_t cols) {
+  // An int8 activations' buffer for n rows of cols values (nullptr on failure, recorded).
+  uint8_t* q8_scratch(int64_t n, int64_t cols, bool second = false) {
     const size_t bytes = size_t(n) * cuda::q8_row_bytes(cols);
-    return ensure(&xq_, &xq_cap_, bytes) ? static_cast<uint8_t*>(xq_) : nullptr;
+    void** buf = second ? &xq2_ : &xq_;
+    return ensure(buf, second ? &xq2_cap_ : &xq_cap_, bytes) ? static_cast<uint8_t*>(*buf) : nullptr;
+  }
+  // The SiLU quantizer's block counters for n tokens of ffn values, zeroed when allocated
+  // (each launch leaves them zero).
+  unsigned* silu_counters(int64_t n, int64_t ffn) {
+    const size_t bytes = static_cast<size_t>(cuda::silu_q8_counters(n, ffn)) * sizeof(unsigned);
+    const bool grow = bytes > done_cap_;
+    if (!ensure(&done_, &done_cap_, bytes)) return nullptr;
+    if (grow && !check(cudaMemset(done_, 0, done_cap_), "cudaMemset(SiLU counters)", __FILE__, __LINE__)) return nullptr;
+    return static_cast<unsigned*>(done_);
   }
   bool check(cudaError_t e, const char* what, const char* file, int line) {
     if (e == cudaSuccess) return true;
@@ -746,8 +773,8 @@ class CudaBackend final : public Backend {
     return !(e && std::string(e) == "0");
   }();
   uint64_t fused_calls_ = 0;  // matmul_silu / matmul_rope_kv_write calls that took the fused kernels
-  uint64_t norm_quantized_ = 0;  // norms that quantized their output for the next matmul
-  uint64_t norm_quantized_used_ = 0;  // matmuls that took those bytes instead of quantizing
+  uint64_t q8_prepared_ = 0;  // ops that quantized their output for the next matmul
+  uint64_t q8_prepared_used_ = 0;  // matmuls that took those bytes instead of quantizing
   Prepared prepared_;
   uint64_t op_seq_ = 0;
   cudaStream_t stream_;
@@ -759,8 +786,10 @@ class CudaBackend final : public Backend {
   int32_t* step_host_ = nullptr;  // pinned
   int32_t* step_dev_ = nullptr;
   size_t step_cap_ = 0;  // int32 elements
-  void *idx_dev_ = nullptr, *wh_ = nullptr, *xh_ = nullptr, *partials_ = nullptr, *xq_ = nullptr, *sample_dev_ = nullptr;
-  size_t idx_cap_ = 0, wh_cap_ = 0, xh_cap_ = 0, partials_cap_ = 0, xq_cap_ = 0, sample_dev_cap_ = 0;  // bytes
+  void *idx_dev_ = nullptr, *wh_ = nullptr, *xh_ = nullptr, *partials_ = nullptr, *xq_ = nullptr, *xq2_ = nullptr,
+       *done_ = nullptr, *sample_dev_ = nullptr;
+  size_t idx_cap_ = 0, wh_cap_ = 0, xh_cap_ = 0, partials_cap_ = 0, xq_cap_ = 0, xq2_cap_ = 0, done_cap_ = 0,
+         sample_dev_cap_ = 0;  // bytes
   void* sample_host_ = nullptr;  // pinned: sampling parameters in, tokens and logprobs out
   size_t sample_host_cap_ = 0;
   int num_sms_ = 132;

@@ -5,16 +5,21 @@
 // batch), and each fused store does what the op it replaces would do with them:
 //   RowsOut  -- y[t, r] = row r's sum (the plain GEMV);
 //   SiluOut  -- y[t, j] = silu(gate_j) * up_j over gate|up rows, as silu_mul_kernel;
-//   RopeKvOut -- the QKV rows, rotated and written to the cache as rope_kv_write_kernel.
-// Only .cu files include this.
+//   RopeKvOut -- the QKV rows, rotated and written to the cache as rope_kv_write_kernel;
+//   SiluQ8Out -- SiluOut's values, and (int8 GEMV only) their int8 quantization for the down
+//                matmul, as quantize_q8_kernel would write it from them.
+// An epilogue with kBlockFinish has finish() called by every thread of the block after the
+// block's stores. Only .cu files include this.
 #pragma once
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/ops.h"
+#include "kernels/cuda/quantize_q8.cuh"
 
 namespace troupe::cuda {
 
 struct RowsOut {
   static constexpr int kRows = 1;
+  static constexpr bool kBlockFinish = false;
   float* y;
   int64_t ldy, rows;
   __host__ __device__ int64_t items() const { return rows; }
@@ -25,6 +30,7 @@ struct RowsOut {
 // The weight holds ffn gate rows, then ffn up rows (model.cpp's fused gate_up).
 struct SiluOut {
   static constexpr int kRows = 2;
+  static constexpr bool kBlockFinish = false;
   float* y;
   int64_t ldy, ffn;
   __host__ __device__ int64_t items() const { return ffn; }
@@ -38,6 +44,7 @@ struct SiluOut {
 // rotated values) and V go to the token's cache slot as f16.
 struct RopeKvOut {
   static constexpr int kRows = 2;
+  static constexpr bool kBlockFinish = false;
   RopeKvArgs a;
   __host__ __device__ int64_t half() const { return a.head_dim / 2; }
   __host__ __device__ int64_t qk_pairs() const { return (a.num_heads + a.num_kv_heads) * half(); }
@@ -76,6 +83,42 @@ struct RopeKvOut {
       vc[j] = __float2half_rn(s[0]);
       vc[j + 1] = __float2half_rn(s[1]);
     }
+  }
+};
+
+// SiluOut, then the int8 activations of its output (ops.h: SiluQ8Args) for the down
+// matmul's int8 GEMV, so that it needs no quantizer launch of its own. A 32-value block of
+// the output is finished when every block of the grid that writes part of it has stored;
+// the last of them (counted in q.done, one counter per token group and 32-value block)
+// reads the block's floats back and quantizes them with quantize_q8_block, so the bytes
+// are quantize_q8_kernel's from the same floats. That block resets the counter to zero for
+// the next launch. A block's items must lie in one 32-value block (items per block divide 32).
+struct SiluQ8Out : SiluOut {
+  static constexpr bool kBlockFinish = true;
+  SiluQ8Args q;
+  // Every thread of the block, after the block's stores: token group blockIdx.y holds the
+  // tokens [nt_group * blockIdx.y, ...) of n; the block wrote items [per_block * blockIdx.x, ...).
+  __device__ void finish(int64_t n, int nt_group, int per_block) const {
+    __shared__ bool s_last;
+    const int64_t nb = ffn / 32, first = int64_t{blockIdx.x} * per_block, b = first / 32;
+    __threadfence();  // (each thread's stores, before the block is counted)
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      const int64_t lo = 32 * b, hi = (32 * b + 32 < ffn ? 32 * b + 32 : ffn) - 1;
+      const unsigned writers = static_cast<unsigned>(hi / per_block - lo / per_block + 1);
+      unsigned* c = q.done + int64_t{blockIdx.y} * nb + b;
+      s_last = atomicAdd(c, 1u) + 1 == writers;
+      if (s_last) atomicExch(c, 0u);
+    }
+    __syncthreads();
+    if (!s_last) return;
+    __threadfence();  // (the other writers' stores, before they are read)
+    const int64_t t0 = int64_t{blockIdx.y} * nt_group;
+    const int nt = n - t0 < nt_group ? static_cast<int>(n - t0) : nt_group;
+    const int lane = threadIdx.x & 31;
+    const size_t row_bytes = q8_row_bytes(ffn);
+    for (int t = threadIdx.x >> 5; t < nt; t += blockDim.x >> 5)
+      quantize_q8_block(__ldcg(y + (t0 + t) * ldy + 32 * b + lane), lane, b, nb, q.xq + (t0 + t) * row_bytes, q.nq);
   }
 };
 

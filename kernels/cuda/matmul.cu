@@ -364,10 +364,11 @@ void launch_half_fused(const uint8_t* w, size_t row_bytes, int64_t cols, const f
 bool has_fused_gemv(DType type) { return type == DType::F16 || type == DType::BF16 || uses_q8_activations(type); }
 
 cudaError_t gemv_silu(DType type, const void* w, size_t row_bytes, int64_t ffn, int64_t cols, const float* x,
-                      const uint8_t* xq, int64_t n, float* out, int64_t ldo, cudaStream_t stream) {
+                      const uint8_t* xq, int64_t n, float* out, int64_t ldo, cudaStream_t stream, const SiluQ8Args& q) {
   if (n <= 0 || ffn <= 0) return cudaSuccess;
-  if (uses_q8_activations(type)) return gemv_q8_silu(type, w, row_bytes, ffn, cols, xq, n, out, ldo, stream);
+  if (uses_q8_activations(type)) return gemv_q8_silu(type, w, row_bytes, ffn, cols, xq, n, out, ldo, stream, q);
   if (type != DType::F16 && type != DType::BF16) return cudaErrorInvalidValue;
+  if (q.xq) return cudaErrorInvalidValue;  // (the int8 GEMV's epilogue only)
   const auto* wb = static_cast<const uint8_t*>(w);
   const SiluOut o{out, ldo, ffn};
   // (two gate/up pairs a warp where the plain GEMV would take four rows a warp)

@@ -187,11 +187,11 @@ __device__ __forceinline__ void unpack_block<DType::Q6_K>(const uint8_t* row, in
 // rounding intrinsics, so the compiler cannot contract it differently for another R or NT:
 // a (row, token)'s bits depend on neither R nor NT nor the batch. The R rows are R / E::kRows
 // items of the epilogue E (gemv_epilogue.cuh: plain rows, or a fused SiLU or RoPE + KV
-// write); items past the end re-read the warp's first item and are not stored.
-template <DType T, int NT, int R, class E = RowsOut>
-__global__ void __launch_bounds__(kWarpsPerBlock * 32)
-    gemv_q8_kernel(const uint8_t* __restrict__ w, size_t row_bytes, int64_t nb, const uint8_t* __restrict__ xq,
-                   int64_t n, E out) {
+// write, or the SiLU quantized for the down matmul, whose finish() follows the stores); items
+// past the end re-read the warp's first item and are not stored.
+template <DType T, int NT, int R, class E>
+__device__ __forceinline__ void gemv_q8_warp(const uint8_t* __restrict__ w, size_t row_bytes, int64_t nb,
+                                             const uint8_t* __restrict__ xq, int64_t n, const E& out) {
   constexpr int K = E::kRows, P = R / K;
   static_assert(R % K == 0, "whole items per warp");
   const int lane = threadIdx.x & 31;
@@ -260,6 +260,18 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
       for (int k = 0; k < K; ++k) s[k] = warp_sum(acc[p * K + k][t]);
       if (lane == 0) out.store(t0 + t, item0 + p, s);
     }
+  }
+}
+
+template <DType T, int NT, int R, class E = RowsOut>
+__global__ void __launch_bounds__(kWarpsPerBlock * 32)
+    gemv_q8_kernel(const uint8_t* __restrict__ w, size_t row_bytes, int64_t nb, const uint8_t* __restrict__ xq,
+                   int64_t n, E out) {
+  gemv_q8_warp<T, NT, R>(w, row_bytes, nb, xq, n, out);
+  if constexpr (E::kBlockFinish) {
+    constexpr int per_block = kWarpsPerBlock * (R / E::kRows);
+    static_assert(32 % per_block == 0, "a block's items lie in one 32-value block");
+    out.finish(n, NT, per_block);
   }
 }
 
@@ -342,11 +354,16 @@ cudaError_t gemv_q8(DType type, const void* w, size_t row_bytes, int64_t rows, i
 }
 
 cudaError_t gemv_q8_silu(DType type, const void* w, size_t row_bytes, int64_t ffn, int64_t cols, const uint8_t* xq,
-                         int64_t n, float* out, int64_t ldo, cudaStream_t stream) {
+                         int64_t n, float* out, int64_t ldo, cudaStream_t stream, const SiluQ8Args& q) {
   if (n <= 0 || ffn <= 0) return cudaSuccess;
-  if (!dispatch(type, static_cast<const uint8_t*>(w), row_bytes, 2 * ffn, cols / 32, xq, n, SiluOut{out, ldo, ffn},
-                stream))
+  const auto* wb = static_cast<const uint8_t*>(w);
+  const SiluOut o{out, ldo, ffn};
+  if (q.xq) {
+    if (ffn % 32 != 0 || !q.done || q.xq == xq) return cudaErrorInvalidValue;
+    if (!dispatch(type, wb, row_bytes, 2 * ffn, cols / 32, xq, n, SiluQ8Out{o, q}, stream)) return cudaErrorInvalidValue;
+  } else if (!dispatch(type, wb, row_bytes, 2 * ffn, cols / 32, xq, n, o, stream)) {
     return cudaErrorInvalidValue;
+  }
   return cudaGetLastError();
 }
 

@@ -81,8 +81,19 @@ cudaError_t gemv_q8(DType type, const void* w, size_t row_bytes, int64_t rows, i
 // written and read back.
 bool has_fused_gemv(DType type);  // F16, BF16 and uses_q8_activations()
 // out[t, j] = silu(W_j . x_t) * (W_{ffn+j} . x_t): W is the fused gate|up weight (2 ffn rows).
+// Where the int8 GEMV's SiLU epilogue also writes its output's int8 activations for the
+// down matmul (the bytes quantize_q8() would write from out; ffn % 32 == 0): xq, n rows of
+// q8_row_bytes(ffn) (must not be the GEMV's own input); done, silu_q8_counters(n, ffn)
+// counters, zero before the first launch (each launch leaves them zero again).
+struct SiluQ8Args {
+  uint8_t* xq = nullptr;
+  Q8Numerics nq;
+  unsigned* done = nullptr;
+};
+inline int64_t silu_q8_counters(int64_t n, int64_t ffn) { return n * (ffn / 32); }
 cudaError_t gemv_silu(DType type, const void* w, size_t row_bytes, int64_t ffn, int64_t cols, const float* x,
-                      const uint8_t* xq, int64_t n, float* out, int64_t ldo, cudaStream_t stream);
+                      const uint8_t* xq, int64_t n, float* out, int64_t ldo, cudaStream_t stream,
+                      const SiluQ8Args& q = {});
 // rope_kv_write()'s arguments (qkv: the GEMV's output rows [n, ld], q | k | v).
 struct RopeKvArgs {
   float* qkv = nullptr;
@@ -99,7 +110,7 @@ cudaError_t gemv_rope_kv_write(DType type, const void* w, size_t row_bytes, int6
                                const uint8_t* xq, int64_t n, const RopeKvArgs& args, cudaStream_t stream);
 // Their int8-activation halves (matmul_q8.cu), which the two above call for those types.
 cudaError_t gemv_q8_silu(DType type, const void* w, size_t row_bytes, int64_t ffn, int64_t cols, const uint8_t* xq,
-                         int64_t n, float* out, int64_t ldo, cudaStream_t stream);
+                         int64_t n, float* out, int64_t ldo, cudaStream_t stream, const SiluQ8Args& q = {});
 cudaError_t gemv_q8_rope_kv_write(DType type, const void* w, size_t row_bytes, int64_t cols, const uint8_t* xq,
                                   int64_t n, const RopeKvArgs& args, cudaStream_t stream);
 // W -> f16 [rows, cols] for the cuBLAS path (prefill).

@@ -248,6 +248,11 @@ template <typename T>
 T atomicAdd(T* p, T v) {
   return std::atomic_ref<T>(*p).fetch_add(v);
 }
+template <typename T>
+T atomicExch(T* p, T v) {
+  return std::atomic_ref<T>(*p).exchange(v);
+}
+inline void __threadfence() { std::atomic_thread_fence(std::memory_order_seq_cst); }
 
 // Rounding intrinsics: one IEEE operation each (the host compiler may not contract them;
 // nvcc's contraction of plain expressions is therefore not reproduced here).
@@ -270,6 +275,10 @@ inline void __syncwarp(unsigned /*mask*/ = 0xffffffffu) {
 inline uint32_t __float_as_uint(float f) { return std::bit_cast<uint32_t>(f); }
 template <typename T>
 T __ldcs(const T* p) {  // a streaming load: a plain load here
+  return *p;
+}
+template <typename T>
+T __ldcg(const T* p) {  // a load that bypasses L1: a plain load here
   return *p;
 }
 inline float __uint_as_float(uint32_t u) { return std::bit_cast<float>(u); }

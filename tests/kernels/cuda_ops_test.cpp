@@ -617,7 +617,7 @@ TEST_CASE("cuda: norms that quantize their output for the next matmul give the u
   unsetenv("TROUPE_CUDA_FUSE");  // (the backend reads it when made)
   auto gpu = gpu_or_skip();
   if (!gpu) return;
-  auto quantized = [&] { return stats_count(*gpu, "activations quantized by norms: "); };
+  auto quantized = [&] { return stats_count(*gpu, "activations quantized for the next matmul (by norms, attention, SiLU): "); };
   auto used = [&] { return stats_count(*gpu, "used by the next matmul: "); };
   std::mt19937 rng(17);
   const int64_t cols = 768, rows = 300;  // (a multiple of the K-quants' 256-value blocks)
@@ -663,6 +663,65 @@ TEST_CASE("cuda: norms that quantize their output for the next matmul give the u
         CHECK(used() == used_altered);  // another op in between: the matmul quantizes itself
         expect_close(altered, run(add, false, true), 0, 0,
                      "a hint followed by another op: the matmul quantizes the changed output itself, " + what);
+      }
+    }
+  }
+}
+
+TEST_CASE("cuda: the SiLU GEMV that quantizes its output for the down matmul gives the unfused ops' bits", "[cuda][kernels]") {
+  unsetenv("TROUPE_CUDA_FUSE");  // (the backend reads it when made)
+  auto gpu = gpu_or_skip();
+  if (!gpu) return;
+  auto quantized = [&] { return stats_count(*gpu, "activations quantized for the next matmul (by norms, attention, SiLU): "); };
+  auto used = [&] { return stats_count(*gpu, "used by the next matmul: "); };
+  std::mt19937 rng(18);
+  const int64_t cols = 256, rows = 70;
+  // gate/up and down types: the same, another rounding of the activations (Q6_K's f32 d),
+  // and a down matmul without int8 activations (nothing quantized).
+  const std::vector<std::pair<DType, DType>> pairs = {{DType::Q4_0, DType::Q4_0}, {DType::Q4_1, DType::Q4_1},
+                                                      {DType::Q8_0, DType::Q8_0}, {DType::Q4_K, DType::Q4_K},
+                                                      {DType::Q4_1, DType::Q6_K}, {DType::Q8_0, DType::BF16}};
+  for (const auto& [tg, td] : pairs) {
+    // one gate/up pair a warp (4 items a block), and two (8 items a block, 4608 rows)
+    for (const int64_t ffn : {256L, 2304L}) {
+      auto gdata = test::random_weight(tg, 2 * ffn, cols, rng);
+      auto gw = gpu->make_weight(tg, cols, {{gdata.data(), 2 * ffn}});
+      auto ddata = test::random_weight(td, rows, ffn, rng);
+      auto dw = gpu->make_weight(td, ffn, {{ddata.data(), rows}});
+      REQUIRE(gw.ok());
+      REQUIRE(dw.ok());
+      const bool int8 = td != DType::BF16;
+      for (const int64_t n : {1L, 3L, 11L}) {
+        const auto x = test::random_floats(static_cast<size_t>(n * cols), rng);
+        // hint: matmul_silu names the down weight; alter: another op writes the SiLU output
+        // before the down matmul (what was prepared must not be used then).
+        auto run = [&](bool hint, bool alter) {
+          float* px = put(*gpu, x);
+          float* gu = gpu->alloc(static_cast<size_t>(n * 2 * ffn));
+          float* act = gpu->alloc(static_cast<size_t>(n * ffn));
+          float* y = gpu->alloc(static_cast<size_t>(n * rows));
+          gpu->matmul_silu(**gw, px, n, ffn, gu, act, hint ? dw->get() : nullptr);
+          if (alter) gpu->add(act, act, n * ffn);
+          gpu->matmul(**dw, act, n, y, rows);
+          auto r = get(*gpu, y, static_cast<size_t>(n * rows));
+          auto a = get(*gpu, act, static_cast<size_t>(n * ffn));
+          r.insert(r.end(), a.begin(), a.end());
+          return r;
+        };
+        const std::string what = std::string(dtype_traits(tg).name) + " -> " + std::string(dtype_traits(td).name) +
+                                 " ffn " + std::to_string(ffn) + " n " + std::to_string(n);
+        const auto before = quantized(), used_before = used();
+        const auto hinted = run(true, false);
+        CHECK(quantized() == before + (int8 ? 1 : 0));
+        CHECK(used() == used_before + (int8 ? 1 : 0));
+        expect_close(hinted, run(false, false), 0, 0, "SiLU GEMV quantizing for the down matmul vs not (exact), " + what);
+        const auto used_altered = used();
+        const auto altered = run(true, true);
+        CHECK(used() == used_altered);  // another op in between: the down matmul quantizes itself
+        expect_close(altered, run(false, true), 0, 0,
+                     "a hint followed by another op: the down matmul quantizes the changed output itself, " + what);
+        // a second hinted run (the block counters were left zero by the first)
+        expect_close(run(true, false), hinted, 0, 0, "SiLU GEMV quantizing, run again, " + what);
       }
     }
   }

@@ -201,6 +201,35 @@ void check_epilogues(std::mt19937& g, int64_t nb, int64_t n) {
     test::check_silu_epilogue(ffn, n, plain, [&](cuda::SiluOut o) { fused_launch.template operator()<2>(w, o); });
     test::check_silu_epilogue(ffn, n, plain, [&](cuda::SiluOut o) { fused_launch.template operator()<4>(w, o); });
   }
+  // SiluQ8Out: SiluOut's floats, and the down matmul's int8 activations as
+  // quantize_q8_kernel makes them from those floats, by whichever block finishes each
+  // 32-value block last; the counters are left zero, so a second launch does it again.
+  for (int64_t ffn : {32, 96}) {
+    const auto w = weight(2 * ffn);
+    const int64_t ldo = ffn + 3, nbo = ffn / 32;
+    const size_t orb = cuda::q8_row_bytes(ffn);
+    std::vector<float> want(static_cast<size_t>(n * ldo), -9.0f);
+    fused_launch.template operator()<2>(w, cuda::SiluOut{want.data(), ldo, ffn});
+    std::vector<uint8_t> want_q(static_cast<size_t>(n) * orb, 0xEE);
+    cuda_emu::launch(static_cast<unsigned>((n * nbo + 7) / 8), 256, cuda::quantize_q8_kernel,
+                     static_cast<const float*>(want.data()), ldo, ffn, n, cuda::q8_numerics(T), want_q.data());
+    auto fused_q8 = [&]<int R>() {
+      INFO("ffn " << ffn << " n " << n << " rows a warp " << R);
+      std::vector<float> out(want.size(), -9.0f);
+      std::vector<uint8_t> q(want_q.size(), 0xEE);
+      std::vector<unsigned> done(static_cast<size_t>(cuda::silu_q8_counters(n, ffn)), 0u);
+      const cuda::SiluQ8Args qa{q.data(), cuda::q8_numerics(T), done.data()};
+      for (int rep = 0; rep < 2; ++rep) {
+        std::fill(q.begin(), q.end(), uint8_t{0xEE});
+        fused_launch.template operator()<R>(w, cuda::SiluQ8Out{cuda::SiluOut{out.data(), ldo, ffn}, qa});
+        CHECK(std::memcmp(out.data(), want.data(), out.size() * 4) == 0);
+        CHECK(q == want_q);
+        CHECK(std::all_of(done.begin(), done.end(), [](unsigned c) { return c == 0; }));
+      }
+    };
+    fused_q8.template operator()<2>();
+    fused_q8.template operator()<4>();
+  }
   for (bool neox : {false, true}) {
     const int64_t nh = 3, nkv = 1, hd = 32;
     const auto w = weight((nh + 2 * nkv) * hd);
