@@ -120,7 +120,6 @@ class CudaBackend final : public Backend {
     cudaSetDevice(device_);
     if (cudaError_t e = cudaMalloc(&w->data, stride * static_cast<size_t>(rows)); e != cudaSuccess) {
       w->data = nullptr;
-      cudaGetLastError();  // (reported here: not the next launch's error)
       return make_error("cudaMalloc of " + std::to_string(stride * rows) + " bytes for a weight: " + cudaGetErrorString(e));
     }
     size_t off = 0;
@@ -142,10 +141,7 @@ class CudaBackend final : public Backend {
                          cudaMemcpyHostToDevice);
         }
       }
-      if (e != cudaSuccess) {
-        cudaGetLastError();
-        return make_error(std::string("cudaMemcpy of a weight: ") + cudaGetErrorString(e));
-      }
+      if (e != cudaSuccess) return make_error(std::string("cudaMemcpy of a weight: ") + cudaGetErrorString(e));
       off += stride * static_cast<size_t>(r);
     }
     max_weight_elems_ = std::max(max_weight_elems_, static_cast<size_t>(rows) * static_cast<size_t>(cols));
@@ -165,13 +161,10 @@ class CudaBackend final : public Backend {
     for (uint16_t** p : {&c->k, &c->v}) {
       if (cudaError_t e = cudaMalloc(reinterpret_cast<void**>(p), bytes); e != cudaSuccess) {
         *p = nullptr;
-        cudaGetLastError();  // (reported here, and a smaller cache may follow: not the next launch's error)
         return make_error("cudaMalloc of " + std::to_string(bytes) + " bytes for the KV cache: " + cudaGetErrorString(e));
       }
-      if (cudaError_t e = cudaMemset(*p, 0, bytes); e != cudaSuccess) {
-        cudaGetLastError();
+      if (cudaError_t e = cudaMemset(*p, 0, bytes); e != cudaSuccess)
         return make_error(std::string("cudaMemset of the KV cache: ") + cudaGetErrorString(e));
-      }
     }
     return std::unique_ptr<KvCache>(std::move(c));
   }
@@ -646,9 +639,6 @@ class CudaBackend final : public Backend {
   }
   bool check(cudaError_t e, const char* what, const char* file, int line) {
     if (e == cudaSuccess) return true;
-    // (a failed call also sets the thread's last error, which the next launch's
-    // cudaGetLastError would report as its own: it is recorded here, so clear it)
-    cudaGetLastError();
     if (error_.empty())
       error_ = std::string(what) + " failed: " + cudaGetErrorString(e) + " (" + file + ":" + std::to_string(line) + ")";
     return false;
@@ -684,11 +674,18 @@ class CudaBackend final : public Backend {
       graphs_.add(what, key, std::forward<Fn>(fn));
       return;
     }
+    clear_stale_error();
     check(fn(stream_), what, __FILE__, line);
   }
+  // A failed CUDA call also sets the thread's last error, which the next launch's
+  // cudaGetLastError would report as its own: failures are reported (or tolerated) where
+  // they happen, so every eager launch -- run(), flush(), and what follows a flush --
+  // starts from a cleared one. (A sticky error, a fault in a kernel, stays: it is real.)
+  static void clear_stale_error() { cudaGetLastError(); }
   // Runs what is recorded (a graph replay, a capture, or eager launches).
   void flush() {
     ++op_seq_;  // (callers go on to eager work: cuBLAS, copies, sampling)
+    clear_stale_error();
     if (!graphs_.has_pending()) return;
     std::string what;
     const cudaError_t e = graphs_.flush(stream_, &what);
@@ -697,8 +694,7 @@ class CudaBackend final : public Backend {
   // Copies host bytes into the pinned staging arena; null when they do not fit.
   void* stage(const void* src, size_t bytes) {
     if (!arena_) {
-      if (cudaMallocHost(&arena_, kArenaBytes) != cudaSuccess) {
-        cudaGetLastError();  // (tolerated: clears the failed allocation's error)
+      if (cudaMallocHost(&arena_, kArenaBytes) != cudaSuccess) {  // (tolerated)
         arena_ = nullptr;
         return nullptr;
       }
@@ -724,10 +720,7 @@ class CudaBackend final : public Backend {
     const cudaError_t e = cudaMalloc(buf, bytes);
     if (e != cudaSuccess) {
       *buf = nullptr;
-      if (optional)
-        cudaGetLastError();  // (clears the failed allocation's error)
-      else
-        check(e, "cudaMalloc(scratch)", __FILE__, __LINE__);
+      if (!optional) check(e, "cudaMalloc(scratch)", __FILE__, __LINE__);
       return false;
     }
     *cap = bytes;
@@ -815,7 +808,6 @@ std::string cuda_unavailable_reason() {
 
 Result<std::unique_ptr<Backend>> make_cuda_backend(const CudaBackendOptions& opts) {
   if (std::string why = cuda_unavailable_reason(); !why.empty()) return make_error("--device cuda: " + why);
-  cudaGetLastError();  // (an earlier failure on this thread, say a backend that ran out of memory, is not ours)
   int count = 0;
   cudaGetDeviceCount(&count);
   if (opts.device < 0 || opts.device >= count)
