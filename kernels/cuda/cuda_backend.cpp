@@ -1,6 +1,7 @@
 // The CUDA backend: device-resident weights (GGUF blocks kept quantized), f16 paged KV
-// cache, one stream, cuBLAS for prefill matmuls and fused dequant-GEMV for decode. Host
-// code only (compiled by the C++ compiler); the kernels live in the .cu files (ops.h).
+// cache (both in device_memory.h), one stream, cuBLAS for prefill matmuls and fused
+// dequant-GEMV for decode. Host code only (compiled by the C++ compiler); the kernels live
+// in the .cu files (ops.h).
 // Every CUDA and cuBLAS call is checked; the first failure is kept with its call, file
 // and line, later ops are skipped, and sync() returns it as the step's error. Steps of up
 // to graph_max_tokens tokens are recorded and replayed as CUDA graphs (step_graph.h).
@@ -16,6 +17,7 @@
 #include <vector>
 
 #include "kernels/backend.h"
+#include "kernels/cuda/device_memory.h"
 #include "kernels/cuda/layout.h"
 #include "kernels/cuda/ops.h"
 #include "kernels/cuda/step_graph.h"
@@ -27,30 +29,8 @@
 namespace troupe {
 namespace {
 
-class CudaWeight final : public Weight {
- public:
-  ~CudaWeight() override {
-    if (data) cudaFree(data);
-  }
-  void* data = nullptr;
-  size_t row_bytes = 0;  // stride between rows in the device layout (kernels/cuda/layout.h)
-};
-
-class CudaKvCache final : public KvCache {
- public:
-  explicit CudaKvCache(const KvCacheShape& s) : shape_(s) {}
-  ~CudaKvCache() override {
-    if (k) cudaFree(k);
-    if (v) cudaFree(v);
-  }
-  const KvCacheShape& shape() const override { return shape_; }
-  KvCacheShape shape_;
-  size_t layer_elems = 0;  // num_blocks * block_size * num_kv_heads * head_dim
-  uint16_t *k = nullptr, *v = nullptr;  // [num_layers, layer_elems] f16
-};
-
-// Host memory a weight's rows are converted to the device layout through, at most.
-constexpr size_t kStagingBytes = size_t{64} << 20;
+using cuda::CudaKvCache;
+using cuda::CudaWeight;
 
 // Decode batches up to this many tokens use the fused GEMV; larger ones cuBLAS unless the
 // backend is batch-invariant.
@@ -97,76 +77,15 @@ class CudaBackend final : public Backend {
 
   Result<std::unique_ptr<Weight>> make_weight(
       DType type, int64_t cols, const std::vector<std::pair<const void*, int64_t>>& parts) override {
-    if (!cuda::is_supported_type(type))
-      return make_error(std::string("weight type ") + std::string(dtype_traits(type).name) + " has no CUDA kernels");
-    const auto src_row = row_bytes(type, static_cast<uint64_t>(cols));
-    const auto dev_row = cuda::device_row_bytes(type, cols);
-    if (!src_row || !dev_row || cols <= 0)
-      return make_error("weight columns " + std::to_string(cols) + " do not fit the block size");
-    // Rows in the device layout (kernels/cuda/layout.h): float rows padded to 32 columns,
-    // the 32-value block types and Q6_K split into quants, high bits and scales.
-    const size_t stride = *dev_row;
-    const bool as_is = stride == *src_row && !cuda::split_layout(type);
-    int64_t rows = 0;
-    for (const auto& [p, r] : parts) {
-      if (!p || r <= 0) return make_error("empty weight part");
-      rows += r;
-    }
-    auto w = std::make_unique<CudaWeight>();
-    w->type = type;
-    w->rows = rows;
-    w->cols = cols;
-    w->row_bytes = stride;
-    cudaSetDevice(device_);
-    if (cudaError_t e = cudaMalloc(&w->data, stride * static_cast<size_t>(rows)); e != cudaSuccess) {
-      w->data = nullptr;
-      return make_error("cudaMalloc of " + std::to_string(stride * rows) + " bytes for a weight: " + cudaGetErrorString(e));
-    }
-    size_t off = 0;
-    std::vector<uint8_t> staging;
-    for (const auto& [p, r] : parts) {
-      cudaError_t e;
-      if (as_is) {
-        e = cudaMemcpy(static_cast<uint8_t*>(w->data) + off, p, *src_row * static_cast<size_t>(r), cudaMemcpyHostToDevice);
-      } else {  // converted in chunks of rows, so the host holds at most kStagingBytes more
-        const int64_t chunk = std::max<int64_t>(1, static_cast<int64_t>(kStagingBytes / stride));
-        e = cudaSuccess;
-        for (int64_t r0 = 0; r0 < r && e == cudaSuccess; r0 += chunk) {
-          const int64_t nr = std::min(chunk, r - r0);
-          staging.resize(stride * static_cast<size_t>(nr));
-          for (int64_t i = 0; i < nr; ++i)
-            cuda::to_device_row(type, static_cast<const uint8_t*>(p) + *src_row * (r0 + i), cols,
-                                staging.data() + stride * i);
-          e = cudaMemcpy(static_cast<uint8_t*>(w->data) + off + stride * r0, staging.data(), staging.size(),
-                         cudaMemcpyHostToDevice);
-        }
-      }
-      if (e != cudaSuccess) return make_error(std::string("cudaMemcpy of a weight: ") + cudaGetErrorString(e));
-      off += stride * static_cast<size_t>(r);
-    }
-    max_weight_elems_ = std::max(max_weight_elems_, static_cast<size_t>(rows) * static_cast<size_t>(cols));
-    return std::unique_ptr<Weight>(std::move(w));
+    auto w = cuda::upload_weight(device_, type, cols, parts);
+    if (!w.ok()) return w.error();
+    max_weight_elems_ = std::max(max_weight_elems_, static_cast<size_t>((*w)->rows) * static_cast<size_t>(cols));
+    return std::unique_ptr<Weight>(std::move(*w));
   }
-
   Result<std::unique_ptr<KvCache>> make_kv_cache(const KvCacheShape& s) override {
-    if (s.num_layers <= 0 || s.num_blocks <= 0 || s.block_size <= 0 || s.num_kv_heads <= 0 || s.head_dim <= 0)
-      return make_error("invalid KV cache shape");
-    if (s.head_dim % 32 != 0 || s.head_dim > 256)
-      return make_error("the CUDA attention kernel needs a head_dim that is a multiple of 32, at most 256 (got " +
-                        std::to_string(s.head_dim) + ")");
-    auto c = std::make_unique<CudaKvCache>(s);
-    c->layer_elems = static_cast<size_t>(s.num_blocks) * s.block_size * s.num_kv_heads * s.head_dim;
-    const size_t bytes = c->layer_elems * s.num_layers * sizeof(uint16_t);
-    cudaSetDevice(device_);
-    for (uint16_t** p : {&c->k, &c->v}) {
-      if (cudaError_t e = cudaMalloc(reinterpret_cast<void**>(p), bytes); e != cudaSuccess) {
-        *p = nullptr;
-        return make_error("cudaMalloc of " + std::to_string(bytes) + " bytes for the KV cache: " + cudaGetErrorString(e));
-      }
-      if (cudaError_t e = cudaMemset(*p, 0, bytes); e != cudaSuccess)
-        return make_error(std::string("cudaMemset of the KV cache: ") + cudaGetErrorString(e));
-    }
-    return std::unique_ptr<KvCache>(std::move(c));
+    auto c = cuda::allocate_kv_cache(device_, s);
+    if (!c.ok()) return c.error();
+    return std::unique_ptr<KvCache>(std::move(*c));
   }
 
   float* alloc(size_t n) override {
