@@ -8,6 +8,14 @@
 
 #include "kernels/dtype.h"
 
+// A device function kept out of line, so that it adds no registers to its caller's (a
+// kernel's once-per-block tail); the CPU emulation inlines as it likes.
+#ifdef TROUPE_CUDA_EMULATION
+#define TROUPE_NOINLINE
+#else
+#define TROUPE_NOINLINE __noinline__
+#endif
+
 namespace troupe::cuda {
 
 __device__ __forceinline__ float warp_sum(float v) {

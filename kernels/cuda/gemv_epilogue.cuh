@@ -98,7 +98,9 @@ struct SiluQ8Out : SiluOut {
   SiluQ8Args q;
   // Every thread of the block, after the block's stores: token group blockIdx.y holds the
   // tokens [nt_group * blockIdx.y, ...) of n; the block wrote items [per_block * blockIdx.x, ...).
-  __device__ void finish(int64_t n, int nt_group, int per_block) const {
+  // (out of line: inlined, it took up to 213 registers a thread where SiluOut's kernel takes
+  // 126 -- ptxas -v, sm_90, NT 8 -- halving the blocks an SM holds)
+  __device__ TROUPE_NOINLINE void finish(int64_t n, int nt_group, int per_block) const {
     __shared__ bool s_last;
     const int64_t nb = ffn / 32, first = int64_t{blockIdx.x} * per_block, b = first / 32;
     __threadfence();  // (each thread's stores, before the block is counted)
