@@ -19,6 +19,7 @@
 #include <functional>
 #include <math.h>
 #include <memory>
+#include <new>
 #include <thread>
 #include <type_traits>
 #include <vector>
@@ -205,6 +206,23 @@ void launch(unsigned grid, unsigned block, Kernel kernel, Args... args) {
   launch3(grid, 1, 1, block, kernel, args...);
 }
 
+// Device memory as cudaMalloc gives it: 256-byte aligned (a plain std::vector's data is
+// 16-byte aligned, which the WMMA and UBSan alignment checks would rightly refuse where a
+// kernel relies on cudaMalloc's alignment).
+template <typename T>
+struct DeviceAllocator {
+  using value_type = T;
+  DeviceAllocator() = default;
+  template <typename U>
+  DeviceAllocator(const DeviceAllocator<U>&) {}
+  T* allocate(size_t n) { return static_cast<T*>(::operator new(n * sizeof(T), std::align_val_t{256})); }
+  void deallocate(T* p, size_t) { ::operator delete(p, std::align_val_t{256}); }
+  template <typename U>
+  bool operator==(const DeviceAllocator<U>&) const { return true; }
+};
+template <typename T>
+using device_vector = std::vector<T, DeviceAllocator<T>>;
+
 }  // namespace cuda_emu
 
 inline void __syncthreads() { cuda_emu::wait(cuda_emu::current->all); }
@@ -314,18 +332,34 @@ template <typename U, typename T, typename L>
 void fill_fragment(fragment<U, 16, 16, 16, T, L>& f, float v) {
   for (auto& e : f.x) e = v;
 }
+// CUDA's rule for every WMMA load and store: the tile's pointer 256-bit (32-byte) aligned,
+// ldm a multiple of 16 bytes (8 f16/bf16 elements, 4 floats). A GPU may fault or read the
+// wrong bytes otherwise; here it is reported, then abort().
+inline void wmma_check(const void* p, unsigned ldm, size_t elem_bytes, const char* what) {
+  const auto addr = reinterpret_cast<uintptr_t>(p);
+  if (addr % 32 != 0 || (ldm * elem_bytes) % 16 != 0) {
+    std::fprintf(stderr,
+                 "cuda_emulation: %s with a %s pointer (%p, %zu bytes past 32-byte alignment) and ldm %u "
+                 "(%zu bytes; must be a multiple of 16): thread %u of block (%u, %u, %u)\n",
+                 what, addr % 32 != 0 ? "misaligned" : "32-byte aligned", p, static_cast<size_t>(addr % 32), ldm,
+                 static_cast<size_t>(ldm) * elem_bytes, threadIdx.x, blockIdx.x, blockIdx.y, blockIdx.z);
+    std::abort();
+  }
+}
 inline float emu_load(const __half* p) { return __half2float(*p); }
 inline float emu_load(const __nv_bfloat16* p) { return __bfloat162float(*p); }
 inline float emu_load(const float* p) { return *p; }
 template <typename U, typename T, typename L, typename P>
 void load_matrix_sync(fragment<U, 16, 16, 16, T, L>& f, const P* p, unsigned ldm) {
   static_assert(std::is_same_v<std::remove_cv_t<P>, T>, "the pointer's type is the fragment's");
+  wmma_check(p, ldm, sizeof(P), "wmma::load_matrix_sync");
   for (int r = 0; r < 16; ++r)
     for (int c = 0; c < 16; ++c)
       f.at(r, c) = emu_load(std::is_same_v<L, col_major> ? p + c * ldm + r : p + r * ldm + c);
 }
 template <typename T>
 void load_matrix_sync(fragment<accumulator, 16, 16, 16, T, void>& f, const float* p, unsigned ldm, layout_t l) {
+  wmma_check(p, ldm, sizeof(float), "wmma::load_matrix_sync (accumulator)");
   for (int r = 0; r < 16; ++r)
     for (int c = 0; c < 16; ++c) f.at(r, c) = l == mem_col_major ? p[c * ldm + r] : p[r * ldm + c];
 }
@@ -343,6 +377,7 @@ void mma_sync(fragment<accumulator, 16, 16, 16, float, void>& d, const fragment<
 }
 template <typename T>
 void store_matrix_sync(float* p, const fragment<accumulator, 16, 16, 16, T, void>& f, unsigned ldm, layout_t l) {
+  wmma_check(p, ldm, sizeof(float), "wmma::store_matrix_sync");
   if ((threadIdx.x & 31) != 0) return;
   for (int r = 0; r < 16; ++r)
     for (int c = 0; c < 16; ++c) (l == mem_col_major ? p[c * ldm + r] : p[r * ldm + c]) = f.at(r, c);

@@ -37,7 +37,7 @@ float to_f(H v) {
 template <typename H>
 struct Case {
   int64_t rows, cols, kp, ldx, ldy;
-  std::vector<H> w;    // [rows, kp], zero past cols
+  cuda_emu::device_vector<H> w;  // [rows, kp], zero past cols
   std::vector<float> x;  // [n_max, ldx]
 
   Case(int64_t r, int64_t c, int64_t n_max, std::mt19937& g) : rows(r), cols(c), kp((c + 31) / 32 * 32), ldx(c + 3), ldy(r + 2) {
@@ -50,9 +50,9 @@ struct Case {
   }
 
   // Tokens first .. first + n - 1 through the converter and the chosen kernel.
-  std::vector<float> run(int64_t first, int64_t n, bool large, std::vector<H>* xh_out = nullptr) const {
+  std::vector<float> run(int64_t first, int64_t n, bool large, cuda_emu::device_vector<H>* xh_out = nullptr) const {
     const int64_t n_pad = (n + cuda::kTokenPad - 1) / cuda::kTokenPad * cuda::kTokenPad;
-    std::vector<H> xh(static_cast<size_t>(n_pad * kp), to_h<H>(-9.0f));
+    cuda_emu::device_vector<H> xh(static_cast<size_t>(n_pad * kp), to_h<H>(-9.0f));
     const float* xp = x.data() + first * ldx;
     // (the scalar converter: x's rows at ldx = cols + 3 are not 16-byte aligned; the vector
     // one's bits are checked against it in elementwise_emu_test.cpp)
@@ -76,7 +76,7 @@ template <typename H>
 void check_case(int64_t rows, int64_t cols, std::mt19937& g) {
   const int64_t n_all = 70;  // two token tiles of the tiled kernel, the second ragged
   Case<H> c(rows, cols, n_all, g);
-  std::vector<H> xh;
+  cuda_emu::device_vector<H> xh;
   const auto all = c.run(0, n_all, true, &xh);
   INFO("rows " << rows << " cols " << cols << (std::is_same_v<H, __half> ? " f16" : " bf16"));
   // The converter: rounded values, zeros past the columns and past the tokens.
