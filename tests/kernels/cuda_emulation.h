@@ -20,6 +20,7 @@
 #include <math.h>
 #include <memory>
 #include <new>
+#include <string>
 #include <thread>
 #include <type_traits>
 #include <vector>
@@ -96,6 +97,8 @@ struct Block {
   std::vector<uint64_t> lanes[2];  // one slot per thread for shuffles, by warp barrier parity
   std::vector<Fiber> fibers;
   unsigned running = 0;  // the fiber being run
+  unsigned at = 0;       // its place in `order`
+  std::vector<unsigned> order;  // the threads in the order they take turns (Schedule below)
   void* scheduler_sp = nullptr;
   std::function<void()> body;  // one thread's kernel call for the current block
 };
@@ -108,15 +111,58 @@ inline std::vector<std::unique_ptr<unsigned char[]>>& stacks() {
   return s;
 }
 
-// Leaves the running fiber (its context saved in *save) for the next one that can run, or
-// for the scheduler when none can (the block is done, or deadlocked).
+// The order in which a block's threads take turns, and the grid's blocks run
+// (TROUPE_EMU_ORDER): `forward` (thread and block 0 first), `reverse` (the last first), or
+// `shuffle` (a new random order for every block, seeded by TROUPE_EMU_SEED, default 1).
+// A GPU promises no order, so a kernel's results must not depend on it; a missing
+// __syncthreads or __syncwarp between one thread's write and another's read of shared
+// memory, or a grid's "last block" logic that assumes which block finishes last, gives
+// other results in another order, which the bit-for-bit tests then catch (ctest runs the
+// emulation tests in all three).
+enum class Schedule { kForward, kReverse, kShuffle };
+inline Schedule schedule() {
+  static const Schedule s = [] {
+    const char* e = std::getenv("TROUPE_EMU_ORDER");
+    const std::string v = e ? e : "forward";
+    if (v == "forward") return Schedule::kForward;
+    if (v == "reverse") return Schedule::kReverse;
+    if (v == "shuffle") return Schedule::kShuffle;
+    std::fprintf(stderr, "cuda emulation: TROUPE_EMU_ORDER=%s is not forward, reverse or shuffle\n", v.c_str());
+    std::abort();
+  }();
+  return s;
+}
+// A small deterministic generator for the shuffled orders (the same run, the same orders).
+inline uint64_t next_random() {
+  static uint64_t state = [] {
+    const char* e = std::getenv("TROUPE_EMU_SEED");
+    return e ? std::strtoull(e, nullptr, 10) : uint64_t{1};
+  }();
+  state += 0x9E3779B97F4A7C15ull;  // splitmix64
+  uint64_t z = state;
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+// 0 .. n-1 in the schedule's order.
+inline std::vector<unsigned> schedule_order(unsigned n) {
+  std::vector<unsigned> o(n);
+  for (unsigned i = 0; i < n; ++i) o[i] = schedule() == Schedule::kReverse ? n - 1 - i : i;
+  if (schedule() == Schedule::kShuffle)
+    for (unsigned i = n; i > 1; --i) std::swap(o[i - 1], o[next_random() % i]);
+  return o;
+}
+
+// Leaves the running fiber (its context saved in *save) for the next one that can run, in
+// the block's order, or for the scheduler when none can (the block is done, or deadlocked).
 inline void switch_to_next(Block& blk, void** save) {
   for (unsigned k = 1; k <= blk.threads; ++k) {
-    const unsigned t = (blk.running + k) % blk.threads;
+    const unsigned at = (blk.at + k) % blk.threads, t = blk.order[at];
     Fiber& f = blk.fibers[t];
     if (f.done || (f.waiting && f.waiting->generation == f.wait_generation)) continue;
     f.waiting = nullptr;
     blk.running = t;
+    blk.at = at;
     threadIdx.x = t;
     troupe_emu_switch(save, f.sp);
     return;
@@ -165,9 +211,11 @@ inline void run_block(Block& blk, unsigned block) {
   blk.all = Barrier{block};
   for (auto& w : blk.warps) w = Barrier{32};
   blk.finished = 0;
-  blk.running = 0;
-  threadIdx.x = 0;
-  troupe_emu_switch(&blk.scheduler_sp, blk.fibers[0].sp);
+  blk.order = schedule_order(block);
+  blk.at = 0;
+  blk.running = blk.order[0];
+  threadIdx.x = blk.running;
+  troupe_emu_switch(&blk.scheduler_sp, blk.fibers[blk.running].sp);
   if (blk.finished != block) {
     std::fprintf(stderr, "cuda emulation: deadlock in block (%u, %u, %u): %u threads wait at barriers never completed\n",
                  blockIdx.x, blockIdx.y, blockIdx.z, block - blk.finished);
@@ -193,12 +241,14 @@ void launch3(unsigned gx, unsigned gy, unsigned gz, unsigned block, Kernel kerne
   blockDim = {block, 1, 1};
   gridDim = {gx, gy, gz};
   threadIdx = {0, 0, 0};
-  for (unsigned z = 0; z < gz; ++z)
-    for (unsigned y = 0; y < gy; ++y)
-      for (unsigned x = 0; x < gx; ++x) {
-        blockIdx = {x, y, z};
-        run_block(blk, block);
-      }
+  const uint64_t blocks = uint64_t{gx} * gy * gz;
+  std::vector<unsigned> grid_order;  // (forward needs none; the others: up to 2^32 blocks)
+  if (schedule() != Schedule::kForward) grid_order = schedule_order(static_cast<unsigned>(blocks));
+  for (uint64_t i = 0; i < blocks; ++i) {
+    const uint64_t b = grid_order.empty() ? i : grid_order[i];
+    blockIdx = {static_cast<unsigned>(b % gx), static_cast<unsigned>(b / gx % gy), static_cast<unsigned>(b / gx / gy)};
+    run_block(blk, block);
+  }
   current = outer;
 }
 template <typename Kernel, typename... Args>
