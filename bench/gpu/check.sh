@@ -49,6 +49,11 @@ for dev in cuda cpu; do
     { say "troupe bench --device $dev failed"; tail -3 "$OUT/bench-default-$dev.log"; status=1; }
   cat "$OUT/bench-default-$dev.json"
 done
+# The same on the GPU with the int8 matmuls of 64+ tokens on tensor cores (prefill; the same
+# bits as the GEMV, opt-in until measured here).
+(cd "$ROOT" && TROUPE_CUDA_Q8_MMA=64 timeout 120 "$BIN/troupe" bench -m "${TROUPE_MODEL_PATH:-default}" --device cuda -p 512 -n 128 -r 3 --json) >"$OUT/bench-default-cuda-q8mma.json" 2>"$OUT/bench-default-cuda-q8mma.log" ||
+  { say "troupe bench --device cuda with TROUPE_CUDA_Q8_MMA=64 failed"; tail -3 "$OUT/bench-default-cuda-q8mma.log"; status=1; }
+cat "$OUT/bench-default-cuda-q8mma.json"
 
 say "Llama-3-70B dummy weights in q4_0 (40 GB on the device): troupe bench on the GPU"
 (cd "$ROOT" && timeout 300 "$BIN/troupe" bench --device cuda --load-format dummy -m "$ROOT/configs/llama-3-70b.json" --dtype q4_0 -p 128 -n 32 -r 1 --json) >"$OUT/bench-70b-q4_0.json" 2>"$OUT/bench-70b-q4_0.log" ||

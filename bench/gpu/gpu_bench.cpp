@@ -273,6 +273,39 @@ void bench_prefill_matmul(double gemm_tflops_unused) {
   const double tft = 2.0 * rows * cols * n / (mst * 1e-3) / 1e12;
   add({"prefill matmul bf16 (batch-invariant tensor cores)", "14336x4096 x 2048 tokens", mst, tft, "TFLOP/s",
        100.0 * tft / ref, "cuBLAS same shape"});
+  // The quantized types' prefill matmul: the int8 GEMV (8 tokens a weight read) against its
+  // tensor-core kernel (TROUPE_CUDA_Q8_MMA, 64 tokens a weight read), which must give the
+  // same bits (a mismatch fails the run: the fragment layout would be wrong).
+  for (DType t : {DType::Q4_1, DType::Q8_0, DType::Q4_K}) {
+    auto data = test::random_weight(t, rows, cols, rng);
+    const auto xs = test::random_floats(size_t(cols) * n, rng);
+    std::vector<float> out[2];
+    for (int mma = 0; mma < 2; ++mma) {
+      if (mma) setenv("TROUPE_CUDA_Q8_MMA", "64", 1);
+      auto qb = make_cuda_backend(CudaBackendOptions{0, true});
+      unsetenv("TROUPE_CUDA_Q8_MMA");
+      if (!qb) std::exit(1);
+      auto wq = (*qb)->make_weight(t, cols, {{data.data(), rows}});
+      if (!wq) std::exit(1);
+      float* xq = (*qb)->upload(xs);
+      float* yq = (*qb)->alloc(size_t(rows) * n);
+      const double msq = time_ms(**qb, [&] { (*qb)->matmul(**wq, xq, n, yq, rows); });
+      const double tfq = 2.0 * rows * cols * n / (msq * 1e-3) / 1e12;
+      add({std::string("prefill matmul ") + std::string(dtype_traits(t).name) +
+               (mma ? " (int8 tensor cores, TROUPE_CUDA_Q8_MMA)" : " (int8 GEMV, dp4a)"),
+           "14336x4096 x 2048 tokens", msq, tfq, "TFLOP/s", 100.0 * tfq / ref, "cuBLAS bf16 same shape"});
+      out[mma].resize(size_t(rows) * n);
+      (*qb)->copy_out(out[mma].data(), yq, out[mma].size());
+      if (!(*qb)->sync().ok()) std::exit(1);
+    }
+    size_t differ = 0;
+    for (size_t i = 0; i < out[0].size(); ++i) differ += std::memcmp(&out[0][i], &out[1][i], 4) != 0;
+    if (differ) {
+      std::fprintf(stderr, "int8 tensor-core matmul %s: %zu of %zu outputs differ from the GEMV's bits\n",
+                   std::string(dtype_traits(t).name).c_str(), differ, out[0].size());
+      std::exit(1);
+    }
+  }
 }
 
 // The batch-invariant tensor-core matmul (--cuda-tc-gemm) at decode batch sizes, as the

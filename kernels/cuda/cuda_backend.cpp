@@ -52,6 +52,9 @@ class CudaBackend final : public Backend {
     graph_max_tokens_ = std::max(0, opts.graph_max_tokens);
     cudaDeviceGetAttribute(&num_sms_, cudaDevAttrMultiProcessorCount, device_);
     cudaDeviceGetAttribute(&max_shared_optin_, cudaDevAttrMaxSharedMemoryPerBlockOptin, device_);
+    int major = 0;
+    cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device_);
+    if (major < 8) q8_mma_min_ = 0;  // (mma.sync m16n8k32 needs sm_80)
   }
   ~CudaBackend() override {
     cudaSetDevice(device_);
@@ -71,7 +74,8 @@ class CudaBackend final : public Backend {
     return "cuda graphs: " + std::to_string(graphs_.num_graphs()) + " held, " + std::to_string(graphs_.replays()) +
            " replays; fused GEMV epilogues: " + std::to_string(fused_calls_) +
            "; activations quantized for the next matmul (by norms, attention, SiLU): " +
-           std::to_string(q8_prepared_) + "; used by the next matmul: " + std::to_string(q8_prepared_used_);
+           std::to_string(q8_prepared_) + "; used by the next matmul: " + std::to_string(q8_prepared_used_) +
+           "; int8 matmuls on tensor cores: " + std::to_string(q8_mma_calls_);
   }
   bool is_host_memory() const override { return false; }
 
@@ -238,10 +242,12 @@ class CudaBackend final : public Backend {
       const bool ready = given != nullptr;
       uint8_t* xq = ready ? given : q8_scratch(n, cols);
       if (!xq) return;
+      const int64_t mma_min = q8_mma_min_;
+      if (mma_min > 0 && n >= mma_min) ++q8_mma_calls_;
       run("quantize_q8 + gemv_q8", __LINE__, {P(data), rb, U(rows), U(cols), P(x), U(n), P(y), U(ldy), P(xq), U(ready)},
           [=](cudaStream_t st) {
             const cudaError_t e = ready ? cudaSuccess : cuda::quantize_q8(type, x, cols, cols, n, xq, st);
-            return e != cudaSuccess ? e : cuda::gemv_q8(type, data, rb, rows, cols, xq, n, y, ldy, st);
+            return e != cudaSuccess ? e : cuda::gemv_q8(type, data, rb, rows, cols, xq, n, y, ldy, st, mma_min);
           });
       return;
     }
@@ -476,8 +482,10 @@ class CudaBackend final : public Backend {
   }
   // Whether matmul() would run the GEMV for this type and token count and a fused epilogue
   // exists for it (TROUPE_CUDA_FUSE=0: never, for benchmarks).
+  // Not where gemv_q8 takes its tensor-core kernel: the unfused ops then (the same bits).
   bool fused_gemv(DType type, int64_t n) const {
     const MatmulPath path = matmul_path(type, n);
+    if (path == MatmulPath::kGemvQ8 && q8_mma_min_ > 0 && n >= q8_mma_min_) return false;
     return fuse_ && !simple_gemv_ && (path == MatmulPath::kGemv || path == MatmulPath::kGemvQ8) &&
            cuda::has_fused_gemv(type);
   }
@@ -684,6 +692,14 @@ class CudaBackend final : public Backend {
     const char* e = std::getenv("TROUPE_CUDA_FUSE");
     return !(e && std::string(e) == "0");
   }();
+  // TROUPE_CUDA_Q8_MMA=N: the int8 matmuls of N or more tokens on tensor cores
+  // (matmul_q8.cu, gemm_q8_mma_kernel: the GEMV's bits, weights read once per 64 tokens
+  // instead of per 8); unset or 0: the GEMV at every size. Opt-in until a GPU has measured it.
+  int64_t q8_mma_min_ = [] {
+    const char* e = std::getenv("TROUPE_CUDA_Q8_MMA");
+    return e ? std::max<int64_t>(0, std::atoll(e)) : int64_t{0};
+  }();
+  uint64_t q8_mma_calls_ = 0;  // matmul() calls that took it
   uint64_t fused_calls_ = 0;  // matmul_silu / matmul_rope_kv_write calls that took the fused kernels
   uint64_t q8_prepared_ = 0;  // ops that quantized their output for the next matmul
   uint64_t q8_prepared_used_ = 0;  // matmuls that took those bytes instead of quantizing

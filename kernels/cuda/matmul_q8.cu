@@ -275,6 +275,149 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
   }
 }
 
+// ---- many tokens: the GEMV's sums on tensor cores ------------------------------------------
+// The int8 sums of a 32-value block are integers, so mma.sync (m16n8k32, s8 x s8 -> s32:
+// exactly one block of 16 rows x 8 tokens) gives the very isum the GEMV's __dp4a chain gives.
+// The kernel then repeats the GEMV's float arithmetic to the bit: per (row, token), lane
+// class l of the GEMV (blocks l, l + 32, ...) is accumulated here as acc = 0, acc += the
+// block's (d_w d_x) isum + m_w s_x in the same order with the same intrinsics, and the 32
+// class sums are added as warp_sum adds them -- its xor butterfly (16, 8, 4, 2, 1) is the
+// balanced pairwise tree over the classes in bit-reversed order (0, 16, 8, 24, ...), which a
+// five-deep stack folds as each class ends. So a token's outputs are the GEMV's bits
+// whichever kernel runs and whatever its batch: batch-invariant, and the backend may switch
+// kernels by token count (gemv_q8's mma_min_tokens). Weights are read once per 64 tokens
+// (a block: 16 rows x 64 tokens, a warp 16 tokens as two 16 x 8 tiles) instead of once per
+// 8. sm_80+ (the build's architectures are 80 and 90; older ones trap).
+constexpr int kMmaWarps = 4;
+constexpr int kMmaTokens = 16;  // per warp
+
+// D += A B for A 16 x 32 (row-major, s8), B 32 x 8 (column-major, s8), D 16 x 8 (s32), per
+// thread (g = lane / 4, q = lane % 4): a = {A[g][4q..], A[g+8][4q..], A[g][16+4q..],
+// A[g+8][16+4q..]}, b = {B[4q..][g], B[16+4q..][g]} (4 bytes each), d = {D[g][2q],
+// D[g][2q+1], D[g+8][2q], D[g+8][2q+1]}. (cuda_emulation.h: the same on the CPU.)
+__device__ __forceinline__ void mma_s8_16x8x32(int (&d)[4], const int (&a)[4], const int (&b)[2]) {
+#if defined(TROUPE_CUDA_EMULATION)
+  cuda_emu::mma_s8_16x8x32(d, a, b);
+#elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
+  __trap();
+#else
+  asm volatile("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+               "{%0, %1, %2, %3};"
+               : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3])
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+#endif
+}
+
+// Words q and 4 + q of a block's unpacked values (values 4q.. and 16 + 4q..), without a
+// dynamically indexed array.
+__device__ __forceinline__ void pick_words(const int32_t* v, int q, int* lo, int* hi) {
+#pragma unroll
+  for (int i = 0; i < 4; ++i)
+    if (i == q) {
+      *lo = v[i];
+      *hi = v[i + 4];
+    }
+}
+
+template <DType T>
+__global__ void __launch_bounds__(kMmaWarps * 32)
+    gemm_q8_mma_kernel(const uint8_t* __restrict__ w, size_t row_bytes, int64_t rows, int64_t nb,
+                       const uint8_t* __restrict__ xq, int64_t n, float* __restrict__ y, int64_t ldy) {
+  const int lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
+  const int64_t r0 = int64_t{blockIdx.x} * 16;
+  const int64_t tw = (int64_t{blockIdx.y} * kMmaWarps + (threadIdx.x >> 5)) * kMmaTokens;  // the warp's first token
+  if (tw >= n) return;  // (warp-uniform)
+  const int64_t xstride = static_cast<int64_t>(q8_row_bytes(nb * 32));
+  // This thread's A rows (g, g + 8) and B tokens (tw + g, tw + 8 + g); rows and tokens past
+  // the end read row r0 and token tw and are not stored.
+  const uint8_t* wr[2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) wr[h] = w + static_cast<size_t>(r0 + g + 8 * h < rows ? r0 + g + 8 * h : r0) * row_bytes;
+  const int* xb[2];
+#pragma unroll
+  for (int j = 0; j < 2; ++j)
+    xb[j] = reinterpret_cast<const int*>(xq + (tw + 8 * j + g < n ? tw + 8 * j + g : tw) * xstride);
+  // The tokens of this thread's outputs: tw + 8 j + 2 q + e.
+  const float* xsc[2][2];
+#pragma unroll
+  for (int j = 0; j < 2; ++j)
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      const int64_t t = tw + 8 * j + 2 * q + e;
+      xsc[j][e] = reinterpret_cast<const float*>(xq + (t < n ? t : tw) * xstride);
+    }
+  // Outputs: [tile j][e]: row g + 8 (e >> 1), token tw + 8 j + 2 q + (e & 1).
+  float stack[5][2][4];
+  float total[2][4];
+#pragma unroll 1
+  for (int ci = 0; ci < 32; ++ci) {
+    const int cls = ((ci & 1) << 4) | ((ci & 2) << 2) | (ci & 4) | ((ci & 8) >> 2) | ((ci & 16) >> 4);  // bit-reversed
+    float acc[2][4];
+#pragma unroll
+    for (int j = 0; j < 2; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc[j][e] = 0.f;
+    for (int64_t b = cls; b < nb; b += 32) {
+      int a[4], a_hi[4];  // (Q6_K: the block's two 16-value halves as two products)
+      float d[2], m[2];
+      int sc[2][2];
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        int32_t v[8];
+        unpack_block<T>(wr[h], b, nb, v, &d[h], &m[h], sc[h]);
+        pick_words(v, q, &a[h], &a[2 + h]);
+      }
+      if constexpr (T == DType::Q6_K) {
+        a_hi[0] = 0; a_hi[1] = 0; a_hi[2] = a[2]; a_hi[3] = a[3];
+        a[2] = 0; a[3] = 0;
+      }
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+        const int bw[2] = {xb[j][4 * b + q], xb[j][4 * (nb + b) + q]};
+        int c[4] = {0, 0, 0, 0};
+        mma_s8_16x8x32(c, a, bw);
+        if constexpr (T == DType::Q6_K) {  // isum = scale_a * isum_a + scale_b * isum_b, as the GEMV
+          int c_hi[4] = {0, 0, 0, 0};
+          mma_s8_16x8x32(c_hi, a_hi, bw);
+#pragma unroll
+          for (int e = 0; e < 4; ++e) c[e] = c[e] * sc[e >> 1][0] + c_hi[e] * sc[e >> 1][1];
+        }
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const float* xr = xsc[j][e & 1];
+          const float xd = xr[8 * nb + b], xs = xr[9 * nb + b];
+          const int h = e >> 1;
+          acc[j][e] = __fadd_rn(acc[j][e], __fmaf_rn(__fmul_rn(d[h], xd), static_cast<float>(c[e]), __fmul_rn(m[h], xs)));
+        }
+      }
+    }
+    // Fold the class into the pairwise tree: level k holds a finished subtree of 2^k
+    // classes; class ci completes its trailing-ones count of them (all five at ci = 31).
+    // (Static indices only, so the levels stay in registers.)
+    const int done = __ffs(~ci) - 1;
+#pragma unroll
+    for (int j = 0; j < 2; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        float v = acc[j][e];
+#pragma unroll
+        for (int k = 0; k < 5; ++k)
+          if (k < done) v = __fadd_rn(stack[k][j][e], v);
+#pragma unroll
+        for (int k = 0; k < 5; ++k)
+          if (k == done) stack[k][j][e] = v;
+        if (done == 5) total[j][e] = v;
+      }
+  }
+#pragma unroll
+  for (int j = 0; j < 2; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int64_t r = r0 + g + 8 * (e >> 1), t = tw + 8 * j + 2 * q + (e & 1);
+      if (r < rows && t < n) y[t * ldy + r] = total[j][e];
+    }
+}
+
 // Rows per warp by the weight's shape alone (never by batch): several where there are
 // enough rows to keep every multiprocessor busy with them, else one.
 constexpr int kQ8RowsPerWarp = 4;
@@ -325,6 +468,29 @@ bool dispatch(DType type, const uint8_t* w, size_t row_bytes, int64_t rows, int6
     default: return false;
   }
 }
+
+template <DType T>
+void launch_mma(const uint8_t* w, size_t row_bytes, int64_t rows, int64_t nb, const uint8_t* xq, int64_t n, float* y,
+                int64_t ldy, cudaStream_t stream) {
+  constexpr int64_t per_block = int64_t{kMmaWarps} * kMmaTokens;
+  const dim3 grid(static_cast<unsigned>((rows + 15) / 16), static_cast<unsigned>((n + per_block - 1) / per_block));
+  gemm_q8_mma_kernel<T><<<grid, kMmaWarps * 32, 0, stream>>>(w, row_bytes, rows, nb, xq, n, y, ldy);
+}
+
+bool dispatch_mma(DType type, const uint8_t* w, size_t row_bytes, int64_t rows, int64_t nb, const uint8_t* xq,
+                  int64_t n, float* y, int64_t ldy, cudaStream_t stream) {
+  switch (type) {
+    case DType::Q4_0: launch_mma<DType::Q4_0>(w, row_bytes, rows, nb, xq, n, y, ldy, stream); return true;
+    case DType::Q4_1: launch_mma<DType::Q4_1>(w, row_bytes, rows, nb, xq, n, y, ldy, stream); return true;
+    case DType::Q5_0: launch_mma<DType::Q5_0>(w, row_bytes, rows, nb, xq, n, y, ldy, stream); return true;
+    case DType::Q5_1: launch_mma<DType::Q5_1>(w, row_bytes, rows, nb, xq, n, y, ldy, stream); return true;
+    case DType::Q8_0: launch_mma<DType::Q8_0>(w, row_bytes, rows, nb, xq, n, y, ldy, stream); return true;
+    case DType::Q4_K: launch_mma<DType::Q4_K>(w, row_bytes, rows, nb, xq, n, y, ldy, stream); return true;
+    case DType::Q5_K: launch_mma<DType::Q5_K>(w, row_bytes, rows, nb, xq, n, y, ldy, stream); return true;
+    case DType::Q6_K: launch_mma<DType::Q6_K>(w, row_bytes, rows, nb, xq, n, y, ldy, stream); return true;
+    default: return false;
+  }
+}
 #endif
 
 }  // namespace
@@ -346,8 +512,14 @@ cudaError_t quantize_q8(DType weight_type, const float* x, int64_t ldx, int64_t 
 }
 
 cudaError_t gemv_q8(DType type, const void* w, size_t row_bytes, int64_t rows, int64_t cols, const uint8_t* xq,
-                    int64_t n, float* y, int64_t ldy, cudaStream_t stream) {
+                    int64_t n, float* y, int64_t ldy, cudaStream_t stream, int64_t mma_min_tokens) {
   if (n <= 0 || rows <= 0) return cudaSuccess;
+  if (mma_min_tokens > 0 && n >= mma_min_tokens) {
+    if (n > int64_t{65535} * kMmaWarps * kMmaTokens) return cudaErrorInvalidValue;
+    if (!dispatch_mma(type, static_cast<const uint8_t*>(w), row_bytes, rows, cols / 32, xq, n, y, ldy, stream))
+      return cudaErrorInvalidValue;
+    return cudaGetLastError();
+  }
   if (!dispatch(type, static_cast<const uint8_t*>(w), row_bytes, rows, cols / 32, xq, n, RowsOut{y, ldy, rows}, stream))
     return cudaErrorInvalidValue;
   return cudaGetLastError();

@@ -72,8 +72,10 @@ bool uses_q8_activations(DType type);  // Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5
 cudaError_t quantize_q8(DType weight_type, const float* x, int64_t ldx, int64_t cols, int64_t n, uint8_t* out,
                         cudaStream_t stream);
 // y[t, r] = sum over blocks of (d_w d_x) isum + m_w s_x                 y: [n, ldy]
+// From mma_min_tokens tokens on (0: never) the tensor-core kernel (mma.sync, sm_80+) runs
+// instead of the GEMV: the same bits for every token, weights read once per 64 tokens.
 cudaError_t gemv_q8(DType type, const void* w, size_t row_bytes, int64_t rows, int64_t cols, const uint8_t* xq,
-                    int64_t n, float* y, int64_t ldy, cudaStream_t stream);
+                    int64_t n, float* y, int64_t ldy, cudaStream_t stream, int64_t mma_min_tokens = 0);
 // The GEMVs with the next op in their epilogue (gemv_epilogue.cuh), for f16/bf16 weights
 // (x: f32 [n, cols]) and the int8-activation types (xq from quantize_q8()). Each output is
 // the fused pair's bits: the same per-row sums as gemv() / gemv_q8(), then what silu_mul()

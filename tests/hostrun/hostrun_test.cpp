@@ -233,6 +233,27 @@ TEST_CASE("host-run: fused epilogues, the norms' quantization and graph replay c
   }
 }
 
+TEST_CASE("host-run: the int8 matmuls on tensor cores (TROUPE_CUDA_Q8_MMA) change no bit", "[hostrun][model]") {
+  // From 4 tokens on: the 12-token prompt's matmuls take the mma kernel (and the unfused
+  // RoPE and SiLU ops), decode steps the GEMV.
+  for (const std::string dtype : {"q8_0", "q4_1", "q5_0"}) {
+    auto files = tiny(dtype);
+    REQUIRE(files.ok());
+    INFO(dtype);
+    auto gemv = hostrun_backend();
+    const Trace a = trace(*files, *gemv, kPrompt, 12);
+    CHECK(gemv->stats().find("int8 matmuls on tensor cores: 0") != std::string::npos);
+    setenv("TROUPE_CUDA_Q8_MMA", "4", 1);
+    auto mma = hostrun_backend();
+    unsetenv("TROUPE_CUDA_Q8_MMA");
+    const Trace b = trace(*files, *mma, kPrompt, 12);
+    INFO(mma->stats());
+    CHECK(mma->stats().find("int8 matmuls on tensor cores: 0") == std::string::npos);
+    CHECK(a.tokens == b.tokens);
+    CHECK(a.logits == b.logits);  // bit for bit
+  }
+}
+
 TEST_CASE("host-run: a decode step takes 7 launches a layer, int8 types and bf16 alike", "[hostrun][model]") {
   // norm (int8: quantizing for QKV), QKV with RoPE + KV write, attention (quantizing for O),
   // O, add + norm (quantizing for gate/up), gate/up with SiLU (quantizing for down), down.

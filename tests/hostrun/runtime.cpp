@@ -263,6 +263,7 @@ cudaError_t CUDARTAPI cudaDeviceGetAttribute(int* value, enum cudaDeviceAttr att
   switch (attr) {
     case cudaDevAttrMultiProcessorCount: *value = st().num_sms; return cudaSuccess;
     case cudaDevAttrMaxSharedMemoryPerBlockOptin: *value = hostrun::kMaxOptinShared; return cudaSuccess;
+    case cudaDevAttrComputeCapabilityMajor: *value = 9; return cudaSuccess;
     default: return fail(cudaErrorInvalidValue);  // (add what the backend comes to ask)
   }
 }

@@ -95,6 +95,7 @@ struct Block {
   Barrier all;
   std::vector<Barrier> warps;
   std::vector<uint64_t> lanes[2];  // one slot per thread for shuffles, by warp barrier parity
+  std::vector<int> mma;  // six words per thread: an emulated mma's fragments
   std::vector<Fiber> fibers;
   unsigned running = 0;  // the fiber being run
   unsigned at = 0;       // its place in `order`
@@ -277,6 +278,37 @@ using device_vector = std::vector<T, DeviceAllocator<T>>;
 
 inline void __syncthreads() { cuda_emu::wait(cuda_emu::current->all); }
 
+namespace cuda_emu {
+// mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 over the warp, with PTX's fragment layout
+// (g = lane / 4, q = lane % 4): a = {A[g][4q..], A[g+8][4q..], A[g][16+4q..], A[g+8][16+4q..]},
+// b = {B[4q..][g], B[16+4q..][g]} (4 signed bytes each, the lowest first), d = {D[g][2q],
+// D[g][2q+1], D[g+8][2q], D[g+8][2q+1]}, D += A B exactly. Every lane of the warp calls it.
+inline void mma_s8_16x8x32(int (&d)[4], const int (&a)[4], const int (&b)[2]) {
+  auto& blk = *current;
+  const unsigned me = threadIdx.x, warp = me / 32, lane = me % 32;
+  if (blk.mma.size() < blk.threads * 6) blk.mma.resize(blk.threads * 6);
+  int* mine = &blk.mma[me * 6];
+  for (int i = 0; i < 4; ++i) mine[i] = a[i];
+  mine[4] = b[0];
+  mine[5] = b[1];
+  wait(blk.warps[warp]);
+  const int* w = &blk.mma[warp * 32 * 6];
+  auto byte = [](int word, int k) { return static_cast<int>(static_cast<int8_t>(static_cast<uint32_t>(word) >> (8 * k))); };
+  auto A = [&](int r, int k) { return byte(w[((r % 8) * 4 + (k % 16) / 4) * 6 + (r >= 8 ? 1 : 0) + (k >= 16 ? 2 : 0)], k % 4); };
+  auto B = [&](int k, int c) { return byte(w[(c * 4 + (k % 16) / 4) * 6 + 4 + (k >= 16 ? 1 : 0)], k % 4); };
+  const int g = static_cast<int>(lane / 4), q = static_cast<int>(lane % 4);
+  int out[4];
+  for (int e = 0; e < 4; ++e) {
+    const int r = g + 8 * (e >> 1), c = 2 * q + (e & 1);
+    int sum = d[e];
+    for (int k = 0; k < 32; ++k) sum += A(r, k) * B(k, c);
+    out[e] = sum;
+  }
+  wait(blk.warps[warp]);  // (every lane has read the fragments before any writes its next)
+  for (int e = 0; e < 4; ++e) d[e] = out[e];
+}
+}  // namespace cuda_emu
+
 template <typename T>
 T __shfl_xor_sync(unsigned /*mask: full warps only*/, T v, int lane_mask) {
   static_assert(sizeof(T) <= 8 && std::is_trivially_copyable_v<T>);
@@ -341,6 +373,7 @@ inline void __syncwarp(unsigned /*mask*/ = 0xffffffffu) {
   cuda_emu::wait(cuda_emu::current->warps[threadIdx.x / 32]);
 }
 inline uint32_t __float_as_uint(float f) { return std::bit_cast<uint32_t>(f); }
+inline int __ffs(int x) { return x == 0 ? 0 : std::countr_zero(static_cast<uint32_t>(x)) + 1; }
 template <typename T>
 T __ldcs(const T* p) {  // a streaming load: a plain load here
   return *p;

@@ -252,3 +252,58 @@ TEST_CASE("the int8-activation GEMV's fused SiLU and RoPE + KV-write epilogues g
   check_epilogues<DType::Q6_K, 2>(g, 8, 2);
   check_epilogues<DType::Q4_K, 8>(g, 8, 9);
 }
+
+namespace {
+
+// The tensor-core int8 matmul (gemm_q8_mma_kernel) against the GEMV, bit for bit, for every
+// token: ragged 16-row tiles, 64-token blocks and 16-token warps, lane classes with zero to
+// three blocks (so the pairwise tree of class sums meets empty classes and long ones).
+template <DType T>
+void check_mma(std::mt19937& g, int64_t rows, int64_t nb, int64_t n) {
+  const int64_t cols = nb * 32;
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  size_t rb = 0;
+  const std::vector<uint8_t> w = test::device_rows(T, test::random_weight(T, rows, cols, g), rows, cols, &rb);
+  std::vector<float> x(static_cast<size_t>(n * cols));
+  for (auto& v : x) v = nd(g);
+  std::vector<uint8_t> xq(static_cast<size_t>(n) * cuda::q8_row_bytes(cols));
+  cuda_emu::launch(static_cast<unsigned>((n * nb + 7) / 8), 256, cuda::quantize_q8_kernel, x.data(), cols, cols, n,
+                   cuda::q8_numerics(T), xq.data());
+  const auto gemv = run<T, 8, 4>(w, rb, rows, nb, xq.data(), n);
+  const int64_t ldy = rows + 3;
+  std::vector<float> y(static_cast<size_t>(n * ldy), -7.0f);
+  const int64_t per_block = cuda::kMmaWarps * cuda::kMmaTokens;
+  cuda_emu::launch3(static_cast<unsigned>((rows + 15) / 16), static_cast<unsigned>((n + per_block - 1) / per_block), 1,
+                    cuda::kMmaWarps * 32, cuda::gemm_q8_mma_kernel<T>, w.data(), rb, rows, nb,
+                    static_cast<const uint8_t*>(xq.data()), n, y.data(), ldy);
+  INFO(dtype_traits(T).name << " rows " << rows << " blocks " << nb << " tokens " << n);
+  size_t differ = 0, outside = 0;
+  for (int64_t t = 0; t < n; ++t) {
+    for (int64_t r = 0; r < rows; ++r)
+      if (std::memcmp(&y[t * ldy + r], &gemv[t * rows + r], 4) != 0) ++differ;
+    for (int64_t r = rows; r < ldy; ++r)
+      if (y[t * ldy + r] != -7.0f) ++outside;
+  }
+  CHECK(differ == 0);
+  CHECK(outside == 0);
+}
+
+}  // namespace
+
+TEST_CASE("the tensor-core int8 matmul gives every token the GEMV's bits", "[kernels][cuda-emulation]") {
+  std::mt19937 g(15);
+  for (int64_t rows : {5, 40}) {
+    for (int64_t nb : {3, 70}) {
+      check_mma<DType::Q4_0>(g, rows, nb, 70);
+      check_mma<DType::Q4_1>(g, rows, nb, 21);
+      check_mma<DType::Q5_0>(g, rows, nb, 9);
+      check_mma<DType::Q5_1>(g, rows, nb, 16);
+      check_mma<DType::Q8_0>(g, rows, nb, 70);
+    }
+    for (int64_t nb : {8, 72}) {
+      check_mma<DType::Q4_K>(g, rows, nb, 17);
+      check_mma<DType::Q5_K>(g, rows, nb, 5);
+      check_mma<DType::Q6_K>(g, rows, nb, 70);
+    }
+  }
+}
