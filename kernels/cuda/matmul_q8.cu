@@ -452,44 +452,37 @@ void launch(const uint8_t* w, size_t row_bytes, int64_t rows, int64_t nb, const 
   }
 }
 
+// Calls f.template operator()<T>() for the weight type; false when it has no int8 kernels.
+template <class F>
+bool with_q8_type(DType type, F&& f) {
+  switch (type) {
+    case DType::Q4_0: f.template operator()<DType::Q4_0>(); return true;
+    case DType::Q4_1: f.template operator()<DType::Q4_1>(); return true;
+    case DType::Q5_0: f.template operator()<DType::Q5_0>(); return true;
+    case DType::Q5_1: f.template operator()<DType::Q5_1>(); return true;
+    case DType::Q8_0: f.template operator()<DType::Q8_0>(); return true;
+    case DType::Q4_K: f.template operator()<DType::Q4_K>(); return true;
+    case DType::Q5_K: f.template operator()<DType::Q5_K>(); return true;
+    case DType::Q6_K: f.template operator()<DType::Q6_K>(); return true;
+    default: return false;
+  }
+}
+
 // Calls launch<T>() for the weight type; false when it has no int8 GEMV.
 template <class E>
 bool dispatch(DType type, const uint8_t* w, size_t row_bytes, int64_t rows, int64_t nb, const uint8_t* xq, int64_t n,
               const E& out, cudaStream_t stream) {
-  switch (type) {
-    case DType::Q4_0: launch<DType::Q4_0>(w, row_bytes, rows, nb, xq, n, out, stream); return true;
-    case DType::Q4_1: launch<DType::Q4_1>(w, row_bytes, rows, nb, xq, n, out, stream); return true;
-    case DType::Q5_0: launch<DType::Q5_0>(w, row_bytes, rows, nb, xq, n, out, stream); return true;
-    case DType::Q5_1: launch<DType::Q5_1>(w, row_bytes, rows, nb, xq, n, out, stream); return true;
-    case DType::Q8_0: launch<DType::Q8_0>(w, row_bytes, rows, nb, xq, n, out, stream); return true;
-    case DType::Q4_K: launch<DType::Q4_K>(w, row_bytes, rows, nb, xq, n, out, stream); return true;
-    case DType::Q5_K: launch<DType::Q5_K>(w, row_bytes, rows, nb, xq, n, out, stream); return true;
-    case DType::Q6_K: launch<DType::Q6_K>(w, row_bytes, rows, nb, xq, n, out, stream); return true;
-    default: return false;
-  }
+  return with_q8_type(type, [&]<DType T>() { launch<T>(w, row_bytes, rows, nb, xq, n, out, stream); });
 }
 
-template <DType T>
-void launch_mma(const uint8_t* w, size_t row_bytes, int64_t rows, int64_t nb, const uint8_t* xq, int64_t n, float* y,
-                int64_t ldy, cudaStream_t stream) {
-  constexpr int64_t per_block = int64_t{kMmaWarps} * kMmaTokens;
-  const dim3 grid(static_cast<unsigned>((rows + 15) / 16), static_cast<unsigned>((n + per_block - 1) / per_block));
-  gemm_q8_mma_kernel<T><<<grid, kMmaWarps * 32, 0, stream>>>(w, row_bytes, rows, nb, xq, n, y, ldy);
-}
-
+// The tensor-core kernel for the weight type; false when it has none.
 bool dispatch_mma(DType type, const uint8_t* w, size_t row_bytes, int64_t rows, int64_t nb, const uint8_t* xq,
                   int64_t n, float* y, int64_t ldy, cudaStream_t stream) {
-  switch (type) {
-    case DType::Q4_0: launch_mma<DType::Q4_0>(w, row_bytes, rows, nb, xq, n, y, ldy, stream); return true;
-    case DType::Q4_1: launch_mma<DType::Q4_1>(w, row_bytes, rows, nb, xq, n, y, ldy, stream); return true;
-    case DType::Q5_0: launch_mma<DType::Q5_0>(w, row_bytes, rows, nb, xq, n, y, ldy, stream); return true;
-    case DType::Q5_1: launch_mma<DType::Q5_1>(w, row_bytes, rows, nb, xq, n, y, ldy, stream); return true;
-    case DType::Q8_0: launch_mma<DType::Q8_0>(w, row_bytes, rows, nb, xq, n, y, ldy, stream); return true;
-    case DType::Q4_K: launch_mma<DType::Q4_K>(w, row_bytes, rows, nb, xq, n, y, ldy, stream); return true;
-    case DType::Q5_K: launch_mma<DType::Q5_K>(w, row_bytes, rows, nb, xq, n, y, ldy, stream); return true;
-    case DType::Q6_K: launch_mma<DType::Q6_K>(w, row_bytes, rows, nb, xq, n, y, ldy, stream); return true;
-    default: return false;
-  }
+  constexpr int64_t per_block = int64_t{kMmaWarps} * kMmaTokens;
+  const dim3 grid(static_cast<unsigned>((rows + 15) / 16), static_cast<unsigned>((n + per_block - 1) / per_block));
+  return with_q8_type(type, [&]<DType T>() {
+    gemm_q8_mma_kernel<T><<<grid, kMmaWarps * 32, 0, stream>>>(w, row_bytes, rows, nb, xq, n, y, ldy);
+  });
 }
 #endif
 
