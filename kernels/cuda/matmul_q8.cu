@@ -452,20 +452,16 @@ void launch(const uint8_t* w, size_t row_bytes, int64_t rows, int64_t nb, const 
   }
 }
 
+constexpr bool has_q8_kernels(DType t) {
+  return t == DType::Q4_0 || t == DType::Q4_1 || t == DType::Q5_0 || t == DType::Q5_1 || t == DType::Q8_0 ||
+         is_k_quant(t);
+}
 // Calls f.template operator()<T>() for the weight type; false when it has no int8 kernels.
 template <class F>
 bool with_q8_type(DType type, F&& f) {
-  switch (type) {
-    case DType::Q4_0: f.template operator()<DType::Q4_0>(); return true;
-    case DType::Q4_1: f.template operator()<DType::Q4_1>(); return true;
-    case DType::Q5_0: f.template operator()<DType::Q5_0>(); return true;
-    case DType::Q5_1: f.template operator()<DType::Q5_1>(); return true;
-    case DType::Q8_0: f.template operator()<DType::Q8_0>(); return true;
-    case DType::Q4_K: f.template operator()<DType::Q4_K>(); return true;
-    case DType::Q5_K: f.template operator()<DType::Q5_K>(); return true;
-    case DType::Q6_K: f.template operator()<DType::Q6_K>(); return true;
-    default: return false;
-  }
+  return has_q8_kernels(type) && dispatch_dtype(type, [&]<DType T>() {
+           if constexpr (has_q8_kernels(T)) f.template operator()<T>();
+         });
 }
 
 // Calls launch<T>() for the weight type; false when it has no int8 GEMV.
@@ -489,10 +485,7 @@ bool dispatch_mma(DType type, const uint8_t* w, size_t row_bytes, int64_t rows, 
 }  // namespace
 
 #ifndef TROUPE_CUDA_EMULATION
-bool uses_q8_activations(DType type) {
-  return type == DType::Q4_0 || type == DType::Q4_1 || type == DType::Q5_0 || type == DType::Q5_1 ||
-         type == DType::Q8_0 || is_k_quant(type);
-}
+bool uses_q8_activations(DType type) { return has_q8_kernels(type); }
 
 cudaError_t quantize_q8(DType weight_type, const float* x, int64_t ldx, int64_t cols, int64_t n, uint8_t* out,
                         cudaStream_t stream) {
