@@ -103,12 +103,12 @@ struct Block {
   void* scheduler_sp = nullptr;
   std::function<void()> body;  // one thread's kernel call for the current block
 };
-inline Block* current = nullptr;
+inline thread_local Block* current = nullptr;  // (per OS thread: host-run may drain streams on several)
 
 // Stacks for the fibers, kept between launches (kStackBytes each: the kernels' locals).
 constexpr size_t kStackBytes = size_t{256} << 10;
 inline std::vector<std::unique_ptr<unsigned char[]>>& stacks() {
-  static std::vector<std::unique_ptr<unsigned char[]>> s;
+  static thread_local std::vector<std::unique_ptr<unsigned char[]>> s;
   return s;
 }
 
@@ -135,7 +135,7 @@ inline Schedule schedule() {
 }
 // A small deterministic generator for the shuffled orders (the same run, the same orders).
 inline uint64_t next_random() {
-  static uint64_t state = [] {
+  static thread_local uint64_t state = [] {
     const char* e = std::getenv("TROUPE_EMU_SEED");
     return e ? std::strtoull(e, nullptr, 10) : uint64_t{1};
   }();
