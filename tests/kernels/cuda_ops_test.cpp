@@ -15,34 +15,16 @@
 #include "kernels/backend.h"
 #include "kernels/cpu/quant_ref.h"
 #include "runtime/sampler.h"
+#include "tests/kernels/cuda_test_util.h"
 #include "tests/kernels/kernel_test_util.h"
 
 using namespace troupe;
+using test::get;
+using test::gpu_or_skip;
+using test::put;
+using test::stats_count;
 
 namespace {
-
-std::unique_ptr<Backend> gpu_or_skip(bool batch_invariant = true, bool tc_gemm = false) {
-  const std::string why = cuda_unavailable_reason();
-  if (!why.empty()) {
-    WARN("skipped: " << why);
-    return nullptr;
-  }
-  CudaBackendOptions o;
-  o.batch_invariant = batch_invariant;
-  o.tc_gemm = tc_gemm;
-  auto b = make_cuda_backend(o);
-  if (!b) FAIL(b.error().message);
-  return std::move(*b);
-}
-
-float* put(Backend& b, const std::vector<float>& v) { return b.upload(v); }
-std::vector<float> get(Backend& b, const float* p, size_t n) {
-  std::vector<float> v(n);
-  b.copy_out(v.data(), p, n);
-  auto st = b.sync();
-  if (!st.ok()) FAIL(b.name() << ": " << st.error().message);
-  return v;
-}
 
 // Every element: |a - b| <= abs_tol + rel_tol * |b|.
 void expect_close(const std::vector<float>& got, const std::vector<float>& want, double abs_tol, double rel_tol,
@@ -531,16 +513,6 @@ TEST_CASE("cuda: fused add+RMSNorm and RoPE+KV-write give the unfused ops' bits"
   }
 }
 
-namespace {
-// A counter of the backend's stats line: the number after `key`.
-uint64_t stats_count(const Backend& b, const std::string& key) {
-  const std::string st = b.stats();
-  const size_t at = st.find(key);
-  REQUIRE(at != std::string::npos);
-  return std::stoull(st.substr(at + key.size()));
-}
-}  // namespace
-
 TEST_CASE("cuda: the GEMVs' fused SiLU and RoPE + KV-write epilogues give the unfused ops' bits", "[cuda][kernels]") {
   unsetenv("TROUPE_CUDA_FUSE");  // (the backend reads it when made)
   auto gpu = gpu_or_skip();
@@ -823,43 +795,4 @@ TEST_CASE("cuda: on-device sampling picks the host sampler's tokens", "[cuda][ke
   // within rounding of a boundary may land on the neighbour; anything more is a bug.
   CHECK(differ <= checked / 100);
   CHECK(worst_logprob <= 1e-3);
-}
-
-TEST_CASE("cuda: the int8 matmuls on tensor cores (TROUPE_CUDA_Q8_MMA) give the GEMV's bits", "[cuda][kernels][batch]") {
-  // From 16 tokens on the mma kernel runs (70 tokens: two 64-token blocks, the second
-  // ragged; 200 rows: a ragged 16-row tile); single tokens still take the GEMV, so each
-  // token alone must get the bits it gets in the batch, and the whole batch the GEMV's.
-  auto gemv = gpu_or_skip();
-  if (!gemv) return;
-  setenv("TROUPE_CUDA_Q8_MMA", "16", 1);
-  auto mma = gpu_or_skip();
-  unsetenv("TROUPE_CUDA_Q8_MMA");
-  std::mt19937 rng(16);
-  const int64_t rows = 200, n = 70;
-  for (const DType t : {DType::Q4_0, DType::Q4_1, DType::Q5_0, DType::Q5_1, DType::Q8_0, DType::Q4_K, DType::Q5_K,
-                        DType::Q6_K}) {
-    const int64_t cols = cols_for(t, 1);
-    INFO(dtype_traits(t).name << " " << rows << " x " << cols << ", " << n << " tokens");
-    auto data = test::random_weight(t, rows, cols, rng);
-    auto x = test::random_floats(static_cast<size_t>(n * cols), rng);
-    auto run = [&](Backend& b, int64_t first, int64_t m) {
-      auto w = b.make_weight(t, cols, {{data.data(), rows}});
-      REQUIRE(w.ok());
-      float* px = put(b, std::vector<float>(x.begin() + first * cols, x.begin() + (first + m) * cols));
-      float* y = b.alloc(static_cast<size_t>(m * rows));
-      b.matmul(**w, px, m, y, rows);
-      return get(b, y, static_cast<size_t>(m * rows));
-    };
-    const uint64_t before = stats_count(*mma, "int8 matmuls on tensor cores: ");
-    const auto want = run(*gemv, 0, n);
-    const auto got = run(*mma, 0, n);
-    CHECK(stats_count(*mma, "int8 matmuls on tensor cores: ") == before + 1);
-    size_t differ = 0;
-    for (size_t i = 0; i < want.size(); ++i) differ += std::memcmp(&want[i], &got[i], 4) != 0;
-    CHECK(differ == 0);
-    for (const int64_t i : {0L, 33L, 69L}) {  // alone (the GEMV) in the mma backend
-      const auto one = run(*mma, i, 1);
-      CHECK(std::memcmp(one.data(), got.data() + i * rows, static_cast<size_t>(rows) * 4) == 0);
-    }
-  }
 }
