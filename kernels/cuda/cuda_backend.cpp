@@ -243,7 +243,7 @@ class CudaBackend final : public Backend {
       uint8_t* xq = ready ? given : q8_scratch(n, cols);
       if (!xq) return;
       const int64_t mma_min = q8_mma_min_;
-      if (mma_min > 0 && n >= mma_min) ++q8_mma_calls_;
+      if (q8_on_tensor_cores(n)) ++q8_mma_calls_;
       run("quantize_q8 + gemv_q8", __LINE__, {P(data), rb, U(rows), U(cols), P(x), U(n), P(y), U(ldy), P(xq), U(ready)},
           [=](cudaStream_t st) {
             const cudaError_t e = ready ? cudaSuccess : cuda::quantize_q8(type, x, cols, cols, n, xq, st);
@@ -480,12 +480,14 @@ class CudaBackend final : public Backend {
     if (n > kGemvMaxTokens && !batch_invariant_) return MatmulPath::kCublas;
     return cuda::uses_q8_activations(type) && !simple_gemv_ ? MatmulPath::kGemvQ8 : MatmulPath::kGemv;
   }
+  // Whether gemv_q8 runs its tensor-core kernel for n tokens (TROUPE_CUDA_Q8_MMA).
+  bool q8_on_tensor_cores(int64_t n) const { return q8_mma_min_ > 0 && n >= q8_mma_min_; }
   // Whether matmul() would run the GEMV for this type and token count and a fused epilogue
   // exists for it (TROUPE_CUDA_FUSE=0: never, for benchmarks).
   // Not where gemv_q8 takes its tensor-core kernel: the unfused ops then (the same bits).
   bool fused_gemv(DType type, int64_t n) const {
     const MatmulPath path = matmul_path(type, n);
-    if (path == MatmulPath::kGemvQ8 && q8_mma_min_ > 0 && n >= q8_mma_min_) return false;
+    if (path == MatmulPath::kGemvQ8 && q8_on_tensor_cores(n)) return false;
     return fuse_ && !simple_gemv_ && (path == MatmulPath::kGemv || path == MatmulPath::kGemvQ8) &&
            cuda::has_fused_gemv(type);
   }

@@ -233,6 +233,7 @@ void launch3(unsigned gx, unsigned gy, unsigned gz, unsigned block, Kernel kerne
   blk.warps.resize(block / 32);
   blk.lanes[0].assign(block, 0);
   blk.lanes[1].assign(block, 0);
+  blk.mma.assign(size_t{block} * 6, 0);
   blk.fibers.resize(block);
   while (stacks().size() < block)  // (not zeroed: pages are touched only as deep as a kernel goes)
     stacks().push_back(std::unique_ptr<unsigned char[]>(new unsigned char[kStackBytes]));
@@ -286,7 +287,6 @@ namespace cuda_emu {
 inline void mma_s8_16x8x32(int (&d)[4], const int (&a)[4], const int (&b)[2]) {
   auto& blk = *current;
   const unsigned me = threadIdx.x, warp = me / 32, lane = me % 32;
-  if (blk.mma.size() < blk.threads * 6) blk.mma.resize(blk.threads * 6);
   int* mine = &blk.mma[me * 6];
   for (int i = 0; i < 4; ++i) mine[i] = a[i];
   mine[4] = b[0];
