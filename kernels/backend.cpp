@@ -1,7 +1,9 @@
 // Backend helpers shared by every backend, and the --device switch.
 #include <algorithm>
 #include <atomic>
+#include <cstdlib>
 #include <cstring>
+#include <initializer_list>
 
 #include "kernels/backend.h"
 
@@ -48,6 +50,56 @@ void Backend::matmul_rope_kv_write(const Weight& wqkv, const float* x, KvCache& 
 }
 
 namespace {
+// The value of environment variable `name` if it is set and not empty.
+const char* env_value(const char* name) {
+  const char* v = std::getenv(name);
+  return v && *v ? v : nullptr;
+}
+Error bad_env(const char* name, const char* value, const std::string& takes) {
+  return make_error(std::string(name) + "='" + value + "' is not a value it takes: " + takes + " (docs/flags.md)");
+}
+// One of `choices` (its index), or -1 when the variable is unset or empty.
+Result<int> env_choice(const char* name, std::initializer_list<const char*> choices) {
+  const char* v = env_value(name);
+  if (!v) return -1;
+  std::string takes;
+  int i = 0;
+  for (const char* c : choices) {
+    if (!std::strcmp(v, c)) return i;
+    takes += (i ? ", " : "") + std::string(c);
+    ++i;
+  }
+  return bad_env(name, v, "one of " + takes);
+}
+}  // namespace
+
+Result<CudaEnvOptions> cuda_env_options() {
+  CudaEnvOptions o;
+  auto gemv = env_choice("TROUPE_CUDA_GEMV", {"simple", "auto"});
+  if (!gemv.ok()) return gemv.error();
+  o.simple_gemv = *gemv == 0;
+  auto attn = env_choice("TROUPE_CUDA_ATTN", {"direct", "staged"});
+  if (!attn.ok()) return attn.error();
+  o.direct_k = *attn == 0;
+  auto fuse = env_choice("TROUPE_CUDA_FUSE", {"0", "1"});
+  if (!fuse.ok()) return fuse.error();
+  o.fuse = *fuse != 0;
+  if (const char* v = env_value("TROUPE_CUDA_Q8_MMA")) {
+    const size_t len = std::strlen(v);
+    if (len > 9 || std::strspn(v, "0123456789") != len)
+      return bad_env("TROUPE_CUDA_Q8_MMA", v, "a token count, 0 to 999999999 (0: never)");
+    o.q8_mma_min = std::atoll(v);
+  }
+  return o;
+}
+
+Status check_cpu_isa_env() {
+  auto isa = env_choice("TROUPE_CPU_ISA", {"scalar", "avx2", "avx512"});
+  if (!isa.ok()) return isa.error();
+  return {};
+}
+
+namespace {
 std::atomic<CudaBackendFactory> g_cuda_factory{nullptr};
 Result<std::unique_ptr<Backend>> cuda_backend(const CudaBackendOptions& opts) {
   const CudaBackendFactory f = g_cuda_factory.load();
@@ -59,7 +111,10 @@ void set_cuda_backend_factory_for_tests(CudaBackendFactory factory) { g_cuda_fac
 
 Result<std::unique_ptr<Backend>> make_backend(const std::string& device, int cpu_threads,
                                               const CudaBackendOptions& cuda) {
-  if (device == "cpu") return make_cpu_backend(CpuBackendOptions{cpu_threads});
+  if (device == "cpu") {
+    if (Status st = check_cpu_isa_env(); !st.ok()) return st.error();
+    return make_cpu_backend(CpuBackendOptions{cpu_threads});
+  }
   CudaBackendOptions opts = cuda;
   opts.device = 0;
   if (device == "cuda") return cuda_backend(opts);

@@ -161,8 +161,21 @@ struct CudaBackendOptions {
   // weight's type (other bits than the GEMV's). Opt-in until measured on a GPU (docs/gpu.md).
   bool tc_gemm = false;
 };
-// kernels/cuda/: an error (never a crash) when the build has no CUDA, no GPU is present
-// or the device ordinal is out of range.
+// The CUDA backend's environment variables (docs/flags.md), read when a backend is made.
+// Each takes only the values listed there; any other value is an error naming the
+// variable, its value and what it takes (not silently the default).
+struct CudaEnvOptions {
+  bool simple_gemv = false;  // TROUPE_CUDA_GEMV=simple: the f32-activation GEMV for every type
+  bool direct_k = false;     // TROUPE_CUDA_ATTN=direct (or staged): K rows read from global memory
+  bool fuse = true;          // TROUPE_CUDA_FUSE=0|1: fused GEMV epilogues and quantization
+  int64_t q8_mma_min = 0;    // TROUPE_CUDA_Q8_MMA=N: int8 matmuls of N+ tokens on tensor cores (0: never)
+};
+Result<CudaEnvOptions> cuda_env_options();
+// TROUPE_CPU_ISA (scalar, avx2 or avx512, the last no cap): an error for any other value.
+Status check_cpu_isa_env();
+
+// kernels/cuda/: an error (never a crash) when the build has no CUDA, no GPU is present,
+// the device ordinal is out of range or a TROUPE_CUDA_* variable has a value it does not take.
 Result<std::unique_ptr<Backend>> make_cuda_backend(const CudaBackendOptions& opts);
 // Why the CUDA backend cannot run here, or empty when it can (built with CUDA, a GPU present).
 std::string cuda_unavailable_reason();

@@ -42,10 +42,15 @@ constexpr size_t kMaxPartialBytes = size_t{64} << 20;  // split-KV partials, at 
 
 class CudaBackend final : public Backend {
  public:
-  CudaBackend(const CudaBackendOptions& opts, cudaStream_t stream, cublasHandle_t blas, std::string name)
+  CudaBackend(const CudaBackendOptions& opts, const CudaEnvOptions& env, cudaStream_t stream, cublasHandle_t blas,
+              std::string name)
       : device_(opts.device),
         batch_invariant_(opts.batch_invariant),
         tc_gemm_(opts.batch_invariant && opts.tc_gemm),
+        simple_gemv_(env.simple_gemv),
+        direct_k_(env.direct_k),
+        fuse_(env.fuse),
+        q8_mma_min_(env.q8_mma_min),
         stream_(stream),
         blas_(blas),
         name_(std::move(name)) {
@@ -677,30 +682,18 @@ class CudaBackend final : public Backend {
   int device_;
   bool batch_invariant_;
   bool tc_gemm_;  // batch-invariant f16/bf16 matmuls on tensor cores
-  // TROUPE_CUDA_GEMV=simple: the plain f32-activation GEMV for every type (benchmarks).
-  bool simple_gemv_ = [] {
-    const char* e = std::getenv("TROUPE_CUDA_GEMV");
-    return e && std::string(e) == "simple";
-  }();
-  // TROUPE_CUDA_ATTN=direct: attention reads K rows straight from global memory rather than
-  // staging them in shared memory (the same bits; benchmarks compare the two).
-  bool direct_k_ = [] {
-    const char* e = std::getenv("TROUPE_CUDA_ATTN");
-    return e && std::string(e) == "direct";
-  }();
-  // TROUPE_CUDA_FUSE=0: the gate/up and QKV GEMVs without their fused SiLU and RoPE + KV
-  // write epilogues (the same bits; benchmarks compare the two).
-  bool fuse_ = [] {
-    const char* e = std::getenv("TROUPE_CUDA_FUSE");
-    return !(e && std::string(e) == "0");
-  }();
-  // TROUPE_CUDA_Q8_MMA=N: the int8 matmuls of N or more tokens on tensor cores
-  // (matmul_q8.cu, gemm_q8_mma_kernel: the GEMV's bits, weights read once per 64 tokens
-  // instead of per 8); unset or 0: the GEMV at every size. Opt-in until a GPU has measured it.
-  int64_t q8_mma_min_ = [] {
-    const char* e = std::getenv("TROUPE_CUDA_Q8_MMA");
-    return e ? std::max<int64_t>(0, std::atoll(e)) : int64_t{0};
-  }();
+  // The TROUPE_CUDA_* variables (CudaEnvOptions, docs/flags.md):
+  bool simple_gemv_;  // =simple: the plain f32-activation GEMV for every type (benchmarks)
+  // =direct: attention reads K rows straight from global memory rather than staging them
+  // in shared memory (the same bits; benchmarks compare the two).
+  bool direct_k_;
+  // =0: the gate/up and QKV GEMVs without their fused SiLU and RoPE + KV write epilogues
+  // (the same bits; benchmarks compare the two).
+  bool fuse_;
+  // =N: the int8 matmuls of N or more tokens on tensor cores (matmul_q8.cu,
+  // gemm_q8_mma_kernel: the GEMV's bits, weights read once per 64 tokens instead of per 8);
+  // unset or 0: the GEMV at every size. Opt-in until a GPU has measured it.
+  int64_t q8_mma_min_;
   uint64_t q8_mma_calls_ = 0;  // matmul() calls that took it
   uint64_t fused_calls_ = 0;  // matmul_silu / matmul_rope_kv_write calls that took the fused kernels
   uint64_t q8_prepared_ = 0;  // ops that quantized their output for the next matmul
@@ -755,6 +748,8 @@ Result<std::unique_ptr<Backend>> make_cuda_backend(const CudaBackendOptions& opt
   cudaDeviceProp prop{};
   if (cudaError_t e = cudaGetDeviceProperties(&prop, opts.device); e != cudaSuccess)
     return make_error(std::string("cudaGetDeviceProperties: ") + cudaGetErrorString(e));
+  auto env = cuda_env_options();
+  if (!env.ok()) return make_error("--device cuda: " + env.error().message);
   cudaStream_t stream = nullptr;
   if (cudaError_t e = cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking); e != cudaSuccess)
     return make_error(std::string("cudaStreamCreate: ") + cudaGetErrorString(e));
@@ -771,7 +766,7 @@ Result<std::unique_ptr<Backend>> make_cuda_backend(const CudaBackendOptions& opt
                             : opts.tc_gemm        ? "batch-invariant, tensor-core matmul for f16/bf16"
                                                   : "batch-invariant GEMV") +
                            ")";
-  return std::unique_ptr<Backend>(std::make_unique<CudaBackend>(opts, stream, blas, name));
+  return std::unique_ptr<Backend>(std::make_unique<CudaBackend>(opts, *env, stream, blas, name));
 }
 
 }  // namespace troupe

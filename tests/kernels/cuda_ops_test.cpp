@@ -407,6 +407,14 @@ TEST_CASE("cuda: bad device numbers and unsupported shapes are errors, not crash
     CHECK(r.error().message.find("cuda") != std::string::npos);
     return;
   }
+  {
+    // A TROUPE_CUDA_* value the backend does not take: refused, naming it (not the default).
+    setenv("TROUPE_CUDA_Q8_MMA", "lots", 1);
+    auto r = make_backend("cuda", 1);
+    unsetenv("TROUPE_CUDA_Q8_MMA");
+    REQUIRE_FALSE(r.ok());
+    CHECK(r.error().message.find("TROUPE_CUDA_Q8_MMA='lots'") != std::string::npos);
+  }
   CHECK_FALSE(gpu->make_kv_cache(KvCacheShape{1, 4, 16, 2, 40}).ok());  // head_dim 40
   std::vector<uint8_t> junk(100);
   CHECK_FALSE(gpu->make_weight(DType::Q4_0, 33, {{junk.data(), 1}}).ok());  // not a block multiple
