@@ -86,13 +86,15 @@ class CudaBackend final : public Backend {
 
   Result<std::unique_ptr<Weight>> make_weight(
       DType type, int64_t cols, const std::vector<std::pair<const void*, int64_t>>& parts) override {
-    auto w = cuda::upload_weight(device_, type, cols, parts);
+    graphs_.clear();  // (a recorded launch may name a freed weight's address, now another's)
+    auto w = cuda::upload_weight(device_, stream_, type, cols, parts);
     if (!w.ok()) return w.error();
     max_weight_elems_ = std::max(max_weight_elems_, static_cast<size_t>((*w)->rows) * static_cast<size_t>(cols));
     return std::unique_ptr<Weight>(std::move(*w));
   }
   Result<std::unique_ptr<KvCache>> make_kv_cache(const KvCacheShape& s) override {
-    auto c = cuda::allocate_kv_cache(device_, s);
+    graphs_.clear();
+    auto c = cuda::allocate_kv_cache(device_, stream_, s);
     if (!c.ok()) return c.error();
     return std::unique_ptr<KvCache>(std::move(*c));
   }
@@ -568,7 +570,10 @@ class CudaBackend final : public Backend {
     const size_t bytes = static_cast<size_t>(cuda::silu_q8_counters(n, ffn)) * sizeof(unsigned);
     const bool grow = bytes > done_cap_;
     if (!ensure(&done_, &done_cap_, bytes)) return nullptr;
-    if (grow && !check(cudaMemset(done_, 0, done_cap_), "cudaMemset(SiLU counters)", __FILE__, __LINE__)) return nullptr;
+    // (in the stream's order: a synchronous cudaMemset goes through the legacy stream, which
+    // the backend's non-blocking stream does not wait for)
+    if (grow && !check(cudaMemsetAsync(done_, 0, done_cap_, stream_), "cudaMemsetAsync(SiLU counters)", __FILE__, __LINE__))
+      return nullptr;
     return static_cast<unsigned*>(done_);
   }
   bool check(cudaError_t e, const char* what, const char* file, int line) {
@@ -595,9 +600,18 @@ class CudaBackend final : public Backend {
   // the shape and buffer, and the attention segment count (it sets the grid). The context
   // length itself is read from device memory (positions), so decode steps of one shape
   // share a signature while their contexts grow.
+  // (Each field goes through a 64-bit mix, not shifted into overlapping bits: 128 segments
+  // of a 2-sequence step and none of a 3-sequence one must not share a key.)
   uint64_t step_key() const {
-    return U(dstep_.num_tokens) ^ (U(dstep_.num_seqs) << 20) ^ (U(dstep_.max_blocks_per_seq) << 40) ^
-           (U(cuda::attention_segments(dstep_.max_context)) << 13) ^ P(dstep_.token_ids) * 31;
+    uint64_t h = 0;
+    for (uint64_t v : {U(dstep_.num_tokens), U(dstep_.num_seqs), U(dstep_.max_blocks_per_seq),
+                       U(cuda::attention_segments(dstep_.max_context)), P(dstep_.token_ids)}) {
+      h = (h ^ v) + 0x9e3779b97f4a7c15ull;  // splitmix64's step and finaliser
+      h = (h ^ (h >> 30)) * 0xbf58476d1ce4e5b9ull;
+      h = (h ^ (h >> 27)) * 0x94d049bb133111ebull;
+      h ^= h >> 31;
+    }
+    return h;
   }
   // Runs a launch now, or records it for the step's graph.
   template <typename Fn>

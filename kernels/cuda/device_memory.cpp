@@ -15,7 +15,7 @@ namespace {
 constexpr size_t kStagingBytes = size_t{64} << 20;
 }  // namespace
 
-Result<std::unique_ptr<CudaWeight>> upload_weight(int device, DType type, int64_t cols,
+Result<std::unique_ptr<CudaWeight>> upload_weight(int device, cudaStream_t stream, DType type, int64_t cols,
                                                   const std::vector<std::pair<const void*, int64_t>>& parts) {
   if (!is_supported_type(type))
     return make_error(std::string("weight type ") + std::string(dtype_traits(type).name) + " has no CUDA kernels");
@@ -42,12 +42,19 @@ Result<std::unique_ptr<CudaWeight>> upload_weight(int device, DType type, int64_
     w->data = nullptr;
     return make_error("cudaMalloc of " + std::to_string(stride * rows) + " bytes for a weight: " + cudaGetErrorString(e));
   }
+  // Copies on the backend's stream, each waited for: the synchronous cudaMemcpy goes through
+  // the legacy stream, which the backend's non-blocking stream does not wait for, and from
+  // pageable memory it may return before the copy has landed.
+  auto copy = [stream](void* dst, const void* src, size_t bytes) {
+    const cudaError_t e = cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream);
+    return e != cudaSuccess ? e : cudaStreamSynchronize(stream);
+  };
   size_t off = 0;
   std::vector<uint8_t> staging;
   for (const auto& [p, r] : parts) {
     cudaError_t e;
     if (as_is) {
-      e = cudaMemcpy(static_cast<uint8_t*>(w->data) + off, p, *src_row * static_cast<size_t>(r), cudaMemcpyHostToDevice);
+      e = copy(static_cast<uint8_t*>(w->data) + off, p, *src_row * static_cast<size_t>(r));
     } else {  // converted in chunks of rows, so the host holds at most kStagingBytes more
       const int64_t chunk = std::max<int64_t>(1, static_cast<int64_t>(kStagingBytes / stride));
       e = cudaSuccess;
@@ -56,8 +63,7 @@ Result<std::unique_ptr<CudaWeight>> upload_weight(int device, DType type, int64_
         staging.resize(stride * static_cast<size_t>(nr));
         for (int64_t i = 0; i < nr; ++i)
           to_device_row(type, static_cast<const uint8_t*>(p) + *src_row * (r0 + i), cols, staging.data() + stride * i);
-        e = cudaMemcpy(static_cast<uint8_t*>(w->data) + off + stride * r0, staging.data(), staging.size(),
-                       cudaMemcpyHostToDevice);
+        e = copy(static_cast<uint8_t*>(w->data) + off + stride * r0, staging.data(), staging.size());
       }
     }
     if (e != cudaSuccess) return make_error(std::string("cudaMemcpy of a weight: ") + cudaGetErrorString(e));
@@ -66,7 +72,7 @@ Result<std::unique_ptr<CudaWeight>> upload_weight(int device, DType type, int64_
   return w;
 }
 
-Result<std::unique_ptr<CudaKvCache>> allocate_kv_cache(int device, const KvCacheShape& s) {
+Result<std::unique_ptr<CudaKvCache>> allocate_kv_cache(int device, cudaStream_t stream, const KvCacheShape& s) {
   if (s.num_layers <= 0 || s.num_blocks <= 0 || s.block_size <= 0 || s.num_kv_heads <= 0 || s.head_dim <= 0)
     return make_error("invalid KV cache shape");
   if (s.head_dim % 32 != 0 || s.head_dim > 256)
@@ -81,7 +87,8 @@ Result<std::unique_ptr<CudaKvCache>> allocate_kv_cache(int device, const KvCache
       *p = nullptr;
       return make_error("cudaMalloc of " + std::to_string(bytes) + " bytes for the KV cache: " + cudaGetErrorString(e));
     }
-    if (cudaError_t e = cudaMemset(*p, 0, bytes); e != cudaSuccess)
+    // (zeroed in the backend stream's order, before any kernel of it reads the cache)
+    if (cudaError_t e = cudaMemsetAsync(*p, 0, bytes, stream); e != cudaSuccess)
       return make_error(std::string("cudaMemset of the KV cache: ") + cudaGetErrorString(e));
   }
   return c;

@@ -38,10 +38,12 @@ class CudaKvCache final : public KvCache {
 
 // A weight of `cols` columns from host rows in GGUF layout (parts: pointer, rows), made on
 // `device`: converted to the device layout through at most 64 MB of host staging, or
-// copied as is where the layouts agree. Errors name the unsupported type or the failed call.
-Result<std::unique_ptr<CudaWeight>> upload_weight(int device, DType type, int64_t cols,
+// copied as is where the layouts agree, on `stream` (done when this returns). Errors name
+// the unsupported type or the failed call.
+Result<std::unique_ptr<CudaWeight>> upload_weight(int device, cudaStream_t stream, DType type, int64_t cols,
                                                   const std::vector<std::pair<const void*, int64_t>>& parts);
-// A zeroed K and V cache of shape s on `device` (head_dim a multiple of 32, at most 256).
-Result<std::unique_ptr<CudaKvCache>> allocate_kv_cache(int device, const KvCacheShape& s);
+// A K and V cache of shape s on `device` (head_dim a multiple of 32, at most 256), zeroed
+// in `stream`'s order.
+Result<std::unique_ptr<CudaKvCache>> allocate_kv_cache(int device, cudaStream_t stream, const KvCacheShape& s);
 
 }  // namespace troupe::cuda

@@ -27,6 +27,7 @@
 #define cudaMemcpy hostrun_cudaMemcpy
 #define cudaMemcpyAsync hostrun_cudaMemcpyAsync
 #define cudaMemset hostrun_cudaMemset
+#define cudaMemsetAsync hostrun_cudaMemsetAsync
 #define cudaSetDevice hostrun_cudaSetDevice
 #define cudaStreamBeginCapture hostrun_cudaStreamBeginCapture
 #define cudaStreamCreate hostrun_cudaStreamCreate

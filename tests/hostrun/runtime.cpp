@@ -425,6 +425,17 @@ cudaError_t CUDARTAPI cudaMemset(void* devPtr, int value, size_t count) {
   return cudaSuccess;
 }
 
+cudaError_t CUDARTAPI cudaMemsetAsync(void* devPtr, int value, size_t count, cudaStream_t stream) {
+  if (count == 0) return cudaSuccess;
+  if (where(devPtr, count) < 0) return fail(cudaErrorInvalidValue);
+  if (hostrun::resolve(stream)->capturing) {  // (a memset node on a GPU; the backend records none)
+    std::fprintf(stderr, "hostrun: a captured cudaMemsetAsync\n");
+    return fail(cudaErrorStreamCaptureUnsupported);
+  }
+  hostrun::enqueue(stream, [devPtr, value, count] { std::memset(devPtr, value, count); });
+  return cudaSuccess;
+}
+
 // ---- streams and graphs ----
 
 cudaError_t CUDARTAPI cudaStreamCreateWithFlags(cudaStream_t* pStream, unsigned int flags) {
