@@ -55,6 +55,11 @@ done
   { say "troupe bench --device cuda with TROUPE_CUDA_Q8_MMA=64 failed"; tail -3 "$OUT/bench-default-cuda-q8mma.log"; status=1; }
 cat "$OUT/bench-default-cuda-q8mma.json"
 
+# And with every token's attention on tensor cores (batch-invariant; opt-in until measured here).
+(cd "$ROOT" && TROUPE_CUDA_ATTN=tc timeout 120 "$BIN/troupe" bench -m "${TROUPE_MODEL_PATH:-default}" --device cuda -p 512 -n 128 -r 3 --json) >"$OUT/bench-default-cuda-tc-attn.json" 2>"$OUT/bench-default-cuda-tc-attn.log" ||
+  { say "troupe bench --device cuda with TROUPE_CUDA_ATTN=tc failed"; tail -3 "$OUT/bench-default-cuda-tc-attn.log"; status=1; }
+cat "$OUT/bench-default-cuda-tc-attn.json"
+
 say "Llama-3-70B dummy weights in q4_0 (40 GB on the device): troupe bench on the GPU"
 (cd "$ROOT" && timeout 300 "$BIN/troupe" bench --device cuda --load-format dummy -m "$ROOT/configs/llama-3-70b.json" --dtype q4_0 -p 128 -n 32 -r 1 --json) >"$OUT/bench-70b-q4_0.json" 2>"$OUT/bench-70b-q4_0.log" ||
   { say "troupe bench of the 70B dummy shape failed"; tail -3 "$OUT/bench-70b-q4_0.log"; status=1; }

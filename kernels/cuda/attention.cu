@@ -25,7 +25,7 @@ namespace {
 
 constexpr int kWarps = 4;
 constexpr int kThreads = kWarps * 32;
-constexpr int kSegment = 256;
+constexpr int kSegment = kAttentionSegment;
 constexpr int kGroup = 4;  // query heads per block
 
 struct Args {
@@ -245,17 +245,6 @@ __device__ void segment_partial(const Args& a, int t, const Heads& hs, int k0, i
   __syncthreads();
 }
 
-// Running merge of partials in segment order; thread i keeps the (head, dim) pairs
-// i, i + 128, ... of the block's kGroup x HD outputs. The same formula merges split-KV
-// partials in attention_combine_kernel.
-__device__ __forceinline__ void merge_step(float& m, float& l, float& acc, float pm, float pl, float pacc) {
-  const float mn = fmaxf(m, pm);
-  const float fr = expf(m - mn), fp = expf(pm - mn);
-  l = __fmaf_rn(l, fr, __fmul_rn(pl, fp));
-  acc = __fmaf_rn(acc, fr, __fmul_rn(pacc, fp));
-  m = mn;
-}
-
 template <int DPL, bool kStage = kStageK<DPL * 32>>
 __global__ void __launch_bounds__(kThreads) attention_loop_kernel(Args a, float* __restrict__ out) {
   constexpr int hd = DPL * 32;
@@ -273,6 +262,8 @@ __global__ void __launch_bounds__(kThreads) attention_loop_kernel(Args a, float*
     l[k] = 0.f;
     acc[k] = 0.f;
   }
+  // Running merge of partials in segment order (merge_step, as attention_combine_kernel);
+  // thread i keeps the (head, dim) pairs i, i + 128, ... of the block's kGroup x HD outputs.
   for (int k0 = 0; k0 < len; k0 += kSegment) {
     segment_partial<DPL, kStage>(a, t, hs, k0, min(k0 + kSegment, len), s);
 #pragma unroll
@@ -370,6 +361,25 @@ int64_t attention_loop_blocks(int32_t num_tokens, int32_t num_heads, int32_t num
   return int64_t{num_tokens} * num_kv_heads * ((group + kGroup - 1) / kGroup);
 }
 
+
+cudaError_t attention_combine(const DeviceStep& step, int32_t num_heads, int32_t head_dim, const float* partials,
+                              float* out, cudaStream_t stream) {
+  if (step.num_tokens <= 0) return cudaSuccess;
+  const Args a{step, nullptr, 0, num_heads, 1, 0, 0.0f, nullptr, nullptr, false, nullptr, {}};
+  const int segs = attention_segments(step.max_context);
+  const dim3 grid(static_cast<unsigned>(step.num_tokens), static_cast<unsigned>(num_heads));
+  switch (head_dim) {
+    case 32: attention_combine_kernel<1><<<grid, kThreads, 0, stream>>>(a, segs, partials, out); break;
+    case 64: attention_combine_kernel<2><<<grid, kThreads, 0, stream>>>(a, segs, partials, out); break;
+    case 96: attention_combine_kernel<3><<<grid, kThreads, 0, stream>>>(a, segs, partials, out); break;
+    case 128: attention_combine_kernel<4><<<grid, kThreads, 0, stream>>>(a, segs, partials, out); break;
+    case 160: attention_combine_kernel<5><<<grid, kThreads, 0, stream>>>(a, segs, partials, out); break;
+    case 192: attention_combine_kernel<6><<<grid, kThreads, 0, stream>>>(a, segs, partials, out); break;
+    case 256: attention_combine_kernel<8><<<grid, kThreads, 0, stream>>>(a, segs, partials, out); break;
+    default: return cudaErrorInvalidValue;
+  }
+  return cudaGetLastError();
+}
 
 cudaError_t attention(const DeviceStep& step, const float* q, int64_t ld_q, int32_t num_heads, int32_t num_kv_heads,
                       int32_t head_dim, int32_t block_size, float scale, const uint16_t* k_cache,

@@ -280,6 +280,22 @@ __global__ void to_half_rows_kernel(const float* __restrict__ x, int64_t ldx, in
   }
 }
 
+// Attention's keys come in segments of this many positions (0..255, 256..511, ...): each
+// segment's partial (running max m, sum l, unnormalised output acc) is merged with
+// merge_step in segment order, by every attention kernel that does so (attention.cu's
+// looped and split-KV paths, attention_tc.cu's batch-invariant one), so they agree bit
+// for bit however their work is cut into blocks.
+constexpr int kAttentionSegment = 256;
+// (m, l, acc) merged with a segment's partial (pm, pl, pacc); explicit rounding, so no
+// kernel contracts it differently.
+__device__ __forceinline__ void merge_step(float& m, float& l, float& acc, float pm, float pl, float pacc) {
+  const float mn = fmaxf(m, pm);
+  const float fr = expf(m - mn), fp = expf(pm - mn);
+  l = __fmaf_rn(l, fr, __fmul_rn(pl, fp));
+  acc = __fmaf_rn(acc, fr, __fmul_rn(pacc, fp));
+  m = mn;
+}
+
 // Whether the tensor-core prefill attention (attention_tc.cu) takes tile `tile` of the
 // step (tokens 16 tile .. 16 tile + 15): all its tokens are of one sequence. The per-token
 // kernel (attention.cu) asks the same question to skip those tokens when both run.

@@ -51,6 +51,7 @@ class CudaBackend final : public Backend {
         direct_k_(env.direct_k),
         fuse_(env.fuse),
         q8_mma_min_(env.q8_mma_min),
+        tc_attention_(env.tc_attention),
         stream_(stream),
         blas_(blas),
         name_(std::move(name)) {
@@ -156,10 +157,10 @@ class CudaBackend final : public Backend {
     // (each shape is one CUDA graph).
     int32_t width = 1;
     while (width < s.max_blocks_per_seq) width *= 2;
-    // One packed upload: ids, positions, slots, token->sequence, block tables.
+    // One packed upload: ids, positions, slots, token->sequence, attention tiles, block tables.
     const size_t nt = static_cast<size_t>(std::max(s.num_tokens, 0));
     const size_t nbt = static_cast<size_t>(std::max(s.num_seqs, 0)) * static_cast<size_t>(width);
-    const size_t total = 4 * nt + nbt;
+    const size_t total = 5 * nt + 1 + nbt;
     if (total > step_cap_) {
       if (step_host_) cudaFreeHost(step_host_);
       if (step_dev_) cudaFree(step_dev_);
@@ -178,8 +179,14 @@ class CudaBackend final : public Backend {
     std::memcpy(h + 2 * nt, s.slot_mapping, nt * 4);
     for (int32_t q = 0; q < s.num_seqs; ++q)
       for (int32_t t = s.query_start[q]; t < s.query_start[q + 1]; ++t) h[3 * nt + t] = q;
+    // Each sequence's tokens in tiles of up to 16 (DeviceStep::tiles), then num_tokens.
+    int32_t* tiles = h + 4 * nt;
+    size_t num_tiles = 0;
+    for (int32_t q = 0; q < s.num_seqs; ++q)
+      for (int32_t t = s.query_start[q]; t < s.query_start[q + 1] && num_tiles < nt; t += 16) tiles[num_tiles++] = t;
+    std::fill(tiles + num_tiles, tiles + nt + 1, s.num_tokens);
     for (int32_t q = 0; q < s.num_seqs; ++q) {
-      int32_t* row = h + 4 * nt + static_cast<size_t>(q) * width;
+      int32_t* row = h + 5 * nt + 1 + static_cast<size_t>(q) * width;
       std::memcpy(row, s.block_tables + static_cast<size_t>(q) * s.max_blocks_per_seq, s.max_blocks_per_seq * 4);
       std::fill(row + s.max_blocks_per_seq, row + width, 0);
     }
@@ -193,7 +200,8 @@ class CudaBackend final : public Backend {
     dstep_.positions = step_dev_ + nt;
     dstep_.slot_mapping = step_dev_ + 2 * nt;
     dstep_.token_seq = step_dev_ + 3 * nt;
-    dstep_.block_tables = step_dev_ + 4 * nt;
+    dstep_.tiles = step_dev_ + 4 * nt;
+    dstep_.block_tables = step_dev_ + 5 * nt + 1;
     // Decode-sized steps are recorded and replayed as CUDA graphs.
     graphs_.set_recording(graph_max_tokens_ > 0 && s.num_tokens <= graph_max_tokens_);
     int32_t* dev = step_dev_;
@@ -325,6 +333,11 @@ class CudaBackend final : public Backend {
     const size_t tc_bytes = cuda::attention_tc_shared_bytes(c.shape_.head_dim);
     const bool tc = !batch_invariant_ && dstep_.num_tokens >= kTcMinTokens && tc_bytes > 0 &&
                     tc_bytes <= static_cast<size_t>(max_shared_optin_);
+    // Batch-invariant with TROUPE_CUDA_ATTN=tc: every token on tensor cores, split-KV as
+    // below (the same bits either way), where the head size and the device allow; that
+    // depends on the model alone, so every step takes the same kernel.
+    const bool tc_all = tc_attention_ && batch_invariant_ && cuda::attention_tc_invariant_supported(c.shape_.head_dim) &&
+                        tc_bytes <= static_cast<size_t>(max_shared_optin_);
     float* partials = nullptr;
     const int segs = cuda::attention_segments(dstep_.max_context);
     const size_t floats = size_t(dstep_.num_tokens) * num_heads * segs * (c.shape_.head_dim + 2);
@@ -339,6 +352,14 @@ class CudaBackend final : public Backend {
     const int32_t nkv = c.shape_.num_kv_heads, hd = c.shape_.head_dim, bs = c.shape_.block_size;
     const uint16_t* kc = c.k + c.layer_elems * layer;
     const uint16_t* vc = c.v + c.layer_elems * layer;
+    if (tc_all) {
+      run("attention_tc_invariant", __LINE__,
+          {step_key(), P(q), U(ld_q), U(num_heads), U(nkv), U(hd), U(bs), F(scale), P(kc), P(vc), P(out), P(partials)},
+          [=](cudaStream_t st) {
+            return cuda::attention_tc_invariant(ds, q, ld_q, num_heads, nkv, hd, bs, scale, kc, vc, out, partials, st);
+          });
+      return;
+    }
     if (tc)
       run("attention_tc", __LINE__, {step_key(), P(q), U(ld_q), U(num_heads), U(nkv), U(hd), U(bs), F(scale), P(kc), P(vc), P(out)},
           [=](cudaStream_t st) { return cuda::attention_tc(ds, q, ld_q, num_heads, nkv, hd, bs, scale, kc, vc, out, st); });
@@ -708,6 +729,10 @@ class CudaBackend final : public Backend {
   // gemm_q8_mma_kernel: the GEMV's bits, weights read once per 64 tokens instead of per 8);
   // unset or 0: the GEMV at every size. Opt-in until a GPU has measured it.
   int64_t q8_mma_min_;
+  // =tc (batch-invariant mode): every token's attention on tensor cores
+  // (attention_tc_invariant: other bits than attention(), P rounded to f16). Opt-in until
+  // a GPU has measured it.
+  bool tc_attention_;
   uint64_t q8_mma_calls_ = 0;  // matmul() calls that took it
   uint64_t fused_calls_ = 0;  // matmul_silu / matmul_rope_kv_write calls that took the fused kernels
   uint64_t q8_prepared_ = 0;  // ops that quantized their output for the next matmul

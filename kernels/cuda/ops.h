@@ -20,6 +20,9 @@ struct DeviceStep {
   const int32_t* slot_mapping = nullptr;  // [num_tokens]
   const int32_t* token_seq = nullptr;     // [num_tokens] sequence of each token
   const int32_t* block_tables = nullptr;  // [num_seqs, max_blocks_per_seq]
+  // [num_tokens + 1] the step's tokens in tiles of up to 16 of one sequence: tile i is
+  // tokens tiles[i] .. tiles[i + 1] - 1; past the last tile every entry is num_tokens.
+  const int32_t* tiles = nullptr;
 };
 
 // True when `type` has device kernels (embedding, GEMV, dequantization).
@@ -158,6 +161,25 @@ cudaError_t attention(const DeviceStep& step, const float* q, int64_t ld_q, int3
 cudaError_t attention_tc(const DeviceStep& step, const float* q, int64_t ld_q, int32_t num_heads, int32_t num_kv_heads,
                          int32_t head_dim, int32_t block_size, float scale, const uint16_t* k_cache,
                          const uint16_t* v_cache, float* out, cudaStream_t stream);
+// Every token's attention on tensor cores, batch-invariant (TROUPE_CUDA_ATTN=tc): a block
+// of four warps per tile of step.tiles (up to 16 tokens of one sequence) and group of up to
+// four query heads of one KV head, attention_tc's arithmetic per key step (P rounded to
+// f16), keys cut into attention()'s segments and the segments' partials merged in order by
+// attention()'s formula. A row's arithmetic depends on its query and its keys alone (not on
+// its tile's other rows, nor on how far they reach), so a token's bits depend on neither
+// its tile nor its batch. With `partials` (as attention()'s) each segment gets its own
+// block and attention_combine merges them: the same bits. head_dim: 32, 64, 96 or 128
+// (attention_tc_invariant_supported); the dynamic shared memory per block is
+// attention_tc_shared_bytes(head_dim).
+cudaError_t attention_tc_invariant(const DeviceStep& step, const float* q, int64_t ld_q, int32_t num_heads,
+                                   int32_t num_kv_heads, int32_t head_dim, int32_t block_size, float scale,
+                                   const uint16_t* k_cache, const uint16_t* v_cache, float* out, float* partials,
+                                   cudaStream_t stream);
+bool attention_tc_invariant_supported(int32_t head_dim);
+// attention()'s split-KV second pass alone: partials [n, num_heads, segments, head_dim + 2]
+// merged in segment order into out [n, num_heads * head_dim].
+cudaError_t attention_combine(const DeviceStep& step, int32_t num_heads, int32_t head_dim, const float* partials,
+                              float* out, cudaStream_t stream);
 int attention_segments(int32_t max_context);
 size_t attention_tc_shared_bytes(int32_t head_dim);
 // Blocks of attention()'s looped path (one per token and group of up to four query heads

@@ -71,6 +71,9 @@ struct Fixture {
     st.max_context = max_ctx;
   }
   float scale() const { return 1.0f / std::sqrt(static_cast<float>(c.hd)); }
+  cuda::TcArgs tc_args(float* out, float* partials = nullptr, int max_segments = 0) const {
+    return cuda::TcArgs{st, q.data(), ldq, c.nh, c.nkv, bs, scale(), kc.data(), vc.data(), out, partials, max_segments};
+  }
   cuda::Args args(bool skip_tc, uint8_t* xq = nullptr, cuda::Q8Numerics nq = {}) const {
     return cuda::Args{st, q.data(), ldq, c.nh, c.nkv, bs, scale(), kc.data(), vc.data(), skip_tc, xq, nq};
   }
@@ -170,9 +173,8 @@ void check_tc(const Case& c, std::mt19937& g) {
   std::vector<float> pure(static_cast<size_t>(f.n) * c.nh * HD, -1.0f), mixed(pure.size(), -3.0f);
   cuda_emu::launch3(f.n, head_groups(c), 1, cuda::kThreads, cuda::attention_loop_kernel<DPL>, f.args(false), pure.data());
   const unsigned tiles = static_cast<unsigned>((f.n + 15) / 16);
-  cuda_emu::launch3(tiles, head_groups(c), 1, cuda::kTcWarps * 32, cuda::attention_tc_kernel<HD>, f.st, static_cast<const float*>(f.q.data()), f.ldq,
-          c.nh, c.nkv, Fixture::bs, f.scale(), static_cast<const __half*>(f.kc.data()),
-          static_cast<const __half*>(f.vc.data()), mixed.data());
+  cuda_emu::launch3(tiles, head_groups(c), 1, cuda::kTcWarps * 32, cuda::attention_tc_kernel<HD, cuda::kUniform>,
+                    f.tc_args(mixed.data()));
   cuda_emu::launch3(f.n, head_groups(c), 1, cuda::kThreads, cuda::attention_loop_kernel<DPL>, f.args(true), mixed.data());
   auto in_tc = [&](int t) { return t >= 32; };  // tiles 2, 3, 4
   const size_t per_token = static_cast<size_t>(c.nh) * HD;
@@ -190,7 +192,56 @@ void check_tc(const Case& c, std::mt19937& g) {
   CHECK(w_all < 2e-3);
 }
 
+// The batch-invariant tensor-core attention (TROUPE_CUDA_ATTN=tc): the looped kernel and
+// split-KV (a block per segment, then attention.cu's combine) give the same bits; so do
+// tiles of up to 16 tokens of a sequence (as the backend cuts them) and every token a tile
+// of its own (its batch neighbours and how far they reach change nothing); and the values
+// are within tolerance of the double reference.
+template <int DPL>
+void check_tc_invariant(const Case& c, std::mt19937& g) {
+  constexpr int HD = DPL * 32;
+  // A decode token at 599 (three segments), a chunk 250..269 (across a segment boundary),
+  // a prefill 0..44.
+  Fixture f(c, {599, 250, 0}, {1, 20, 45}, g);
+  const int segs = (f.st.max_context + cuda::kAttentionSegment - 1) / cuda::kAttentionSegment;
+  std::vector<int32_t> by_seq, alone;
+  for (int32_t t : {0, 1, 17, 21, 37, 53}) by_seq.push_back(t);  // (the backend's cut: 1, 16 + 4, 16 + 16 + 13)
+  by_seq.resize(static_cast<size_t>(f.n) + 1, f.n);
+  for (int32_t t = 0; t <= f.n; ++t) alone.push_back(t);
+  const size_t size = static_cast<size_t>(f.n) * c.nh * HD;
+  auto run = [&](const std::vector<int32_t>& tiles, bool split) {
+    f.st.tiles = tiles.data();
+    std::vector<float> out(size, -5.0f), partials(size / HD * segs * (HD + 2), std::nanf(""));
+    if (split) {
+      cuda_emu::launch3(f.n, head_groups(c), segs, cuda::kTcWarps * 32, cuda::attention_tc_kernel<HD, cuda::kSplit>,
+                        f.tc_args(out.data(), partials.data(), segs));
+      cuda_emu::launch3(f.n, c.nh, 1, cuda::kThreads, cuda::attention_combine_kernel<DPL>, f.args(false), segs,
+                        static_cast<const float*>(partials.data()), out.data());
+    } else {
+      cuda_emu::launch3(f.n, head_groups(c), 1, cuda::kTcWarps * 32, cuda::attention_tc_kernel<HD, cuda::kLooped>,
+                        f.tc_args(out.data()));
+    }
+    f.st.tiles = nullptr;
+    return out;
+  };
+  const auto looped = run(by_seq, false), split = run(by_seq, true), single = run(alone, false),
+             single_split = run(alone, true);
+  CHECK(std::memcmp(looped.data(), split.data(), size * 4) == 0);
+  CHECK(std::memcmp(looped.data(), single.data(), size * 4) == 0);
+  CHECK(std::memcmp(looped.data(), single_split.data(), size * 4) == 0);
+  const double w = f.worst(looped, [](int) { return true; });
+  INFO("heads " << c.nh << "/" << c.nkv << " hd " << HD << ": max |diff| " << w);
+  CHECK(w < 2e-3);
+}
+
 }  // namespace
+
+TEST_CASE("the batch-invariant tensor-core attention's source: split-KV, any tiling, the reference", "[kernels][cuda-emulation]") {
+  std::mt19937 g(33);
+  check_tc_invariant<2>({8, 2, 64}, g);   // group 4: every warp a head
+  check_tc_invariant<4>({6, 3, 128}, g);  // group 2: two spare warps
+  check_tc_invariant<1>({3, 3, 32}, g);   // MHA: three spare warps
+}
 
 TEST_CASE("the paged-attention kernels' source: split-KV gives the looped path's bits and the reference's values", "[kernels][cuda-emulation]") {
   std::mt19937 g(31);

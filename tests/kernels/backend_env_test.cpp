@@ -56,6 +56,12 @@ TEST_CASE("TROUPE_CUDA_* values are parsed strictly", "[kernels][env]") {
     CHECK_FALSE(p->direct_k);
     CHECK(p->fuse);
     CHECK(p->q8_mma_min == 0);
+    CHECK_FALSE(p->tc_attention);
+    EnvScope t("TROUPE_CUDA_ATTN", "tc");
+    auto tc = cuda_env_options();
+    REQUIRE(tc.ok());
+    CHECK(tc->tc_attention);
+    CHECK_FALSE(tc->direct_k);
     EnvScope g("TROUPE_CUDA_FUSE", "");  // empty: as unset
     auto q = cuda_env_options();
     REQUIRE(q.ok());
@@ -67,7 +73,7 @@ TEST_CASE("TROUPE_CUDA_* values are parsed strictly", "[kernels][env]") {
     const char* takes;
   };
   for (const Bad& bad : {Bad{"TROUPE_CUDA_GEMV", "Simple", "one of simple, auto"},
-                         Bad{"TROUPE_CUDA_ATTN", "direkt", "one of direct, staged"},
+                         Bad{"TROUPE_CUDA_ATTN", "direkt", "one of direct, staged, tc"},
                          Bad{"TROUPE_CUDA_FUSE", "false", "one of 0, 1"},
                          Bad{"TROUPE_CUDA_Q8_MMA", "64 tokens", "a token count"},
                          Bad{"TROUPE_CUDA_Q8_MMA", "-1", "a token count"},

@@ -360,6 +360,7 @@ inline float __fmaf_rn(float a, float b, float c) { return std::fma(a, b, c); }
 inline float __fmul_rn(float a, float b) { return a * b; }
 inline float __fdiv_rn(float a, float b) { return a / b; }
 inline float __fadd_rn(float a, float b) { return a + b; }
+inline float __fsub_rn(float a, float b) { return a - b; }
 inline int __float2int_rn(float x) { return static_cast<int>(std::nearbyint(x)); }  // half to even
 // Four signed 8-bit products summed into c.
 inline int __dp4a(int a, int b, int c) {

@@ -392,6 +392,15 @@ TEST_CASE("cuda: split-KV decode attention gives the same bits as the looped pat
   REQUIRE(d_with == g_with);
   auto [c_alone, c_with] = run(*cpu);
   expect_close(g_alone, c_alone, 2e-3, 2e-3, "split-KV decode attention vs the CPU");
+  // Every token on tensor cores (TROUPE_CUDA_ATTN=tc): the decode token split-KV alone and
+  // looped in a tile of its own beside the prefill's 16-token tiles, the same bits.
+  setenv("TROUPE_CUDA_ATTN", "tc", 1);
+  auto tc = gpu_or_skip();
+  unsetenv("TROUPE_CUDA_ATTN");
+  auto [t_alone, t_with] = run(*tc);
+  REQUIRE(t_alone == t_with);  // bit for bit
+  CHECK(t_alone != g_alone);   // (another kernel: P rounded to f16)
+  expect_close(t_alone, c_alone, 3e-3, 3e-3, "tensor-core decode attention vs the CPU");
 }
 
 TEST_CASE("cuda: bad device numbers and unsupported shapes are errors, not crashes", "[cuda][kernels]") {
