@@ -81,7 +81,8 @@ class CudaBackend final : public Backend {
            " replays; fused GEMV epilogues: " + std::to_string(fused_calls_) +
            "; activations quantized for the next matmul (by norms, attention, SiLU): " +
            std::to_string(q8_prepared_) + "; used by the next matmul: " + std::to_string(q8_prepared_used_) +
-           "; int8 matmuls on tensor cores: " + std::to_string(q8_mma_calls_);
+           "; int8 matmuls on tensor cores: " + std::to_string(q8_mma_calls_) +
+           "; batch-invariant attention on tensor cores: " + std::to_string(tc_attention_calls_);
   }
   bool is_host_memory() const override { return false; }
 
@@ -353,6 +354,7 @@ class CudaBackend final : public Backend {
     const uint16_t* kc = c.k + c.layer_elems * layer;
     const uint16_t* vc = c.v + c.layer_elems * layer;
     if (tc_all) {
+      ++tc_attention_calls_;
       run("attention_tc_invariant", __LINE__,
           {step_key(), P(q), U(ld_q), U(num_heads), U(nkv), U(hd), U(bs), F(scale), P(kc), P(vc), P(out), P(partials)},
           [=](cudaStream_t st) {
@@ -734,6 +736,7 @@ class CudaBackend final : public Backend {
   // a GPU has measured it.
   bool tc_attention_;
   uint64_t q8_mma_calls_ = 0;  // matmul() calls that took it
+  uint64_t tc_attention_calls_ = 0;  // attention() calls that took attention_tc_invariant
   uint64_t fused_calls_ = 0;  // matmul_silu / matmul_rope_kv_write calls that took the fused kernels
   uint64_t q8_prepared_ = 0;  // ops that quantized their output for the next matmul
   uint64_t q8_prepared_used_ = 0;  // matmuls that took those bytes instead of quantizing

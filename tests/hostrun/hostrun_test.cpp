@@ -254,6 +254,46 @@ TEST_CASE("host-run: the int8 matmuls on tensor cores (TROUPE_CUDA_Q8_MMA) chang
   }
 }
 
+TEST_CASE("host-run: every token's attention on tensor cores (TROUPE_CUDA_ATTN=tc) runs the model", "[hostrun][model]") {
+  // The 12-token prompt in one tile per sequence, then decode steps of one token (split-KV
+  // never: 12 keys are one segment). Other bits than the per-token kernel (P rounded to
+  // f16), so: logits within 2% of their range of the default backend's, the same token
+  // wherever its top two differ by more than 0.05.
+  for (const std::string dtype : {"q4_1", "bf16"}) {
+    auto files = tiny(dtype);
+    REQUIRE(files.ok());
+    INFO(dtype);
+    auto plain = hostrun_backend();
+    const Trace a = trace(*files, *plain, kPrompt, 12);
+    setenv("TROUPE_CUDA_ATTN", "tc", 1);
+    auto tc = hostrun_backend();
+    unsetenv("TROUPE_CUDA_ATTN");
+    const Trace b = trace(*files, *tc, kPrompt, 12, a.tokens);
+    INFO(tc->stats());
+    CHECK(tc->stats().find("batch-invariant attention on tensor cores: 0") == std::string::npos);
+    CHECK(plain->stats().find("batch-invariant attention on tensor cores: 0") != std::string::npos);
+    REQUIRE(a.logits.size() == b.logits.size());
+    double max_diff = 0, max_abs = 0;
+    int decisive = 0, agree = 0;
+    for (size_t st = 0; st < a.logits.size(); ++st) {
+      std::vector<float> sorted = a.logits[st];
+      std::partial_sort(sorted.begin(), sorted.begin() + 2, sorted.end(), std::greater<float>());
+      for (size_t i = 0; i < sorted.size(); ++i) {
+        max_diff = std::max(max_diff, std::fabs(double(a.logits[st][i]) - b.logits[st][i]));
+        max_abs = std::max(max_abs, std::fabs(double(a.logits[st][i])));
+      }
+      if (sorted[0] - sorted[1] > 0.05f) {
+        ++decisive;
+        agree += a.tokens[st] == b.tokens[st];
+      }
+    }
+    INFO("logits max |diff| " << max_diff << " of " << max_abs << "; " << agree << " of " << decisive);
+    CHECK(max_diff > 0);  // (another kernel ran)
+    CHECK(max_diff <= 0.02 * max_abs);
+    CHECK(agree == decisive);
+  }
+}
+
 TEST_CASE("host-run: a decode step takes 7 launches a layer, int8 types and bf16 alike", "[hostrun][model]") {
   // norm (int8: quantizing for QKV), QKV with RoPE + KV write, attention (quantizing for O),
   // O, add + norm (quantizing for gate/up), gate/up with SiLU (quantizing for down), down.
