@@ -3,6 +3,7 @@
 #pragma once
 #include <catch2/catch.hpp>
 
+#include <cmath>
 #include <memory>
 #include <string>
 #include <vector>
@@ -32,6 +33,25 @@ inline std::vector<float> get(Backend& b, const float* p, size_t n) {
   auto st = b.sync();
   if (!st.ok()) FAIL(b.name() << ": " << st.error().message);
   return v;
+}
+
+// Every element: |a - b| <= abs_tol + rel_tol * |b|.
+inline void expect_close(const std::vector<float>& got, const std::vector<float>& want, double abs_tol, double rel_tol,
+                  const std::string& what) {
+  REQUIRE(got.size() == want.size());
+  size_t bad = 0, first = 0;
+  double worst = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    const double d = std::fabs(double(got[i]) - want[i]);
+    if (!(d <= abs_tol + rel_tol * std::fabs(want[i]))) {
+      if (!bad) first = i;
+      ++bad;
+    }
+    worst = std::max(worst, d);
+  }
+  INFO(what << ": " << bad << " of " << got.size() << " elements out of tolerance; first at " << first << " (got "
+            << (bad ? got[first] : 0) << ", want " << (bad ? want[first] : 0) << "); max abs diff " << worst);
+  CHECK(bad == 0);
 }
 
 // The number after `key` in the backend's stats line.
