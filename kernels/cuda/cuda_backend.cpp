@@ -21,6 +21,7 @@
 #include "kernels/cuda/layout.h"
 #include "kernels/cuda/ops.h"
 #include "kernels/cuda/step_graph.h"
+#include "kernels/cuda/step_pack.h"
 
 // Inside CudaBackend: records the first failure with the call's text, file and line.
 #define TROUPE_CUDA(call) check((call), #call, __FILE__, __LINE__)
@@ -78,7 +79,8 @@ class CudaBackend final : public Backend {
   std::string name() const override { return name_; }
   std::string stats() const override {
     return "cuda graphs: " + std::to_string(graphs_.num_graphs()) + " held, " + std::to_string(graphs_.replays()) +
-           " replays; fused GEMV epilogues: " + std::to_string(fused_calls_) +
+           " replays, " + std::to_string(graphs_.capture_failures()) +
+           " failed captures (run eagerly); fused GEMV epilogues: " + std::to_string(fused_calls_) +
            "; activations quantized for the next matmul (by norms, attention, SiLU): " +
            std::to_string(q8_prepared_) + "; used by the next matmul: " + std::to_string(q8_prepared_used_) +
            "; int8 matmuls on tensor cores: " + std::to_string(q8_mma_calls_) +
@@ -154,14 +156,9 @@ class CudaBackend final : public Backend {
     // The previous step's work (and its reads of pinned buffers) must be done first.
     check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize", __FILE__, __LINE__);
     arena_off_ = 0;
-    // Block tables are re-packed to a power-of-two width so that fewer step shapes exist
-    // (each shape is one CUDA graph).
-    int32_t width = 1;
-    while (width < s.max_blocks_per_seq) width *= 2;
-    // One packed upload: ids, positions, slots, token->sequence, attention tiles, block tables.
-    const size_t nt = static_cast<size_t>(std::max(s.num_tokens, 0));
-    const size_t nbt = static_cast<size_t>(std::max(s.num_seqs, 0)) * static_cast<size_t>(width);
-    const size_t total = 5 * nt + 1 + nbt;
+    // One packed upload (step_pack.h).
+    const cuda::StepLayout layout = cuda::step_layout(s);
+    const size_t total = layout.total;
     if (total > step_cap_) {
       if (step_host_) cudaFreeHost(step_host_);
       if (step_dev_) cudaFree(step_dev_);
@@ -174,35 +171,7 @@ class CudaBackend final : public Backend {
         return;
       step_cap_ = total;
     }
-    int32_t* h = step_host_;
-    std::memcpy(h, s.token_ids, nt * 4);
-    std::memcpy(h + nt, s.positions, nt * 4);
-    std::memcpy(h + 2 * nt, s.slot_mapping, nt * 4);
-    for (int32_t q = 0; q < s.num_seqs; ++q)
-      for (int32_t t = s.query_start[q]; t < s.query_start[q + 1]; ++t) h[3 * nt + t] = q;
-    // Each sequence's tokens in tiles of up to 16 (DeviceStep::tiles), then num_tokens.
-    int32_t* tiles = h + 4 * nt;
-    size_t num_tiles = 0;
-    for (int32_t q = 0; q < s.num_seqs; ++q)
-      for (int32_t t = s.query_start[q]; t < s.query_start[q + 1] && num_tiles < nt; t += 16) tiles[num_tiles++] = t;
-    std::fill(tiles + num_tiles, tiles + nt + 1, s.num_tokens);
-    for (int32_t q = 0; q < s.num_seqs; ++q) {
-      int32_t* row = h + 5 * nt + 1 + static_cast<size_t>(q) * width;
-      std::memcpy(row, s.block_tables + static_cast<size_t>(q) * s.max_blocks_per_seq, s.max_blocks_per_seq * 4);
-      std::fill(row + s.max_blocks_per_seq, row + width, 0);
-    }
-    int32_t max_ctx = 0;
-    for (size_t t = 0; t < nt; ++t) max_ctx = std::max(max_ctx, s.positions[t] + 1);
-    dstep_.max_context = max_ctx;
-    dstep_.num_tokens = s.num_tokens;
-    dstep_.num_seqs = s.num_seqs;
-    dstep_.max_blocks_per_seq = width;
-    dstep_.token_ids = step_dev_;
-    dstep_.positions = step_dev_ + nt;
-    dstep_.slot_mapping = step_dev_ + 2 * nt;
-    dstep_.token_seq = step_dev_ + 3 * nt;
-    dstep_.tiles = step_dev_ + 4 * nt;
-    dstep_.block_tables = step_dev_ + 5 * nt + 1;
+    dstep_ = cuda::device_step(s, layout, step_dev_, cuda::pack_step(s, layout, step_host_));
     // Decode-sized steps are recorded and replayed as CUDA graphs.
     graphs_.set_recording(graph_max_tokens_ > 0 && s.num_tokens <= graph_max_tokens_);
     int32_t* dev = step_dev_;

@@ -33,39 +33,18 @@ cudaError_t StepGraphs::flush(cudaStream_t stream, std::string* what) {
   sig_ = kSeed;
   auto it = graphs_.find(sig);
   if (sightings_.size() > 4096) sightings_.clear();  // one-off shapes (prefill chunks)
-  if (it == graphs_.end() && ++sightings_[sig] >= 2) {
+  if (it == graphs_.end() && !refused_.count(sig) && ++sightings_[sig] >= 2) {
     if (graphs_.size() >= kMaxGraphs) clear();
-    cudaError_t e = cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal);
-    if (e != cudaSuccess) {
-      *what = "cudaStreamBeginCapture";
-      return e;
+    cudaGraphExec_t exec = capture(ops, stream);
+    if (exec) {
+      it = graphs_.emplace(sig, exec).first;
+    } else {
+      // Not capturable here: this sequence runs eagerly from now on (a real launch error
+      // shows up again there, under its own name).
+      ++capture_failures_;
+      if (refused_.size() > 4096) refused_.clear();
+      refused_.insert(sig);
     }
-    cudaError_t failed = cudaSuccess;
-    for (auto& op : ops) {
-      failed = op.launch(stream);
-      if (failed != cudaSuccess) {
-        *what = op.what;
-        break;
-      }
-    }
-    cudaGraph_t graph = nullptr;
-    e = cudaStreamEndCapture(stream, &graph);
-    if (failed != cudaSuccess) {
-      if (graph) cudaGraphDestroy(graph);
-      return failed;
-    }
-    if (e != cudaSuccess) {
-      *what = "cudaStreamEndCapture";
-      return e;
-    }
-    cudaGraphExec_t exec = nullptr;
-    e = cudaGraphInstantiate(&exec, graph, 0);
-    cudaGraphDestroy(graph);
-    if (e != cudaSuccess) {
-      *what = "cudaGraphInstantiate";
-      return e;
-    }
-    it = graphs_.emplace(sig, exec).first;
   }
   if (it != graphs_.end()) {
     ++replays_;
@@ -81,6 +60,26 @@ cudaError_t StepGraphs::flush(cudaStream_t stream, std::string* what) {
     }
   }
   return cudaSuccess;
+}
+
+cudaGraphExec_t StepGraphs::capture(std::vector<Pending>& ops, cudaStream_t stream) {
+  if (cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal) != cudaSuccess) {
+    cudaGetLastError();  // (not sticky: cleared for the eager launches)
+    return nullptr;
+  }
+  bool ok = true;
+  for (auto& op : ops)
+    if (op.launch(stream) != cudaSuccess) {
+      ok = false;
+      break;
+    }
+  cudaGraph_t graph = nullptr;
+  ok = cudaStreamEndCapture(stream, &graph) == cudaSuccess && ok && graph;
+  cudaGraphExec_t exec = nullptr;
+  if (ok && cudaGraphInstantiate(&exec, graph, 0) != cudaSuccess) exec = nullptr;
+  if (graph) cudaGraphDestroy(graph);
+  if (!exec) cudaGetLastError();
+  return exec;
 }
 
 }  // namespace troupe::cuda

@@ -8,7 +8,10 @@
 // else runs eagerly. Because the signature covers every argument, a replayed graph does
 // exactly what the eager launches would do. Data the host passes in (token ids, RoPE
 // angles, index lists) must come from pinned memory at stable addresses: the backend
-// stages it in a pinned arena whose offsets are part of the signature.
+// stages it in a pinned arena whose offsets are part of the signature. A sequence whose
+// capture fails (a call the driver refuses in a capture, a failed instantiation) runs
+// eagerly instead, then and from then on, and is counted (capture_failures()): graphs
+// are a speed-up, never a reason for a step to fail.
 #pragma once
 #include <cuda_runtime_api.h>
 
@@ -17,6 +20,7 @@
 #include <initializer_list>
 #include <string>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 namespace troupe::cuda {
@@ -36,6 +40,7 @@ class StepGraphs {
   void clear();  // forgets every graph (after buffers they refer to were freed)
   size_t num_graphs() const { return graphs_.size(); }
   uint64_t replays() const { return replays_; }
+  uint64_t capture_failures() const { return capture_failures_; }
 
  private:
   struct Pending {
@@ -49,7 +54,11 @@ class StepGraphs {
   uint64_t sig_ = kSeed;
   std::unordered_map<uint64_t, cudaGraphExec_t> graphs_;
   std::unordered_map<uint64_t, int> sightings_;
-  uint64_t replays_ = 0;
+  std::unordered_set<uint64_t> refused_;  // signatures whose capture failed
+  uint64_t replays_ = 0, capture_failures_ = 0;
+  // The ops captured into an instantiated graph; null (and the error cleared) if the
+  // capture or the instantiation fails.
+  cudaGraphExec_t capture(std::vector<Pending>& ops, cudaStream_t stream);
 };
 
 }  // namespace troupe::cuda

@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cmath>
 #include <functional>
+#include <numeric>
 #include <cstdlib>
 #include <filesystem>
 #include <unistd.h>
@@ -16,6 +17,8 @@
 #include <nlohmann/json.hpp>
 
 #include "kernels/backend.h"
+#include "kernels/cuda/step_graph.h"
+#include "kernels/cuda/step_pack.h"
 #include "runtime/model.h"
 #include "runtime/model_files.h"
 #include "runtime/sequence_runner.h"
@@ -169,6 +172,74 @@ TEST_CASE("host-run: what a GPU would refuse or corrupt is an error of the step"
   }
 }
 
+TEST_CASE("host-run: a step's inputs packed for one upload: sequences, attention tiles, padded block tables", "[hostrun]") {
+  // Three sequences of 1, 20 and 33 tokens; 3 blocks each, padded to 4.
+  std::vector<int32_t> ids(54), pos(54), slots(54), qs = {0, 1, 21, 54}, ctx = {8, 30, 40}, bt(9);
+  std::iota(ids.begin(), ids.end(), 100);
+  std::iota(pos.begin(), pos.end(), 0);
+  std::iota(slots.begin(), slots.end(), 1000);
+  std::iota(bt.begin(), bt.end(), 1);
+  StepInputs st{54, 3, ids.data(), pos.data(), qs.data(), ctx.data(), slots.data(), bt.data(), 3};
+  const cuda::StepLayout l = cuda::step_layout(st);
+  CHECK(l.width == 4);
+  CHECK(l.total == 5 * 54 + 1 + 3 * 4);
+  std::vector<int32_t> h(l.total, -7);
+  CHECK(cuda::pack_step(st, l, h.data()) == 54);
+  CHECK(h[0] == 100);
+  CHECK(h[l.positions + 53] == 53);
+  CHECK(h[l.slots + 5] == 1005);
+  CHECK(h[l.token_seq + 0] == 0);
+  CHECK(h[l.token_seq + 1] == 1);
+  CHECK(h[l.token_seq + 20] == 1);
+  CHECK(h[l.token_seq + 21] == 2);
+  CHECK(h[l.token_seq + 53] == 2);
+  const std::vector<int32_t> tiles(h.begin() + l.tiles, h.begin() + l.tiles + 8);
+  CHECK(tiles == std::vector<int32_t>{0, 1, 17, 21, 37, 53, 54, 54});  // then 54 to the end
+  CHECK(h[l.tiles + 54] == 54);
+  CHECK(std::vector<int32_t>(h.begin() + l.block_tables, h.end()) ==
+        std::vector<int32_t>{1, 2, 3, 0, 4, 5, 6, 0, 7, 8, 9, 0});
+  // Query spans past the step's tokens are clamped: nothing is written outside the buffer.
+  std::vector<int32_t> bad_qs = {0, 30, 1 << 30, -5};
+  StepInputs bad = st;
+  bad.query_start = bad_qs.data();
+  std::vector<int32_t> g(l.total + 64, -7);
+  cuda::pack_step(bad, l, g.data());
+  CHECK(std::all_of(g.begin() + l.total, g.end(), [](int32_t v) { return v == -7; }));
+  CHECK(g[l.token_seq + 53] == 1);
+}
+
+TEST_CASE("host-run: a launch sequence whose graph capture fails runs eagerly, now and later", "[hostrun]") {
+  // A copy from pageable memory cannot be captured (the fake refuses it as a GPU does): the
+  // second sighting's capture fails, and that flush and every later one run the copy eagerly,
+  // each with the value the host holds then.
+  cudaStream_t st = nullptr;
+  REQUIRE(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking) == cudaSuccess);
+  void* dev = nullptr;
+  REQUIRE(cudaMalloc(&dev, 64) == cudaSuccess);
+  std::vector<float> pageable(16, 0.0f);
+  cuda::StepGraphs graphs;
+  graphs.set_recording(true);
+  for (int i = 0; i < 4; ++i) {
+    pageable[0] = static_cast<float>(i);
+    graphs.add("pageable copy", {1}, [&](cudaStream_t s) {
+      return cudaMemcpyAsync(dev, pageable.data(), 64, cudaMemcpyHostToDevice, s);
+    });
+    std::string what;
+    INFO("flush " << i << ": " << what);
+    REQUIRE(graphs.flush(st, &what) == cudaSuccess);
+    REQUIRE(cudaStreamSynchronize(st) == cudaSuccess);
+    float back[16];
+    REQUIRE(cudaMemcpy(back, dev, 64, cudaMemcpyDeviceToHost) == cudaSuccess);
+    CHECK(back[0] == static_cast<float>(i));
+  }
+  CHECK(graphs.capture_failures() == 1);
+  CHECK(graphs.num_graphs() == 0);
+  CHECK(graphs.replays() == 0);
+  CHECK(cudaGetLastError() == cudaSuccess);
+  cudaFree(dev);
+  cudaStreamDestroy(st);
+}
+
 TEST_CASE("host-run: tiny-llama in every dummy weight type gives the CPU backend's logits and greedy choices", "[hostrun][model]") {
   // Both backends are fed the CPU's greedy tokens (random weights give flat logits, so a
   // free-running comparison would diverge at the first near tie): every step's logits
@@ -228,6 +299,7 @@ TEST_CASE("host-run: fused epilogues, the norms' quantization and graph replay c
     INFO(graphs->stats());
     CHECK(hostrun::counters().graph_launches > before.graph_launches);
     CHECK(graphs->stats().find(" 0 replays") == std::string::npos);
+    CHECK(graphs->stats().find(" 0 failed captures") != std::string::npos);
     CHECK(a.tokens == c.tokens);
     CHECK(a.logits == c.logits);
   }

@@ -334,6 +334,7 @@ TEST_CASE("cuda: decode replayed from CUDA graphs gives the same logits as eager
   const auto pos = stats.find(" held, ");
   REQUIRE(pos != std::string::npos);
   CHECK(std::stoll(stats.substr(pos + 7)) >= 30);  // replays
+  CHECK(stats.find(" 0 failed captures") != std::string::npos);  // (a failed one runs eagerly)
   CHECK((*without)->stats().find(" 0 replays") != std::string::npos);
 }
 
