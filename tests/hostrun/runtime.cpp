@@ -385,13 +385,37 @@ cudaError_t check_copy(void* dst, const void* src, size_t count, enum cudaMemcpy
 }
 }  // namespace
 
+// The synchronous copy and memset go through the legacy stream (the device's default
+// stream here), which a non-blocking stream does not wait for. As CUDA documents them: a
+// copy to host memory first waits for the legacy stream's earlier work and returns done;
+// one from pinned host memory is done on return; one from pageable host memory returns once
+// the source is staged (a snapshot) and, like a device-to-device copy or a memset of device
+// memory, lands in the legacy stream's order -- here only when that stream is next
+// synchronized (cudaStreamSynchronize(0), a device-wide sync, a free, a copy to the host),
+// so work on another stream that relies on it sees the memory as it was.
 cudaError_t CUDARTAPI cudaMemcpy(void* dst, const void* src, size_t count, enum cudaMemcpyKind kind) {
   if (count == 0) return cudaSuccess;
   if (hostrun::refused_in_capture()) return fail(cudaErrorStreamCaptureUnsupported);
   int wd, ws;
   if (cudaError_t e = check_copy(dst, src, count, kind, &wd, &ws); e != cudaSuccess) return fail(e);
-  // (the legacy stream does not wait for the backend's non-blocking stream: copy now)
-  std::memmove(dst, src, count);
+  CUstream_st* legacy = hostrun::resolve(nullptr);
+  if (wd < 0) {  // to host memory
+    if (cudaError_t e = hostrun::drain(legacy); e != cudaSuccess) return fail(e);
+    std::memmove(dst, src, count);
+    return cudaSuccess;
+  }
+  if (ws == -1) {  // from pinned memory: synchronous
+    if (cudaError_t e = hostrun::drain(legacy); e != cudaSuccess) return fail(e);
+    std::memmove(dst, src, count);
+    return cudaSuccess;
+  }
+  if (ws >= 0) {  // device to device: read when it runs
+    hostrun::enqueue(nullptr, [dst, src, count] { std::memmove(dst, src, count); });
+    return cudaSuccess;
+  }
+  auto staged = std::make_shared<std::vector<unsigned char>>(static_cast<const unsigned char*>(src),
+                                                             static_cast<const unsigned char*>(src) + count);
+  hostrun::enqueue(nullptr, [dst, staged] { std::memcpy(dst, staged->data(), staged->size()); });
   return cudaSuccess;
 }
 cudaError_t CUDARTAPI cudaMemcpyAsync(void* dst, const void* src, size_t count, enum cudaMemcpyKind kind,
@@ -421,7 +445,7 @@ cudaError_t CUDARTAPI cudaMemset(void* devPtr, int value, size_t count) {
   if (count == 0) return cudaSuccess;
   if (hostrun::refused_in_capture()) return fail(cudaErrorStreamCaptureUnsupported);
   if (where(devPtr, count) < 0) return fail(cudaErrorInvalidValue);
-  std::memset(devPtr, value, count);
+  hostrun::enqueue(nullptr, [devPtr, value, count] { std::memset(devPtr, value, count); });  // (legacy stream, above)
   return cudaSuccess;
 }
 
