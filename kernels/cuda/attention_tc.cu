@@ -196,7 +196,7 @@ __global__ void __launch_bounds__(kTcWarps * 32) attention_tc_kernel(TcArgs a) {
     rows = min(kT, st.num_tokens - t0);
   } else {
     t0 = st.tiles[blockIdx.x];
-    rows = st.tiles[blockIdx.x + 1] - t0;  // (0 past the last tile: the grid has a block per token)
+    rows = min(st.tiles[blockIdx.x + 1] - t0, kT);  // (0 past the last tile: the grid has a block per token)
     if (rows <= 0) return;
   }
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -223,6 +223,7 @@ __global__ void __launch_bounds__(kTcWarps * 32) attention_tc_kernel(TcArgs a) {
   __syncthreads();  // (s.pos, written by warp 0, is read by every warp)
   int last = -1;  // the tile's keys: 0 .. last
   for (int r = 0; r < rows; ++r) last = max(last, s.pos[r]);
+  if (last < 0) return;  // (no keys: not a valid step; the whole block)
   if constexpr (kMode == kUniform) {
     for (int k0 = 0; k0 <= last; k0 += KT) tc_key_step<HD>(a, s, bt, kvh, k0, last, qa);
     if (!active) return;

@@ -290,7 +290,7 @@ constexpr int kAttentionSegment = 256;
 // kernel contracts it differently.
 __device__ __forceinline__ void merge_step(float& m, float& l, float& acc, float pm, float pl, float pacc) {
   const float mn = fmaxf(m, pm);
-  const float fr = expf(m - mn), fp = expf(pm - mn);
+  const float fr = expf(__fsub_rn(m, mn)), fp = expf(__fsub_rn(pm, mn));
   l = __fmaf_rn(l, fr, __fmul_rn(pl, fp));
   acc = __fmaf_rn(acc, fr, __fmul_rn(pacc, fp));
   m = mn;

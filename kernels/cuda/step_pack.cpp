@@ -26,14 +26,18 @@ int32_t pack_step(const StepInputs& s, const StepLayout& l, int32_t* h) {
   std::memcpy(h + l.positions, s.positions, nt * 4);
   std::memcpy(h + l.slots, s.slot_mapping, nt * 4);
   std::fill(h + l.token_seq, h + l.token_seq + nt, 0);
-  int32_t* tiles = h + l.tiles;
-  size_t num_tiles = 0;
   const int32_t n = static_cast<int32_t>(nt);
   for (int32_t q = 0; q < s.num_seqs; ++q) {
     const int32_t t0 = std::clamp(s.query_start[q], 0, n), t1 = std::clamp(s.query_start[q + 1], 0, n);
     for (int32_t t = t0; t < t1; ++t) h[l.token_seq + t] = q;
-    for (int32_t t = t0; t < t1 && num_tiles < nt; t += 16) tiles[num_tiles++] = t;
   }
+  // Tiles: a new one at every change of sequence and after 16 tokens, over every token (so
+  // no tile is longer than 16 or spans two sequences, whatever the spans were).
+  int32_t* tiles = h + l.tiles;
+  size_t num_tiles = 0;
+  for (int32_t t = 0; t < n; ++t)
+    if (num_tiles == 0 || h[l.token_seq + t] != h[l.token_seq + t - 1] || t - tiles[num_tiles - 1] == 16)
+      tiles[num_tiles++] = t;
   std::fill(tiles + num_tiles, tiles + nt + 1, n);
   const size_t mb = static_cast<size_t>(std::max(s.max_blocks_per_seq, 0));
   for (int32_t q = 0; q < s.num_seqs; ++q) {

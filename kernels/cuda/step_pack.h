@@ -20,9 +20,9 @@ struct StepLayout {
 StepLayout step_layout(const StepInputs& s);
 
 // Fills host (layout.total values) from s. Each sequence's tokens (query_start spans,
-// clamped to [0, num_tokens)) get its index and are cut into tiles of up to 16
-// (DeviceStep::tiles); block-table rows are padded with zeros. Returns the longest context
-// (max position + 1).
+// clamped to [0, num_tokens); tokens outside every span: sequence 0) get its index; the
+// tokens are cut into tiles of up to 16 of one sequence (DeviceStep::tiles); block-table
+// rows are padded with zeros. Returns the longest context (max position + 1).
 int32_t pack_step(const StepInputs& s, const StepLayout& l, int32_t* host);
 
 // The DeviceStep for a buffer packed by pack_step and uploaded to dev.

@@ -206,6 +206,22 @@ TEST_CASE("host-run: a step's inputs packed for one upload: sequences, attention
   cuda::pack_step(bad, l, g.data());
   CHECK(std::all_of(g.begin() + l.total, g.end(), [](int32_t v) { return v == -7; }));
   CHECK(g[l.token_seq + 53] == 1);
+  // Spans with a gap (tokens 5..7 in none): still tiles of 1..16 tokens of one sequence that
+  // cover every token once.
+  std::vector<int32_t> gap_qs = {0, 5, 8, 54};
+  bad.query_start = gap_qs.data();
+  std::vector<int32_t> v(l.total, -7);
+  cuda::pack_step(bad, l, v.data());
+  int32_t covered = 0;
+  for (size_t i = 0; i < 54 && v[l.tiles + i] < 54; ++i) {
+    const int32_t a = v[l.tiles + i], b = v[l.tiles + i + 1];
+    INFO("tile " << i << ": " << a << ".." << b);
+    CHECK(a == covered);
+    CHECK((b > a && b - a <= 16));
+    for (int32_t t = a; t < b; ++t) CHECK(v[l.token_seq + t] == v[l.token_seq + a]);
+    covered = b;
+  }
+  CHECK(covered == 54);
 }
 
 TEST_CASE("host-run: a launch sequence whose graph capture fails runs eagerly, now and later", "[hostrun]") {
