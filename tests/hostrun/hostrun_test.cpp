@@ -86,6 +86,34 @@ const std::vector<int32_t> kPrompt = {1, 17, 300, 511, 42, 42, 9, 0, 250, 77, 3,
 
 }  // namespace
 
+namespace {
+// How a trace fed ref's tokens agrees with ref: the largest |logit difference| and |logit|
+// over every step, and at the decisive steps (ref's top two more than 0.05 apart) how
+// many pick ref's token.
+struct Agreement {
+  double max_diff = 0, max_abs = 0;
+  int decisive = 0, agree = 0;
+};
+Agreement agreement(const Trace& ref, const Trace& got) {
+  Agreement a;
+  REQUIRE(got.logits.size() == ref.logits.size());
+  for (size_t s = 0; s < ref.logits.size(); ++s) {
+    const auto& rl = ref.logits[s];
+    std::vector<float> sorted = rl;
+    std::partial_sort(sorted.begin(), sorted.begin() + 2, sorted.end(), std::greater<float>());
+    for (size_t i = 0; i < rl.size(); ++i) {
+      a.max_diff = std::max(a.max_diff, std::fabs(double(rl[i]) - got.logits[s][i]));
+      a.max_abs = std::max(a.max_abs, std::fabs(double(rl[i])));
+    }
+    if (sorted[0] - sorted[1] > 0.05f) {
+      ++a.decisive;
+      a.agree += got.tokens[s] == ref.tokens[s];
+    }
+  }
+  return a;
+}
+}  // namespace
+
 TEST_CASE("host-run: the fake device runs the CUDA backend's kernels", "[hostrun]") {
   auto b = hostrun_backend();
   INFO(b->name());
@@ -268,27 +296,12 @@ TEST_CASE("host-run: tiny-llama in every dummy weight type gives the CPU backend
     auto gpu = hostrun_backend();
     const Trace c = trace(*files, *cpu, kPrompt, 24);
     const Trace g = trace(*files, *gpu, kPrompt, 24, c.tokens);
-    REQUIRE(g.logits.size() == c.logits.size());
-    double max_diff = 0, max_abs = 0;
-    int decisive = 0, agree = 0;
-    for (size_t s = 0; s < c.logits.size(); ++s) {
-      const auto& cl = c.logits[s];
-      std::vector<float> sorted = cl;
-      std::partial_sort(sorted.begin(), sorted.begin() + 2, sorted.end(), std::greater<float>());
-      for (size_t i = 0; i < cl.size(); ++i) {
-        max_diff = std::max(max_diff, std::fabs(double(cl[i]) - g.logits[s][i]));
-        max_abs = std::max(max_abs, std::fabs(double(cl[i])));
-      }
-      if (sorted[0] - sorted[1] > 0.05f) {
-        ++decisive;
-        agree += g.tokens[s] == c.tokens[s];
-      }
-    }
-    INFO(dtype << ": logits max |diff| " << max_diff << " of " << max_abs << " over 24 steps; " << agree << " of "
-               << decisive << " decisive steps pick the CPU's token");
-    CHECK(max_diff <= 0.02 * max_abs);
-    CHECK(decisive >= 8);
-    CHECK(agree == decisive);
+    const Agreement a = agreement(c, g);
+    INFO(dtype << ": logits max |diff| " << a.max_diff << " of " << a.max_abs << " over 24 steps; " << a.agree
+               << " of " << a.decisive << " decisive steps pick the CPU's token");
+    CHECK(a.max_diff <= 0.02 * a.max_abs);
+    CHECK(a.decisive >= 8);
+    CHECK(a.agree == a.decisive);
   }
 }
 
@@ -360,25 +373,11 @@ TEST_CASE("host-run: every token's attention on tensor cores (TROUPE_CUDA_ATTN=t
     INFO(tc->stats());
     CHECK(tc->stats().find("batch-invariant attention on tensor cores: 0") == std::string::npos);
     CHECK(plain->stats().find("batch-invariant attention on tensor cores: 0") != std::string::npos);
-    REQUIRE(a.logits.size() == b.logits.size());
-    double max_diff = 0, max_abs = 0;
-    int decisive = 0, agree = 0;
-    for (size_t st = 0; st < a.logits.size(); ++st) {
-      std::vector<float> sorted = a.logits[st];
-      std::partial_sort(sorted.begin(), sorted.begin() + 2, sorted.end(), std::greater<float>());
-      for (size_t i = 0; i < sorted.size(); ++i) {
-        max_diff = std::max(max_diff, std::fabs(double(a.logits[st][i]) - b.logits[st][i]));
-        max_abs = std::max(max_abs, std::fabs(double(a.logits[st][i])));
-      }
-      if (sorted[0] - sorted[1] > 0.05f) {
-        ++decisive;
-        agree += a.tokens[st] == b.tokens[st];
-      }
-    }
-    INFO("logits max |diff| " << max_diff << " of " << max_abs << "; " << agree << " of " << decisive);
-    CHECK(max_diff > 0);  // (another kernel ran)
-    CHECK(max_diff <= 0.02 * max_abs);
-    CHECK(agree == decisive);
+    const Agreement g = agreement(a, b);
+    INFO("logits max |diff| " << g.max_diff << " of " << g.max_abs << "; " << g.agree << " of " << g.decisive);
+    CHECK(g.max_diff > 0);  // (another kernel ran)
+    CHECK(g.max_diff <= 0.02 * g.max_abs);
+    CHECK(g.agree == g.decisive);
   }
 }
 
