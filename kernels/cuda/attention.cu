@@ -362,23 +362,33 @@ int64_t attention_loop_blocks(int32_t num_tokens, int32_t num_heads, int32_t num
 }
 
 
+namespace {
+// f.template operator()<DPL>() for head_dim = 32 DPL; cudaErrorInvalidValue for other widths.
+template <typename F>
+cudaError_t with_dpl(int32_t head_dim, F&& f) {
+  switch (head_dim) {
+    case 32: return f.template operator()<1>();
+    case 64: return f.template operator()<2>();
+    case 96: return f.template operator()<3>();
+    case 128: return f.template operator()<4>();
+    case 160: return f.template operator()<5>();
+    case 192: return f.template operator()<6>();
+    case 256: return f.template operator()<8>();
+    default: return cudaErrorInvalidValue;
+  }
+}
+}  // namespace
+
 cudaError_t attention_combine(const DeviceStep& step, int32_t num_heads, int32_t head_dim, const float* partials,
                               float* out, cudaStream_t stream) {
   if (step.num_tokens <= 0) return cudaSuccess;
   const Args a{step, nullptr, 0, num_heads, 1, 0, 0.0f, nullptr, nullptr, false, nullptr, {}};
   const int segs = attention_segments(step.max_context);
   const dim3 grid(static_cast<unsigned>(step.num_tokens), static_cast<unsigned>(num_heads));
-  switch (head_dim) {
-    case 32: attention_combine_kernel<1><<<grid, kThreads, 0, stream>>>(a, segs, partials, out); break;
-    case 64: attention_combine_kernel<2><<<grid, kThreads, 0, stream>>>(a, segs, partials, out); break;
-    case 96: attention_combine_kernel<3><<<grid, kThreads, 0, stream>>>(a, segs, partials, out); break;
-    case 128: attention_combine_kernel<4><<<grid, kThreads, 0, stream>>>(a, segs, partials, out); break;
-    case 160: attention_combine_kernel<5><<<grid, kThreads, 0, stream>>>(a, segs, partials, out); break;
-    case 192: attention_combine_kernel<6><<<grid, kThreads, 0, stream>>>(a, segs, partials, out); break;
-    case 256: attention_combine_kernel<8><<<grid, kThreads, 0, stream>>>(a, segs, partials, out); break;
-    default: return cudaErrorInvalidValue;
-  }
-  return cudaGetLastError();
+  return with_dpl(head_dim, [&]<int DPL>() {
+    attention_combine_kernel<DPL><<<grid, kThreads, 0, stream>>>(a, segs, partials, out);
+    return cudaGetLastError();
+  });
 }
 
 cudaError_t attention(const DeviceStep& step, const float* q, int64_t ld_q, int32_t num_heads, int32_t num_kv_heads,
@@ -392,16 +402,9 @@ cudaError_t attention(const DeviceStep& step, const float* q, int64_t ld_q, int3
   const Args a{step, q, ld_q, num_heads, num_kv_heads, block_size, scale, reinterpret_cast<const __half*>(k_cache),
                reinterpret_cast<const __half*>(v_cache), skip_tc_tiles, xq, nq};
   const int segs = attention_segments(step.max_context);
-  switch (head_dim) {
-    case 32: return launch<1>(a, step.num_tokens, out, partials, segs, direct_k, stream);
-    case 64: return launch<2>(a, step.num_tokens, out, partials, segs, direct_k, stream);
-    case 96: return launch<3>(a, step.num_tokens, out, partials, segs, direct_k, stream);
-    case 128: return launch<4>(a, step.num_tokens, out, partials, segs, direct_k, stream);
-    case 160: return launch<5>(a, step.num_tokens, out, partials, segs, direct_k, stream);
-    case 192: return launch<6>(a, step.num_tokens, out, partials, segs, direct_k, stream);
-    case 256: return launch<8>(a, step.num_tokens, out, partials, segs, direct_k, stream);
-    default: return cudaErrorInvalidValue;
-  }
+  return with_dpl(head_dim, [&]<int DPL>() {
+    return launch<DPL>(a, step.num_tokens, out, partials, segs, direct_k, stream);
+  });
 }
 
 #endif
