@@ -353,8 +353,6 @@ cudaError_t launch(const Args& a, int num_tokens, float* out, float* partials, i
 }  // namespace
 
 #ifndef TROUPE_CUDA_EMULATION
-int attention_segments(int32_t max_context) { return (max_context + kSegment - 1) / kSegment; }
-
 int64_t attention_loop_blocks(int32_t num_tokens, int32_t num_heads, int32_t num_kv_heads) {
   if (num_kv_heads <= 0) return 0;
   const int group = num_heads / num_kv_heads;

@@ -7,6 +7,7 @@
 #include <type_traits>
 
 #include "kernels/dtype.h"
+#include "kernels/cuda/ops.h"
 
 // A device function kept out of line, so that it adds no registers to its caller's (a
 // kernel's once-per-block tail); the CPU emulation inlines as it likes.
@@ -280,12 +281,11 @@ __global__ void to_half_rows_kernel(const float* __restrict__ x, int64_t ldx, in
   }
 }
 
-// Attention's keys come in segments of this many positions (0..255, 256..511, ...): each
-// segment's partial (running max m, sum l, unnormalised output acc) is merged with
-// merge_step in segment order, by every attention kernel that does so (attention.cu's
-// looped and split-KV paths, attention_tc.cu's batch-invariant one), so they agree bit
-// for bit however their work is cut into blocks.
-constexpr int kAttentionSegment = 256;
+// Attention's keys come in segments of kAttentionSegment positions (ops.h): each segment's
+// partial (running max m, sum l, unnormalised output acc) is merged with merge_step in
+// segment order, by every attention kernel that does so (attention.cu's looped and
+// split-KV paths, attention_tc.cu's batch-invariant one), so they agree bit for bit
+// however their work is cut into blocks.
 // (m, l, acc) merged with a segment's partial (pm, pl, pacc); explicit rounding, so no
 // kernel contracts it differently.
 __device__ __forceinline__ void merge_step(float& m, float& l, float& acc, float pm, float pl, float pacc) {

@@ -180,7 +180,23 @@ bool attention_tc_invariant_supported(int32_t head_dim);
 // merged in segment order into out [n, num_heads * head_dim].
 cudaError_t attention_combine(const DeviceStep& step, int32_t num_heads, int32_t head_dim, const float* partials,
                               float* out, cudaStream_t stream);
-int attention_segments(int32_t max_context);
+// Attention's keys come in segments of this many positions (0..255, 256..511, ...): each
+// segment's partial is merged in order by every attention kernel (common.cuh: merge_step).
+constexpr int kAttentionSegment = 256;
+// Attention's key segments for a step whose longest context is max_context: the segments
+// it needs, rounded up to 1, 2, 3, 4, 6, 8, 12,
+// 16, 24, ... (two sizes an octave). It sets the split-KV grid and the partials' stride,
+// and goes into launch signatures, so decode steps keep one signature -- and one CUDA
+// graph -- while their contexts grow over many segments. A segment past a token's own
+// context does nothing (its blocks return at once; the combine merges only the token's
+// own segments), so the rounding changes no bit.
+inline int attention_segments(int32_t max_context) {
+  const int need = max_context <= 0 ? 0 : (max_context - 1) / kAttentionSegment + 1;
+  for (int p = 1;; p *= 2) {
+    if (need <= p) return need <= 0 ? 0 : p;
+    if (p >= 2 && need <= p + p / 2) return p + p / 2;
+  }
+}
 size_t attention_tc_shared_bytes(int32_t head_dim);
 // Blocks of attention()'s looped path (one per token and group of up to four query heads
 // of a KV head): the split-KV path multiplies them by the segment count.

@@ -124,7 +124,7 @@ unsigned head_groups(const Case& c) {
 template <int DPL>
 void check(const Case& c, std::mt19937& g) {
   Fixture f(c, {0, 300, 599}, {5, 3, 1}, g);  // prefill, a chunk, a decode token
-  const int segs = (f.st.max_context + cuda::kSegment - 1) / cuda::kSegment;  // attention_segments()
+  const int segs = cuda::attention_segments(f.st.max_context);
   std::vector<float> looped(static_cast<size_t>(f.n) * c.nh * c.hd, -1.0f), split(looped.size(), -2.0f);
   cuda_emu::launch3(f.n, head_groups(c), 1, cuda::kThreads, cuda::attention_loop_kernel<DPL>, f.args(false), looped.data());
   std::vector<float> partials(static_cast<size_t>(f.n) * c.nh * segs * (c.hd + 2), 0.0f);
@@ -133,6 +133,19 @@ void check(const Case& c, std::mt19937& g) {
   cuda_emu::launch3(f.n, c.nh, 1, cuda::kThreads, cuda::attention_combine_kernel<DPL>, f.args(false), segs,
           static_cast<const float*>(partials.data()), split.data());
   CHECK(std::memcmp(looped.data(), split.data(), looped.size() * 4) == 0);
+  // More segments than any token needs (attention_segments() rounds up): their blocks
+  // return at once and the combine merges a token's own segments only, so the same bits;
+  // partials no block writes are NaN, so reading one would show.
+  {
+    const int more = segs + 2;
+    std::vector<float> wide(static_cast<size_t>(f.n) * c.nh * more * (c.hd + 2), std::nanf(""));
+    std::vector<float> out(looped.size(), -3.0f);
+    cuda_emu::launch3(f.n, head_groups(c), more, cuda::kThreads, cuda::attention_split_kernel<DPL>, f.args(false), more,
+                      wide.data());
+    cuda_emu::launch3(f.n, c.nh, 1, cuda::kThreads, cuda::attention_combine_kernel<DPL>, f.args(false), more,
+                      static_cast<const float*>(wide.data()), out.data());
+    CHECK(std::memcmp(looped.data(), out.data(), looped.size() * 4) == 0);
+  }
   // K rows staged in shared memory (heads up to 128 wide) or read directly: the same bits.
   std::vector<float> direct(looped.size(), -4.0f);
   cuda_emu::launch3(f.n, head_groups(c), 1, cuda::kThreads, cuda::attention_loop_kernel<DPL, false>, f.args(false),
@@ -203,7 +216,7 @@ void check_tc_invariant(const Case& c, std::mt19937& g, bool every_token_alone =
   // A decode token at 520 (three segments), a chunk 252..259 (across a segment boundary),
   // a prefill 0..17. (Small: the emulated WMMA is slow, and this runs three times in CI.)
   Fixture f(c, {520, 252, 0}, {1, 8, 18}, g);
-  const int segs = (f.st.max_context + cuda::kAttentionSegment - 1) / cuda::kAttentionSegment;
+  const int segs = cuda::attention_segments(f.st.max_context);
   std::vector<int32_t> by_seq, alone;
   for (int32_t t : {0, 1, 9, 25}) by_seq.push_back(t);  // (the backend's cut: 1, 8, 16 + 2)
   by_seq.resize(static_cast<size_t>(f.n) + 1, f.n);
@@ -261,4 +274,25 @@ TEST_CASE("the tensor-core prefill attention's source takes the one-sequence til
   check_tc<4>({6, 3, 128}, g);  // group 2: two spare warps
   check_tc<1>({3, 3, 32}, g);   // MHA: three spare warps
   check_tc<5>({2, 1, 160}, g);  // 32-key steps (heads over 128)
+}
+
+TEST_CASE("attention_segments: the segments a context needs, rounded up to two sizes an octave", "[kernels][cuda-emulation]") {
+  // Decode steps keep one launch signature (and CUDA graph) while contexts grow.
+  CHECK(cuda::attention_segments(0) == 0);
+  const std::vector<std::pair<int, int>> want = {{1, 1},     {256, 1},   {257, 2},   {512, 2},   {513, 3},
+                                                 {768, 3},   {769, 4},   {1024, 4},  {1025, 6},  {1536, 6},
+                                                 {1537, 8},  {2049, 12}, {3072, 12}, {3073, 16}, {4097, 24},
+                                                 {8193, 48}, {32768, 128}};
+  for (const auto& [ctx, segs] : want) {
+    INFO("context " << ctx);
+    CHECK(cuda::attention_segments(ctx) == segs);
+  }
+  int prev = 0, sizes = 0;
+  for (int ctx = 1; ctx <= 1 << 20; ++ctx) {
+    const int s = cuda::attention_segments(ctx), need = (ctx + cuda::kAttentionSegment - 1) / cuda::kAttentionSegment;
+    if (s < need || 2 * s > 3 * need) FAIL("context " << ctx << ": " << s << " segments for " << need);
+    if (s != prev) ++sizes;
+    prev = s;
+  }
+  CHECK(sizes == 24);  // 1 .. 4096 segments: 1, 2, then two sizes in each of 11 octaves (3, 4 .. 3072, 4096)
 }
