@@ -17,7 +17,7 @@ struct ModelFlags {
   int threads = 0;
   std::string device = "cpu";
   bool cuda_cublas = false;
-  int cuda_graph_max_tokens = 0;
+  int cuda_graph_max_tokens = 64;
   bool cuda_tc_gemm = false;
   int ctx = 4096;
   int batch = 512;

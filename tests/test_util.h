@@ -6,6 +6,26 @@
 
 namespace troupe::test {
 
+// Sets one environment variable for a scope (unsets it when value is null) and restores
+// what was there when the scope ends, also when a REQUIRE throws out of it.
+struct EnvScope {
+  std::string name, old;
+  bool had;
+  EnvScope(const char* n, const char* value) : name(n) {
+    const char* o = std::getenv(n);
+    had = o != nullptr;
+    if (had) old = o;
+    if (value) setenv(n, value, 1);
+    else unsetenv(n);
+  }
+  ~EnvScope() {
+    if (had) setenv(name.c_str(), old.c_str(), 1);
+    else unsetenv(name.c_str());
+  }
+  EnvScope(const EnvScope&) = delete;
+  EnvScope& operator=(const EnvScope&) = delete;
+};
+
 // The default model the integration tests use: $TROUPE_MODEL_PATH, else
 // $TROUPE_HOME/models/SmolLM2-135M-Instruct.Q4_1.gguf with TROUPE_HOME defaulting to
 // ~/.cache/troupe. Tests that need it FAIL (not skip) when it is missing: see

@@ -310,19 +310,22 @@ TEST_CASE("host-run: fused epilogues, the norms' quantization and graph replay c
     auto files = tiny(dtype);
     REQUIRE(files.ok());
     INFO(dtype);
-    auto fused = hostrun_backend();
+    CudaBackendOptions eager;
+    eager.graph_max_tokens = 0;
+    auto fused = hostrun_backend(eager);
     const Trace a = trace(*files, *fused, kPrompt, 12);
     CHECK(fused->stats().find("fused GEMV epilogues: 0;") == std::string::npos);
-    setenv("TROUPE_CUDA_FUSE", "0", 1);
-    auto plain = hostrun_backend();
-    unsetenv("TROUPE_CUDA_FUSE");
+    CHECK(fused->stats().find(" 0 replays") != std::string::npos);
+    auto plain = [&] {
+      test::EnvScope e("TROUPE_CUDA_FUSE", "0");
+      return hostrun_backend(eager);
+    }();
     const Trace b = trace(*files, *plain, kPrompt, 12);
     CHECK(plain->stats().find("fused GEMV epilogues: 0;") != std::string::npos);
     CHECK(a.tokens == b.tokens);
     CHECK(a.logits == b.logits);  // bit for bit
-    CudaBackendOptions go;
-    go.graph_max_tokens = 64;
-    auto graphs = hostrun_backend(go);
+    CHECK(CudaBackendOptions{}.graph_max_tokens == 64);  // graphs are the default (decode steps)
+    auto graphs = hostrun_backend();
     const auto before = hostrun::counters();
     const Trace c = trace(*files, *graphs, kPrompt, 12);
     INFO(graphs->stats());
@@ -344,9 +347,10 @@ TEST_CASE("host-run: the int8 matmuls on tensor cores (TROUPE_CUDA_Q8_MMA) chang
     auto gemv = hostrun_backend();
     const Trace a = trace(*files, *gemv, kPrompt, 12);
     CHECK(gemv->stats().find("int8 matmuls on tensor cores: 0") != std::string::npos);
-    setenv("TROUPE_CUDA_Q8_MMA", "4", 1);
-    auto mma = hostrun_backend();
-    unsetenv("TROUPE_CUDA_Q8_MMA");
+    auto mma = [] {
+      test::EnvScope e("TROUPE_CUDA_Q8_MMA", "4");
+      return hostrun_backend();
+    }();
     const Trace b = trace(*files, *mma, kPrompt, 12);
     INFO(mma->stats());
     CHECK(mma->stats().find("int8 matmuls on tensor cores: 0") == std::string::npos);
@@ -366,9 +370,10 @@ TEST_CASE("host-run: every token's attention on tensor cores (TROUPE_CUDA_ATTN=t
     INFO(dtype);
     auto plain = hostrun_backend();
     const Trace a = trace(*files, *plain, kPrompt, 12);
-    setenv("TROUPE_CUDA_ATTN", "tc", 1);
-    auto tc = hostrun_backend();
-    unsetenv("TROUPE_CUDA_ATTN");
+    auto tc = [] {
+      test::EnvScope e("TROUPE_CUDA_ATTN", "tc");
+      return hostrun_backend();
+    }();
     const Trace b = trace(*files, *tc, kPrompt, 12, a.tokens);
     INFO(tc->stats());
     CHECK(tc->stats().find("batch-invariant attention on tensor cores: 0") == std::string::npos);

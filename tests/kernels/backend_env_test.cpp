@@ -6,27 +6,11 @@
 #include <string>
 
 #include "kernels/backend.h"
+#include "tests/test_util.h"
 
 using namespace troupe;
 
-namespace {
-// Sets one variable for a scope (unset when value is null), and restores what was there.
-struct EnvScope {
-  std::string name, old;
-  bool had;
-  EnvScope(const char* n, const char* value) : name(n) {
-    const char* o = std::getenv(n);
-    had = o != nullptr;
-    if (had) old = o;
-    if (value) setenv(n, value, 1);
-    else unsetenv(n);
-  }
-  ~EnvScope() {
-    if (had) setenv(name.c_str(), old.c_str(), 1);
-    else unsetenv(name.c_str());
-  }
-};
-}  // namespace
+using test::EnvScope;
 
 TEST_CASE("TROUPE_CUDA_* values are parsed strictly", "[kernels][env]") {
   EnvScope a("TROUPE_CUDA_GEMV", nullptr), b("TROUPE_CUDA_ATTN", nullptr), c("TROUPE_CUDA_FUSE", nullptr),

@@ -148,9 +148,10 @@ TEST_CASE("cuda: split-KV decode attention gives the same bits as the looped pat
   REQUIRE(g_alone == g_with);  // bit for bit
   // K rows read directly instead of staged in shared memory (TROUPE_CUDA_ATTN=direct): the
   // same bits on both paths.
-  setenv("TROUPE_CUDA_ATTN", "direct", 1);
-  auto direct = gpu_or_skip();
-  unsetenv("TROUPE_CUDA_ATTN");
+  auto direct = [] {
+    test::EnvScope e("TROUPE_CUDA_ATTN", "direct");
+    return gpu_or_skip();
+  }();
   auto [d_alone, d_with] = run(*direct);
   REQUIRE(d_alone == g_alone);
   REQUIRE(d_with == g_with);
@@ -158,9 +159,10 @@ TEST_CASE("cuda: split-KV decode attention gives the same bits as the looped pat
   expect_close(g_alone, c_alone, 2e-3, 2e-3, "split-KV decode attention vs the CPU");
   // Every token on tensor cores (TROUPE_CUDA_ATTN=tc): the decode token split-KV alone and
   // looped in a tile of its own beside the prefill's 16-token tiles, the same bits.
-  setenv("TROUPE_CUDA_ATTN", "tc", 1);
-  auto tc = gpu_or_skip();
-  unsetenv("TROUPE_CUDA_ATTN");
+  auto tc = [] {
+    test::EnvScope e("TROUPE_CUDA_ATTN", "tc");
+    return gpu_or_skip();
+  }();
   auto [t_alone, t_with] = run(*tc);
   REQUIRE(t_alone == t_with);  // bit for bit
   CHECK(t_alone != g_alone);   // (another kernel: P rounded to f16)

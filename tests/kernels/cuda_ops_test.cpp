@@ -248,9 +248,10 @@ TEST_CASE("cuda: bad device numbers and unsupported shapes are errors, not crash
   }
   {
     // A TROUPE_CUDA_* value the backend does not take: refused, naming it (not the default).
-    setenv("TROUPE_CUDA_Q8_MMA", "lots", 1);
-    auto r = make_backend("cuda", 1);
-    unsetenv("TROUPE_CUDA_Q8_MMA");
+    auto r = [] {
+      test::EnvScope e("TROUPE_CUDA_Q8_MMA", "lots");
+      return make_backend("cuda", 1);
+    }();
     REQUIRE_FALSE(r.ok());
     CHECK(r.error().message.find("TROUPE_CUDA_Q8_MMA='lots'") != std::string::npos);
   }
@@ -361,8 +362,10 @@ TEST_CASE("cuda: fused add+RMSNorm and RoPE+KV-write give the unfused ops' bits"
 }
 
 TEST_CASE("cuda: the GEMVs' fused SiLU and RoPE + KV-write epilogues give the unfused ops' bits", "[cuda][kernels]") {
-  unsetenv("TROUPE_CUDA_FUSE");  // (the backend reads it when made)
-  auto gpu = gpu_or_skip();
+  auto gpu = [] {
+    test::EnvScope e("TROUPE_CUDA_FUSE", nullptr);  // (the backend reads it when made)
+    return gpu_or_skip();
+  }();
   if (!gpu) return;
   // How many fused calls took the fused kernels (the backend's stats line counts them).
   auto fused_calls = [&] { return stats_count(*gpu, "fused GEMV epilogues: "); };
@@ -434,8 +437,10 @@ TEST_CASE("cuda: the GEMVs' fused SiLU and RoPE + KV-write epilogues give the un
 }
 
 TEST_CASE("cuda: norms that quantize their output for the next matmul give the unfused ops' bits", "[cuda][kernels]") {
-  unsetenv("TROUPE_CUDA_FUSE");  // (the backend reads it when made)
-  auto gpu = gpu_or_skip();
+  auto gpu = [] {
+    test::EnvScope e("TROUPE_CUDA_FUSE", nullptr);  // (the backend reads it when made)
+    return gpu_or_skip();
+  }();
   if (!gpu) return;
   auto quantized = [&] { return stats_count(*gpu, "activations quantized for the next matmul (by norms, attention, SiLU): "); };
   auto used = [&] { return stats_count(*gpu, "used by the next matmul: "); };
@@ -489,8 +494,10 @@ TEST_CASE("cuda: norms that quantize their output for the next matmul give the u
 }
 
 TEST_CASE("cuda: the SiLU GEMV that quantizes its output for the down matmul gives the unfused ops' bits", "[cuda][kernels]") {
-  unsetenv("TROUPE_CUDA_FUSE");  // (the backend reads it when made)
-  auto gpu = gpu_or_skip();
+  auto gpu = [] {
+    test::EnvScope e("TROUPE_CUDA_FUSE", nullptr);  // (the backend reads it when made)
+    return gpu_or_skip();
+  }();
   if (!gpu) return;
   auto quantized = [&] { return stats_count(*gpu, "activations quantized for the next matmul (by norms, attention, SiLU): "); };
   auto used = [&] { return stats_count(*gpu, "used by the next matmul: "); };

@@ -22,9 +22,10 @@ TEST_CASE("cuda: the int8 matmuls on tensor cores (TROUPE_CUDA_Q8_MMA) give the 
   // token alone must get the bits it gets in the batch, and the whole batch the GEMV's.
   auto gemv = gpu_or_skip();
   if (!gemv) return;
-  setenv("TROUPE_CUDA_Q8_MMA", "16", 1);
-  auto mma = gpu_or_skip();
-  unsetenv("TROUPE_CUDA_Q8_MMA");
+  auto mma = [] {
+    test::EnvScope e("TROUPE_CUDA_Q8_MMA", "16");
+    return gpu_or_skip();
+  }();
   std::mt19937 rng(16);
   const int64_t rows = 200, n = 70;
   for (const DType t : {DType::Q4_0, DType::Q4_1, DType::Q5_0, DType::Q5_1, DType::Q8_0, DType::Q4_K, DType::Q5_K,

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "kernels/backend.h"
+#include "tests/test_util.h"
 
 namespace troupe::test {
 
