@@ -20,6 +20,7 @@
 #include <thread>
 #include <vector>
 
+#include "bench/gpu/gemv_alone.h"
 #include "bench/gpu/gpu_targets.h"
 #include "kernels/backend.h"
 #include "runtime/model_files.h"
@@ -217,6 +218,10 @@ void bench_gemv(double copy_gbs, bool simple) {
            std::to_string(rows) + "x" + std::to_string(cols) + ", n=" + std::to_string(n), ms, gbs, "GB/s",
            100.0 * gbs / copy_gbs, "copy"});
     }
+    // The kernel alone at one token: no host launch cost, no quantizing of x (matmul()
+    // above quantizes it in a launch of its own when no norm did it before).
+    if (!simple)
+      for (Row& r : gpu_bench::gemv_alone_rows(t, data, rows, cols, copy_gbs, loop_ms)) add(std::move(r));
   }
 }
 

@@ -16,6 +16,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "bench/gpu/gemv_alone.h"
 #include "kernels/backend.h"
 #include "kernels/cuda/step_graph.h"
 #include "kernels/cuda/step_pack.h"
@@ -23,6 +24,7 @@
 #include "runtime/model_files.h"
 #include "runtime/sequence_runner.h"
 #include "tests/hostrun/runtime.h"
+#include "tests/kernels/kernel_test_util.h"
 #include "tests/runtime/greedy_util.h"
 #include "tests/test_util.h"
 
@@ -282,6 +284,31 @@ TEST_CASE("host-run: a launch sequence whose graph capture fails runs eagerly, n
   CHECK(cudaGetLastError() == cudaSuccess);
   cudaFree(dev);
   cudaStreamDestroy(st);
+}
+
+TEST_CASE("host-run: gpu_bench's GEMV kernels alone run eagerly and from a graph", "[hostrun]") {
+  // troupe_gpu_bench's kernel-alone rows (bench/gpu/gemv_alone.cpp) on small shapes: every
+  // launch and the capture go through the fake's bounds and capture checks.
+  std::mt19937 rng(9);
+  int calls = 0;
+  const gpu_bench::LoopMs once = [&](const std::function<void()>& fn, const std::function<void()>& sync) {
+    ++calls;
+    fn();
+    sync();
+    return 1.0;
+  };
+  for (const DType t : {DType::BF16, DType::Q4_1, DType::Q6_K}) {
+    INFO(dtype_traits(t).name);
+    const int64_t rows = 40, cols = 512;
+    const auto gguf = test::random_weight(t, rows, cols, rng);
+    const auto r = gpu_bench::gemv_alone_rows(t, gguf, rows, cols, 1000.0, once, 0);
+    REQUIRE(r.size() == 2);
+    CHECK(r[1].ms == 0.5);  // one graph of two launches a call
+    CHECK(r[0].what.rfind("GEMV ", 0) == 0);
+    CHECK(r[0].shape == "40x512, n=1");
+    CHECK(cudaGetLastError() == cudaSuccess);
+  }
+  CHECK(calls == 6);
 }
 
 TEST_CASE("host-run: tiny-llama in every dummy weight type gives the CPU backend's logits and greedy choices", "[hostrun][model]") {
