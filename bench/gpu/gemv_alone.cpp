@@ -6,7 +6,6 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
-#include <random>
 #include <string>
 
 #include "kernels/cuda/layout.h"
@@ -24,7 +23,8 @@ void ck(cudaError_t e, const char* what) {
 }  // namespace
 
 std::vector<Row> gemv_alone_rows(troupe::DType type, const std::vector<uint8_t>& gguf, int64_t rows, int64_t cols,
-                                 double copy_gbs, const LoopMs& loop_ms, size_t stream_bytes) {
+                                 const std::vector<float>& xs, double copy_gbs, const LoopMs& loop_ms,
+                                 size_t stream_bytes, std::vector<float>* y_out) {
   using namespace troupe;
   size_t rb = 0;
   const std::vector<uint8_t> dev_rows = test::device_rows(type, gguf, rows, cols, &rb);
@@ -34,14 +34,20 @@ std::vector<Row> gemv_alone_rows(troupe::DType type, const std::vector<uint8_t>&
   ck(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking), "cudaStreamCreateWithFlags");
   uint8_t* w = nullptr;
   ck(cudaMalloc(reinterpret_cast<void**>(&w), bytes * copies), "cudaMalloc(weights)");
-  for (int i = 0; i < copies; ++i) ck(cudaMemcpy(w + bytes * i, dev_rows.data(), bytes, cudaMemcpyHostToDevice), "cudaMemcpy");
-  std::mt19937 rng(5);
-  const std::vector<float> xs = test::random_floats(static_cast<size_t>(cols), rng);
+  // (Copies on st, waited for: a cudaMemcpy from pageable memory is on the legacy stream,
+  // which st does not wait for, and may return before its bytes land.)
+  for (int i = 0; i < copies; ++i)
+    ck(cudaMemcpyAsync(w + bytes * i, dev_rows.data(), bytes, cudaMemcpyHostToDevice, st), "cudaMemcpyAsync(w)");
+  if (xs.size() != static_cast<size_t>(cols)) {
+    std::fprintf(stderr, "gemv_alone: x has %zu values for %lld columns\n", xs.size(), static_cast<long long>(cols));
+    std::exit(1);
+  }
   float *x = nullptr, *y = nullptr;
   uint8_t* xq = nullptr;
   ck(cudaMalloc(reinterpret_cast<void**>(&x), xs.size() * 4), "cudaMalloc(x)");
   ck(cudaMalloc(reinterpret_cast<void**>(&y), static_cast<size_t>(rows) * 4), "cudaMalloc(y)");
-  ck(cudaMemcpy(x, xs.data(), xs.size() * 4, cudaMemcpyHostToDevice), "cudaMemcpy(x)");
+  ck(cudaMemcpyAsync(x, xs.data(), xs.size() * 4, cudaMemcpyHostToDevice, st), "cudaMemcpyAsync(x)");
+  ck(cudaStreamSynchronize(st), "cudaStreamSynchronize");
   const bool q8 = cuda::uses_q8_activations(type);
   if (q8) {  // once: in a decode step the norm before the matmul writes them
     ck(cudaMalloc(reinterpret_cast<void**>(&xq), cuda::q8_row_bytes(cols)), "cudaMalloc(xq)");
@@ -62,6 +68,11 @@ std::vector<Row> gemv_alone_rows(troupe::DType type, const std::vector<uint8_t>&
   ck(cudaStreamEndCapture(st, &graph), "cudaStreamEndCapture");
   ck(cudaGraphInstantiate(&exec, graph, 0), "cudaGraphInstantiate");
   const double graph_ms = loop_ms([&] { ck(cudaGraphLaunch(exec, st), "cudaGraphLaunch"); }, sync) / copies;
+  if (y_out) {
+    y_out->assign(static_cast<size_t>(rows), 0.0f);
+    ck(cudaMemcpyAsync(y_out->data(), y, y_out->size() * 4, cudaMemcpyDeviceToHost, st), "cudaMemcpyAsync(y)");
+    sync();
+  }
   cudaGraphExecDestroy(exec);
   cudaGraphDestroy(graph);
   cudaFree(w);

@@ -221,7 +221,9 @@ void bench_gemv(double copy_gbs, bool simple) {
     // The kernel alone at one token: no host launch cost, no quantizing of x (matmul()
     // above quantizes it in a launch of its own when no norm did it before).
     if (!simple)
-      for (Row& r : gpu_bench::gemv_alone_rows(t, data, rows, cols, copy_gbs, loop_ms)) add(std::move(r));
+      for (Row& r : gpu_bench::gemv_alone_rows(t, data, rows, cols, test::random_floats(size_t(cols), rng), copy_gbs,
+                                               loop_ms))
+        add(std::move(r));
   }
 }
 

@@ -11,6 +11,7 @@
 #include <functional>
 #include <numeric>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <unistd.h>
 #include <fstream>
@@ -288,7 +289,8 @@ TEST_CASE("host-run: a launch sequence whose graph capture fails runs eagerly, n
 
 TEST_CASE("host-run: gpu_bench's GEMV kernels alone run eagerly and from a graph", "[hostrun]") {
   // troupe_gpu_bench's kernel-alone rows (bench/gpu/gemv_alone.cpp) on small shapes: every
-  // launch and the capture go through the fake's bounds and capture checks.
+  // launch and the capture go through the fake's bounds and capture checks, and the product
+  // is the backend's matmul() of the same weights, bit for bit (the same kernels).
   std::mt19937 rng(9);
   int calls = 0;
   const gpu_bench::LoopMs once = [&](const std::function<void()>& fn, const std::function<void()>& sync) {
@@ -301,7 +303,20 @@ TEST_CASE("host-run: gpu_bench's GEMV kernels alone run eagerly and from a graph
     INFO(dtype_traits(t).name);
     const int64_t rows = 40, cols = 512;
     const auto gguf = test::random_weight(t, rows, cols, rng);
-    const auto r = gpu_bench::gemv_alone_rows(t, gguf, rows, cols, 1000.0, once, 0);
+    const auto x = test::random_floats(static_cast<size_t>(cols), rng);
+    std::vector<float> y;
+    const auto r = gpu_bench::gemv_alone_rows(t, gguf, rows, cols, x, 1000.0, once, 0, &y);
+    auto be = hostrun_backend();
+    auto w = be->make_weight(t, cols, {{gguf.data(), rows}});
+    REQUIRE(w.ok());
+    float* dx = be->upload(x);
+    float* dy = be->alloc(static_cast<size_t>(rows));
+    be->matmul(**w, dx, 1, dy, rows);
+    std::vector<float> want(static_cast<size_t>(rows), -1.0f);
+    be->copy_out(want.data(), dy, want.size());
+    REQUIRE(be->sync().ok());
+    REQUIRE(y.size() == want.size());
+    CHECK(std::memcmp(y.data(), want.data(), y.size() * 4) == 0);
     REQUIRE(r.size() == 2);
     CHECK(r[1].ms == 0.5);  // one graph of two launches a call
     CHECK(r[0].what.rfind("GEMV ", 0) == 0);
