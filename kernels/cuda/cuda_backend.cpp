@@ -39,7 +39,9 @@ constexpr int64_t kGemvMaxTokens = 8;
 // Steps of at least this many tokens use the tensor-core prefill attention when the backend
 // is not batch-invariant.
 constexpr int32_t kTcMinTokens = 64;
-constexpr size_t kMaxPartialBytes = size_t{64} << 20;  // split-KV partials, at most
+constexpr int kMaxGridZ = 65535;  // split-KV: a block per segment in the grid's z
+constexpr size_t kMaxPartialBytes = size_t{96} << 20;  // split-KV partials, at most (64 MB for the exact
+                                                         // segment count, times attention_segments()'s 1.5)
 
 class CudaBackend final : public Backend {
  public:
@@ -90,6 +92,7 @@ class CudaBackend final : public Backend {
 
   Result<std::unique_ptr<Weight>> make_weight(
       DType type, int64_t cols, const std::vector<std::pair<const void*, int64_t>>& parts) override {
+    flush();  // (what is recorded runs first: the upload below is in stream order after it)
     graphs_.clear();  // (a recorded launch may name a freed weight's address, now another's)
     auto w = cuda::upload_weight(device_, stream_, type, cols, parts);
     if (!w.ok()) return w.error();
@@ -97,6 +100,7 @@ class CudaBackend final : public Backend {
     return std::unique_ptr<Weight>(std::move(*w));
   }
   Result<std::unique_ptr<KvCache>> make_kv_cache(const KvCacheShape& s) override {
+    flush();
     graphs_.clear();
     auto c = cuda::allocate_kv_cache(device_, stream_, s);
     if (!c.ok()) return c.error();
@@ -172,8 +176,11 @@ class CudaBackend final : public Backend {
       step_cap_ = total;
     }
     dstep_ = cuda::device_step(s, layout, step_dev_, cuda::pack_step(s, layout, step_host_));
-    // Decode-sized steps are recorded and replayed as CUDA graphs.
-    graphs_.set_recording(graph_max_tokens_ > 0 && s.num_tokens <= graph_max_tokens_);
+    // Decode-sized steps are recorded and replayed as CUDA graphs; not a step whose matmuls
+    // go through cuBLAS (--cuda-cublas above kGemvMaxTokens): each cuBLAS call would cut
+    // its launches into a graph per piece.
+    graphs_.set_recording(graph_max_tokens_ > 0 && s.num_tokens <= graph_max_tokens_ &&
+                          (batch_invariant_ || s.num_tokens <= kGemvMaxTokens));
     int32_t* dev = step_dev_;
     const int32_t* host = step_host_;
     run("step upload", __LINE__, {P(dev), P(host), total}, [=](cudaStream_t st) {
@@ -311,7 +318,8 @@ class CudaBackend final : public Backend {
     float* partials = nullptr;
     const int segs = cuda::attention_segments(dstep_.max_context);
     const size_t floats = size_t(dstep_.num_tokens) * num_heads * segs * (c.shape_.head_dim + 2);
-    if (!tc && segs > 1 && floats * sizeof(float) <= kMaxPartialBytes && floats * sizeof(float) < partials_denied_ &&
+    if (!tc && segs > 1 && segs <= kMaxGridZ && floats * sizeof(float) <= kMaxPartialBytes &&
+        floats * sizeof(float) < partials_denied_ &&
         cuda::attention_loop_blocks(dstep_.num_tokens, num_heads, c.shape_.num_kv_heads) < 4 * int64_t{num_sms_}) {
       if (ensure(&partials_, &partials_cap_, floats * sizeof(float), /*optional=*/true))
         partials = static_cast<float*>(partials_);
