@@ -30,8 +30,8 @@ void ModelFlags::add_to(CLI::App& app) {
                "no effect with --cuda-cublas or on quantized weights (experimental: not yet measured on a GPU)");
   app.add_option("--cuda-graph-max-tokens", cuda_graph_max_tokens,
                  "CUDA: steps of at most this many tokens (decode) are captured once per shape and replayed as CUDA "
-                 "graphs (the same bits as eager launches; a step that cannot be captured runs eagerly); 0 turns "
-                 "graphs off")
+                 "graphs (the same bits as eager launches on the host-run fake; not yet re-checked on a GPU; a "
+                 "step that cannot be captured runs eagerly); 0 turns graphs off")
       ->capture_default_str()
       ->check(CLI::Range(0, 65536));
   app.add_option("-c,--ctx", ctx, "context length in tokens (capped by the model's)")->capture_default_str();
