@@ -40,8 +40,9 @@ constexpr int64_t kGemvMaxTokens = 8;
 // is not batch-invariant.
 constexpr int32_t kTcMinTokens = 64;
 constexpr int kMaxGridZ = 65535;  // split-KV: a block per segment in the grid's z
-constexpr size_t kMaxPartialBytes = size_t{96} << 20;  // split-KV partials, at most (64 MB for the exact
-                                                         // segment count, times attention_segments()'s 1.5)
+// Split-KV partials needed by a step, at most (64 MB for the exact segment count, times
+// attention_segments()'s 1.5); the buffer itself may be half as large again (ensure()).
+constexpr size_t kMaxPartialBytes = size_t{96} << 20;
 
 class CudaBackend final : public Backend {
  public:
@@ -655,16 +656,27 @@ class CudaBackend final : public Backend {
     return p;
   }
   // Grows a device scratch buffer (running what is recorded and waiting for its users
-  // first; graphs that refer to the old buffer are dropped). A failed allocation fails the
-  // backend, unless `optional`: then it only returns false (the caller has another way).
+  // first; graphs that refer to the old buffer are dropped). It grows by at least half its
+  // size, where that much can be had, so that a batch or context growing step by step
+  // reallocates -- and drops every graph -- only now and then. A failed allocation fails
+  // the backend, unless `optional`: then it only returns false (the caller has another way).
   bool ensure(void** buf, size_t* cap, size_t bytes, bool optional = false) {
     if (bytes <= *cap) return true;
     flush();
     check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize", __FILE__, __LINE__);
     graphs_.clear();
+    const size_t grown = *cap + *cap / 2;
     if (*buf) cudaFree(*buf);
     *buf = nullptr;
     *cap = 0;
+    if (grown > bytes) {
+      if (cudaMalloc(buf, grown) == cudaSuccess) {
+        *cap = grown;
+        return true;
+      }
+      *buf = nullptr;
+      cudaGetLastError();  // (the larger size was only a wish: its failure is not an error)
+    }
     const cudaError_t e = cudaMalloc(buf, bytes);
     if (e != cudaSuccess) {
       *buf = nullptr;
