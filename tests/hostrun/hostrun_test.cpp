@@ -39,15 +39,19 @@ std::unique_ptr<Backend> hostrun_backend(const CudaBackendOptions& o = {}) {
   return std::move(*b);
 }
 
-// configs/tiny-llama.json (2 layers) or a copy with `layers` layers, random weights of dtype.
-Result<ModelFiles> tiny(const std::string& dtype, int layers = 2, uint64_t seed = 7) {
+// configs/tiny-llama.json (2 layers, 256 positions) or a copy with `layers` layers and
+// `positions` positions, random weights of dtype.
+Result<ModelFiles> tiny(const std::string& dtype, int layers = 2, uint64_t seed = 7, int positions = 256) {
   std::string path = test::source_dir() + "/configs/tiny-llama.json";
-  if (layers != 2) {
+  const bool copy = layers != 2 || positions != 256;
+  if (copy) {
     std::ifstream in(path);
     nlohmann::json j = nlohmann::json::parse(in);
     j["num_hidden_layers"] = layers;
+    j["max_position_embeddings"] = positions;
     path = (std::filesystem::temp_directory_path() /
-            ("troupe_hostrun_tiny_" + std::to_string(layers) + "_" + std::to_string(::getpid()) + ".json"))
+            ("troupe_hostrun_tiny_" + std::to_string(layers) + "_" + std::to_string(positions) + "_" +
+             std::to_string(::getpid()) + ".json"))
                .string();
     std::ofstream(path) << j.dump();
   }
@@ -56,7 +60,7 @@ Result<ModelFiles> tiny(const std::string& dtype, int layers = 2, uint64_t seed 
   o.dummy_dtype = dtype;
   o.seed = seed;
   auto files = open_model(path, o);
-  if (layers != 2) std::filesystem::remove(path);
+  if (copy) std::filesystem::remove(path);
   return files;
 }
 
@@ -67,10 +71,10 @@ struct Trace {
   std::vector<std::vector<float>> logits;
 };
 Trace trace(const ModelFiles& f, Backend& be, const std::vector<int32_t>& prompt, int n,
-            const std::vector<int32_t>& forced = {}) {
+            const std::vector<int32_t>& forced = {}, int32_t capacity = 256) {
   auto m = Model::build(f.config, *f.weights, be, 64);
   if (!m) FAIL(m.error().message);
-  auto r = SequenceRunner::create(**m, be, 256);
+  auto r = SequenceRunner::create(**m, be, capacity);
   if (!r) FAIL(r.error().message);
   Trace t;
   auto l = (*r)->feed(prompt);
@@ -377,6 +381,57 @@ TEST_CASE("host-run: fused epilogues, the norms' quantization and graph replay c
     CHECK(a.tokens == c.tokens);
     CHECK(a.logits == c.logits);
   }
+}
+
+TEST_CASE("host-run: graphs replay decode steps across attention segment boundaries, bit for bit", "[hostrun][model]") {
+  // A 500-token prompt (64-token chunks), then decode steps at positions 500..522: split-KV
+  // attention needs 2 segments up to position 511, then 3 (attention_segments() rounds
+  // neither up). Each segment count is its own launch signature, captured on its second
+  // step and replayed after, with the eager launches' bits.
+  auto files = tiny("q4_1", 2, 7, 1024);
+  REQUIRE(files.ok());
+  std::vector<int32_t> prompt;
+  for (int i = 0; i < 500; ++i) prompt.push_back((i * 37 + 5) % 512);
+  CudaBackendOptions eager;
+  eager.graph_max_tokens = 0;
+  auto e_be = hostrun_backend(eager);
+  const Trace a = trace(*files, *e_be, prompt, 24, {}, 1024);
+  CHECK(e_be->stats().find(" 0 replays") != std::string::npos);
+  auto be = hostrun_backend();  // (graphs: the default)
+  auto replays = [&] {
+    const std::string st = be->stats();
+    const auto at = st.find(" held, ");
+    return at == std::string::npos ? -1LL : std::stoll(st.substr(at + 7));
+  };
+  // Twice on one backend: the second pass grows no scratch buffer (which would drop the
+  // graphs), so a signature that missed the segment count would replay the 2-segment graph
+  // for the 3-segment steps, and their logits would differ.
+  const int64_t vocab = files->config.vocab;
+  for (int pass = 0; pass < 2; ++pass) {
+    auto m = Model::build(files->config, *files->weights, *be, 64);
+    REQUIRE(m.ok());
+    auto r = SequenceRunner::create(**m, *be, 1024);
+    REQUIRE(r.ok());
+    auto l = (*r)->feed(prompt);
+    long long before = 0;
+    for (int i = 0; i < 24; ++i) {
+      REQUIRE(l.ok());
+      INFO("pass " << pass << ", step " << i << ": " << be->stats());
+      REQUIRE(std::equal(*l, *l + vocab, a.logits[static_cast<size_t>(i)].begin()));  // bit for bit
+      // Positions 500..511 (steps 1-12, 2 segments), then 512..522 (steps 13-23, 3
+      // segments): each shape's first step runs eagerly, the second is captured, and every
+      // later one replays. (The first pass may run one more step of each eagerly: a scratch
+      // buffer that grew drops the graphs.)
+      if (i == 1) before = replays();
+      if (i == 12) {
+        CHECK(replays() - before >= (pass == 0 ? 10 : 11));
+        before = replays();
+      }
+      if (i == 23) CHECK(replays() - before >= (pass == 0 ? 9 : 10));
+      if (i + 1 < 24) l = (*r)->feed({a.tokens[static_cast<size_t>(i)]});
+    }
+  }
+  CHECK(be->stats().find(" 0 failed captures") != std::string::npos);
 }
 
 TEST_CASE("host-run: the int8 matmuls on tensor cores (TROUPE_CUDA_Q8_MMA) change no bit", "[hostrun][model]") {
