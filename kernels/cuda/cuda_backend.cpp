@@ -656,10 +656,9 @@ class CudaBackend final : public Backend {
     return p;
   }
   // Grows a device scratch buffer (running what is recorded and waiting for its users
-  // first; graphs that refer to the old buffer are dropped). It grows by at least half its
-  // size, where that much can be had, so that a batch or context growing step by step
-  // reallocates -- and drops every graph -- only now and then. A failed allocation fails
-  // the backend, unless `optional`: then it only returns false (the caller has another way).
+  // first; graphs that refer to the old buffer are dropped), by half at least where it can,
+  // so a growing batch or context drops the graphs only now and then. A failed allocation
+  // fails the backend, unless `optional`: then it returns false (the caller has another way).
   bool ensure(void** buf, size_t* cap, size_t bytes, bool optional = false) {
     if (bytes <= *cap) return true;
     flush();
@@ -669,14 +668,12 @@ class CudaBackend final : public Backend {
     if (*buf) cudaFree(*buf);
     *buf = nullptr;
     *cap = 0;
-    if (grown > bytes) {
-      if (cudaMalloc(buf, grown) == cudaSuccess) {
-        *cap = grown;
-        return true;
-      }
-      *buf = nullptr;
-      cudaGetLastError();  // (the larger size was only a wish: its failure is not an error)
+    if (grown > bytes && cudaMalloc(buf, grown) == cudaSuccess) {
+      *cap = grown;
+      return true;
     }
+    *buf = nullptr;
+    cudaGetLastError();  // (the larger size was only a wish: its failure is not an error)
     const cudaError_t e = cudaMalloc(buf, bytes);
     if (e != cudaSuccess) {
       *buf = nullptr;
