@@ -434,6 +434,48 @@ TEST_CASE("host-run: graphs replay decode steps across attention segment boundar
   CHECK(be->stats().find(" 0 failed captures") != std::string::npos);
 }
 
+TEST_CASE("host-run: with --cuda-cublas, steps through cuBLAS are not recorded as graphs", "[hostrun][model]") {
+  // Three 12-token chunks (cuBLAS: over 8 tokens) of one signature would be captured and
+  // replayed, piece by piece between the cuBLAS calls, if recorded; then decode steps (the
+  // GEMV) are recorded and replay. Either way the bits are the eager launches'.
+  auto files = tiny("bf16");
+  REQUIRE(files.ok());
+  CudaBackendOptions o;
+  o.batch_invariant = false;
+  CudaBackendOptions oe = o;
+  oe.graph_max_tokens = 0;
+  auto be = hostrun_backend(o), eager = hostrun_backend(oe);
+  auto replays = [&] {
+    const std::string st = be->stats();
+    const auto at = st.find(" held, ");
+    return at == std::string::npos ? -1LL : std::stoll(st.substr(at + 7));
+  };
+  std::vector<std::vector<float>> got[2];
+  for (int k = 0; k < 2; ++k) {
+    Backend& b = k == 0 ? *be : *eager;
+    auto m = Model::build(files->config, *files->weights, b, 64);
+    REQUIRE(m.ok());
+    auto r = SequenceRunner::create(**m, b, 256);
+    REQUIRE(r.ok());
+    const int64_t vocab = files->config.vocab;
+    for (int c = 0; c < 3; ++c) {
+      std::vector<int32_t> chunk(kPrompt.begin(), kPrompt.end());
+      for (auto& t : chunk) t = (t + 31 * c) % 512;
+      auto l = (*r)->feed(chunk);
+      REQUIRE(l.ok());
+      got[k].emplace_back(*l, *l + vocab);
+    }
+    if (k == 0) CHECK(replays() == 0);
+    for (int i = 0; i < 6; ++i) {
+      auto l = (*r)->feed({static_cast<int32_t>(7 * i + 1)});
+      REQUIRE(l.ok());
+      got[k].emplace_back(*l, *l + vocab);
+    }
+    if (k == 0) CHECK(replays() >= 4);  // decode steps: 6, the first two not replayed
+  }
+  CHECK(got[0] == got[1]);  // bit for bit
+}
+
 TEST_CASE("host-run: the int8 matmuls on tensor cores (TROUPE_CUDA_Q8_MMA) change no bit", "[hostrun][model]") {
   // From 4 tokens on: the 12-token prompt's matmuls take the mma kernel (and the unfused
   // RoPE and SiLU ops), decode steps the GEMV.
