@@ -25,6 +25,7 @@
 #include "runtime/model_files.h"
 #include "runtime/sequence_runner.h"
 #include "tests/hostrun/runtime.h"
+#include "tests/kernels/cuda_test_util.h"
 #include "tests/kernels/kernel_test_util.h"
 #include "tests/runtime/greedy_util.h"
 #include "tests/test_util.h"
@@ -398,11 +399,7 @@ TEST_CASE("host-run: graphs replay decode steps across attention segment boundar
   const Trace a = trace(*files, *e_be, prompt, 24, {}, 1024);
   CHECK(e_be->stats().find(" 0 replays") != std::string::npos);
   auto be = hostrun_backend();  // (graphs: the default)
-  auto replays = [&] {
-    const std::string st = be->stats();
-    const auto at = st.find(" held, ");
-    return at == std::string::npos ? -1LL : std::stoll(st.substr(at + 7));
-  };
+  auto replays = [&] { return static_cast<long long>(test::stats_count(*be, " held, ")); };
   // Twice on one backend: the second pass grows no scratch buffer (which would drop the
   // graphs), so a signature that missed the segment count would replay the 2-segment graph
   // for the 3-segment steps, and their logits would differ.
@@ -445,11 +442,7 @@ TEST_CASE("host-run: with --cuda-cublas, steps through cuBLAS are not recorded a
   CudaBackendOptions oe = o;
   oe.graph_max_tokens = 0;
   auto be = hostrun_backend(o), eager = hostrun_backend(oe);
-  auto replays = [&] {
-    const std::string st = be->stats();
-    const auto at = st.find(" held, ");
-    return at == std::string::npos ? -1LL : std::stoll(st.substr(at + 7));
-  };
+  auto replays = [&] { return static_cast<long long>(test::stats_count(*be, " held, ")); };
   std::vector<std::vector<float>> got[2];
   for (int k = 0; k < 2; ++k) {
     Backend& b = k == 0 ? *be : *eager;
