@@ -756,14 +756,6 @@ class CudaBackend final : public Backend {
 
 }  // namespace
 
-std::string cuda_unavailable_reason() {
-  int count = 0;
-  const cudaError_t e = cudaGetDeviceCount(&count);
-  if (e != cudaSuccess) return std::string("no usable CUDA device (cudaGetDeviceCount: ") + cudaGetErrorString(e) + ")";
-  if (count == 0) return "no CUDA device is present";
-  return {};
-}
-
 Result<std::unique_ptr<Backend>> make_cuda_backend(const CudaBackendOptions& opts) {
   if (std::string why = cuda_unavailable_reason(); !why.empty()) return make_error("--device cuda: " + why);
   int count = 0;

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <string>
 
+#include "kernels/backend.h"
 #include "kernels/cuda/layout.h"
 #include "kernels/cuda/ops.h"
 
@@ -95,3 +96,13 @@ Result<std::unique_ptr<CudaKvCache>> allocate_kv_cache(int device, cudaStream_t 
 }
 
 }  // namespace troupe::cuda
+
+namespace troupe {
+std::string cuda_unavailable_reason() {
+  int count = 0;
+  const cudaError_t e = cudaGetDeviceCount(&count);
+  if (e != cudaSuccess) return std::string("no usable CUDA device (cudaGetDeviceCount: ") + cudaGetErrorString(e) + ")";
+  if (count == 0) return "no CUDA device is present";
+  return {};
+}
+}  // namespace troupe
