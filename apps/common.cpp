@@ -22,8 +22,9 @@ void ModelFlags::add_to(CLI::App& app) {
                  "cuda:N,M,...: its --pipeline-stages spread over those GPUs in order")
       ->capture_default_str();
   app.add_flag("--cuda-cublas", cuda_cublas,
-               "CUDA: run batches above 8 tokens through cuBLAS (faster long prefills; a token's result then "
-               "depends on its batch neighbours). Default: batch-invariant fused GEMV for every batch");
+               "CUDA: run batches above 8 tokens through cuBLAS, and prefill steps of 64+ tokens' attention on tensor "
+               "cores (faster long prefills; a token's result then depends on its batch neighbours). Default: "
+               "batch-invariant fused GEMV for every batch");
   app.add_flag("--cuda-tc-gemm", cuda_tc_gemm,
                "CUDA, batch-invariant mode: f16/bf16 weights through the tensor-core matmul at every batch size "
                "(still batch-invariant; activations rounded to the weight's type) instead of the fused GEMV; "

@@ -78,10 +78,11 @@ Result<CudaEnvOptions> cuda_env_options() {
   auto gemv = env_choice("TROUPE_CUDA_GEMV", {"simple", "auto"});
   if (!gemv.ok()) return gemv.error();
   o.simple_gemv = *gemv == 0;
-  auto attn = env_choice("TROUPE_CUDA_ATTN", {"direct", "staged", "tc"});
+  auto attn = env_choice("TROUPE_CUDA_ATTN", {"direct", "staged", "tc", "wmma"});
   if (!attn.ok()) return attn.error();
   o.direct_k = *attn == 0;
   o.tc_attention = *attn == 2;
+  o.wmma_attention = *attn == 3;
   auto fuse = env_choice("TROUPE_CUDA_FUSE", {"0", "1"});
   if (!fuse.ok()) return fuse.error();
   o.fuse = *fuse != 0;

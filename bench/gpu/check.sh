@@ -60,6 +60,14 @@ cat "$OUT/bench-default-cuda-q8mma.json"
   { say "troupe bench --device cuda with TROUPE_CUDA_ATTN=tc failed"; tail -3 "$OUT/bench-default-cuda-tc-attn.log"; status=1; }
 cat "$OUT/bench-default-cuda-tc-attn.json"
 
+# And with --cuda-cublas (not batch-invariant): prefill matmuls through cuBLAS and the prompt's
+# attention on tensor cores, the mma.sync kernel, then the WMMA one it replaced there.
+for attn in mma wmma; do
+  (cd "$ROOT" && TROUPE_CUDA_ATTN=$([ $attn = wmma ] && echo wmma) timeout 120 "$BIN/troupe" bench -m "${TROUPE_MODEL_PATH:-default}" --device cuda --cuda-cublas -p 512 -n 128 -r 3 --json) >"$OUT/bench-default-cuda-cublas-$attn.json" 2>"$OUT/bench-default-cuda-cublas-$attn.log" ||
+    { say "troupe bench --device cuda --cuda-cublas ($attn attention) failed"; tail -3 "$OUT/bench-default-cuda-cublas-$attn.log"; status=1; }
+  cat "$OUT/bench-default-cuda-cublas-$attn.json"
+done
+
 say "Llama-3-70B dummy weights in q4_0 (40 GB on the device): troupe bench on the GPU"
 (cd "$ROOT" && timeout 300 "$BIN/troupe" bench --device cuda --load-format dummy -m "$ROOT/configs/llama-3-70b.json" --dtype q4_0 -p 128 -n 32 -r 1 --json) >"$OUT/bench-70b-q4_0.json" 2>"$OUT/bench-70b-q4_0.log" ||
   { say "troupe bench of the 70B dummy shape failed"; tail -3 "$OUT/bench-70b-q4_0.log"; status=1; }

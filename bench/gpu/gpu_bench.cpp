@@ -380,11 +380,13 @@ void bench_attention(double copy_gbs, double peak_tflops) {
   // (the --cuda-cublas backend), 3: decode with K rows read directly, not staged in shared
   // memory (TROUPE_CUDA_ATTN=direct: the same bits; which is faster decides the default),
   // 4 and 5: decode and prefill with every token on tensor cores, batch-invariant
-  // (TROUPE_CUDA_ATTN=tc, opt-in until these rows decide).
-  for (int mode = 0; mode < 6; ++mode) {
+  // (TROUPE_CUDA_ATTN=tc, opt-in until these rows decide), 6: mode 2 with the WMMA kernel
+  // (attention_tc) instead of the mma.sync one (attention_mma; TROUPE_CUDA_ATTN=wmma).
+  for (int mode = 0; mode < 7; ++mode) {
     if (mode == 3) setenv("TROUPE_CUDA_ATTN", "direct", 1);
-    if (mode >= 4) setenv("TROUPE_CUDA_ATTN", "tc", 1);
-    auto be = make_cuda_backend(CudaBackendOptions{0, mode != 2});
+    if (mode == 4 || mode == 5) setenv("TROUPE_CUDA_ATTN", "tc", 1);
+    if (mode == 6) setenv("TROUPE_CUDA_ATTN", "wmma", 1);
+    auto be = make_cuda_backend(CudaBackendOptions{0, mode != 2 && mode != 6});
     unsetenv("TROUPE_CUDA_ATTN");
     if (!be) {
       std::fprintf(stderr, "%s\n", be.error().message.c_str());
@@ -432,7 +434,8 @@ void bench_attention(double copy_gbs, double peak_tflops) {
     } else {
       const double flops = 4.0 * nh * hd * (double(ctx) * (ctx + 1) / 2);  // causal QK^T and PV
       const double tf = flops / (ms * 1e-3) / 1e12;
-      add({mode == 2   ? "prefill attention (tensor cores, --cuda-cublas)"
+      add({mode == 2   ? "prefill attention (tensor cores, mma.sync, --cuda-cublas)"
+           : mode == 6 ? "prefill attention (tensor cores, WMMA, --cuda-cublas, TROUPE_CUDA_ATTN=wmma)"
            : mode == 5 ? "prefill attention (tensor cores, batch-invariant, TROUPE_CUDA_ATTN=tc)"
                        : "prefill attention (paged, causal)",
            "4096 tokens, 32/8 heads, hd 128", ms, tf, "TFLOP/s", 100.0 * tf / peak_tflops, "bf16 GEMM"});

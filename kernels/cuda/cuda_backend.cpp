@@ -56,6 +56,7 @@ class CudaBackend final : public Backend {
         fuse_(env.fuse),
         q8_mma_min_(env.q8_mma_min),
         tc_attention_(env.tc_attention),
+        wmma_attention_(env.wmma_attention),
         stream_(stream),
         blas_(blas),
         name_(std::move(name)) {
@@ -301,24 +302,25 @@ class CudaBackend final : public Backend {
     if (failed()) return;
     auto& c = static_cast<CudaKvCache&>(cache);
     // Split-KV when the looped path's blocks (a token and up to four query heads of a KV
-    // head each, so 16 decoding sequences of a 32/8-head model are 128 blocks) would give
-    // a multiprocessor fewer than four, and the context spans several segments; the result
-    // is the same bits either way. The partials (written and read once: about 1/32 of the
-    // KV bytes for four query heads per KV head) are capped at kMaxPartialBytes, and where
-    // they cannot be allocated the looped path runs instead.
+    // head each: 16 decoding sequences of a 32/8-head model are 128 blocks) would give a
+    // multiprocessor fewer than four and the context spans several segments: the same bits.
+    // The partials (written and read once: about 1/32 of the KV bytes for four query heads
+    // per KV head) are capped at kMaxPartialBytes; where refused, the looped path runs.
     // Not batch-invariant (--cuda-cublas) and a prefill-sized step: tiles of 16 tokens of one
-    // sequence go to the tensor-core kernel, the rest to the per-token kernel.
-    const size_t tc_bytes = cuda::attention_tc_shared_bytes(c.shape_.head_dim);
-    const bool tc = !batch_invariant_ && dstep_.num_tokens >= kTcMinTokens && tc_bytes > 0 &&
-                    tc_bytes <= static_cast<size_t>(max_shared_optin_);
-    // Batch-invariant with TROUPE_CUDA_ATTN=tc: every token on tensor cores, split-KV as
-    // below (the same bits either way), where the head size and the device allow; that
-    // depends on the model alone, so every step takes the same kernel.
-    const bool tc_all = tc_attention_ && batch_invariant_ && cuda::attention_tc_invariant_supported(c.shape_.head_dim) &&
-                        tc_bytes <= static_cast<size_t>(max_shared_optin_);
+    // sequence go to a tensor-core kernel (attention_mma; attention_tc's WMMA for heads over
+    // 128 or with TROUPE_CUDA_ATTN=wmma), the rest to the per-token kernel.
+    const int32_t hd = c.shape_.head_dim;
+    const size_t tc_bytes = cuda::attention_tc_shared_bytes(hd);
+    auto fits = [&](size_t bytes) { return bytes > 0 && bytes <= static_cast<size_t>(max_shared_optin_); };
+    const bool prefill_tc = !batch_invariant_ && dstep_.num_tokens >= kTcMinTokens;
+    const bool mma = prefill_tc && !wmma_attention_ && fits(cuda::attention_mma_shared_bytes(hd));
+    const bool tc = mma || (prefill_tc && fits(tc_bytes));
+    // Batch-invariant with TROUPE_CUDA_ATTN=tc: every token on tensor cores, split-KV as below (the
+    // same bits either way), where head size and device allow: every step takes the same kernel.
+    const bool tc_all = tc_attention_ && batch_invariant_ && cuda::attention_tc_invariant_supported(hd) && fits(tc_bytes);
     float* partials = nullptr;
     const int segs = cuda::attention_segments(dstep_.max_context);
-    const size_t floats = size_t(dstep_.num_tokens) * num_heads * segs * (c.shape_.head_dim + 2);
+    const size_t floats = size_t(dstep_.num_tokens) * num_heads * segs * (hd + 2);
     if (!tc && segs > 1 && segs <= kMaxGridZ && floats * sizeof(float) <= kMaxPartialBytes &&
         floats * sizeof(float) < partials_denied_ &&
         cuda::attention_loop_blocks(dstep_.num_tokens, num_heads, c.shape_.num_kv_heads) < 4 * int64_t{num_sms_}) {
@@ -328,7 +330,7 @@ class CudaBackend final : public Backend {
         partials_denied_ = floats * sizeof(float);
     }
     const cuda::DeviceStep ds = dstep_;
-    const int32_t nkv = c.shape_.num_kv_heads, hd = c.shape_.head_dim, bs = c.shape_.block_size;
+    const int32_t nkv = c.shape_.num_kv_heads, bs = c.shape_.block_size;
     const uint16_t* kc = c.k + c.layer_elems * layer;
     const uint16_t* vc = c.v + c.layer_elems * layer;
     if (tc_all) {
@@ -340,9 +342,9 @@ class CudaBackend final : public Backend {
           });
       return;
     }
-    if (tc)
-      run("attention_tc", __LINE__, {step_key(), P(q), U(ld_q), U(num_heads), U(nkv), U(hd), U(bs), F(scale), P(kc), P(vc), P(out)},
-          [=](cudaStream_t st) { return cuda::attention_tc(ds, q, ld_q, num_heads, nkv, hd, bs, scale, kc, vc, out, st); });
+    if (tc)  // (attention_mma and attention_tc take the same arguments)
+      run(mma ? "attention_mma" : "attention_tc", __LINE__, {step_key(), P(q), U(ld_q), U(num_heads), U(nkv), U(hd), U(bs), F(scale), P(kc), P(vc), P(out), U(mma)},
+          [=](cudaStream_t st) { return (mma ? cuda::attention_mma : cuda::attention_tc)(ds, q, ld_q, num_heads, nkv, hd, bs, scale, kc, vc, out, st); });
     const bool direct = direct_k_;
     // The int8 GEMV of the O projection reads out next: the kernel quantizes it on the way
     // out (not with the tensor-core kernel, which writes some of the tokens).
@@ -721,6 +723,7 @@ class CudaBackend final : public Backend {
   // (attention_tc_invariant: other bits than attention(), P rounded to f16). Opt-in until
   // a GPU has measured it.
   bool tc_attention_;
+  bool wmma_attention_;  // =wmma (--cuda-cublas): prefill tiles on attention_tc, not attention_mma
   uint64_t q8_mma_calls_ = 0;  // matmul() calls that took it
   uint64_t tc_attention_calls_ = 0;  // attention() calls that took attention_tc_invariant
   uint64_t fused_calls_ = 0;  // matmul_silu / matmul_rope_kv_write calls that took the fused kernels

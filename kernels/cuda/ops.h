@@ -143,7 +143,7 @@ cudaError_t kv_write(const DeviceStep& step, const float* k, const float* v, int
 // gets its own block (split-KV, for small batches); without, one block per token and group of
 // up to four query heads of a KV head (attention_loop_blocks()).
 // Both give the same bits.
-// skip_tc_tiles (looped path only): leave the tokens of the tiles attention_tc takes.
+// skip_tc_tiles (looped path only): leave the tokens of the tiles attention_tc/_mma take.
 // direct_k: read K rows from global memory even where they would be staged in shared
 // memory (head sizes up to 128); the same bits. xq (not with skip_tc_tiles): also writes
 // out quantized for the int8 GEMV (n rows of q8_row_bytes(num_heads * head_dim)), the
@@ -161,6 +161,14 @@ cudaError_t attention(const DeviceStep& step, const float* q, int64_t ld_q, int3
 cudaError_t attention_tc(const DeviceStep& step, const float* q, int64_t ld_q, int32_t num_heads, int32_t num_kv_heads,
                          int32_t head_dim, int32_t block_size, float scale, const uint16_t* k_cache,
                          const uint16_t* v_cache, float* out, cudaStream_t stream);
+// attention_tc's tiles and grouping, flash-attention-2 style (attention_mma.cu: mma.sync,
+// S, P and O in registers, K/V tiles double-buffered by cp.async); not batch-invariant.
+// head_dim: 32, 64, 96 or 128; its dynamic shared memory per block is
+// attention_mma_shared_bytes(head_dim) (0: unsupported width).
+cudaError_t attention_mma(const DeviceStep& step, const float* q, int64_t ld_q, int32_t num_heads, int32_t num_kv_heads,
+                          int32_t head_dim, int32_t block_size, float scale, const uint16_t* k_cache,
+                          const uint16_t* v_cache, float* out, cudaStream_t stream);
+size_t attention_mma_shared_bytes(int32_t head_dim);
 // Every token's attention on tensor cores, batch-invariant (TROUPE_CUDA_ATTN=tc): a block
 // of four warps per tile of step.tiles (up to 16 tokens of one sequence) and group of up to
 // four query heads of one KV head, attention_tc's arithmetic per key step (P rounded to

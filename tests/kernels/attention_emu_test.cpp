@@ -1,17 +1,20 @@
 // The paged-attention kernels' source (kernels/cuda/attention.cu and the tensor-core
-// attention_tc.cu), run on the CPU through tests/kernels/cuda_emulation.h: prefill, a chunk
+// attention_tc.cu and attention_mma.cu), run on the CPU through tests/kernels/cuda_emulation.h: prefill, a chunk
 // in the middle of a sequence and a decode token over an f16 paged cache, GQA groups that
 // fill the per-token kernel's four-head groups and ones that do not, contexts over several
 // 256-key segments. The split-KV path (a block per segment, then the combine) must give the
 // looped path's bits, and so must K staged in shared memory vs read directly; the
 // tensor-core kernel must take exactly the tiles of one sequence,
-// the per-token kernel the others (its bits unchanged); and every output must be within
+// the per-token kernel the others (its bits unchanged), and so must the mma.sync kernel
+// (its fragments, ldmatrix and cp.async as the emulation gives PTX's layouts and
+// ordering); and every output must be within
 // tolerance of a double reference (queries rounded to f16 as the kernels do).
 #define TROUPE_CUDA_EMULATION 1
 #include "tests/kernels/cuda_emulation.h"
 // (the emulation header first: it defines the CUDA keywords the kernel sources use)
 #include "kernels/cuda/attention.cu"
 #include "kernels/cuda/attention_tc.cu"
+#include "kernels/cuda/attention_mma.cu"
 
 #include <catch2/catch.hpp>
 #include <cstring>
@@ -73,6 +76,9 @@ struct Fixture {
   float scale() const { return 1.0f / std::sqrt(static_cast<float>(c.hd)); }
   cuda::TcArgs tc_args(float* out, float* partials = nullptr, int max_segments = 0) const {
     return cuda::TcArgs{st, q.data(), ldq, c.nh, c.nkv, bs, scale(), kc.data(), vc.data(), out, partials, max_segments};
+  }
+  cuda::MmaArgs mma_args(float* out) const {
+    return cuda::MmaArgs{st, q.data(), ldq, c.nh, c.nkv, bs, scale(), kc.data(), vc.data(), out};
   }
   cuda::Args args(bool skip_tc, uint8_t* xq = nullptr, cuda::Q8Numerics nq = {}) const {
     return cuda::Args{st, q.data(), ldq, c.nh, c.nkv, bs, scale(), kc.data(), vc.data(), skip_tc, xq, nq};
@@ -205,6 +211,35 @@ void check_tc(const Case& c, std::mt19937& g) {
   CHECK(w_all < 2e-3);
 }
 
+// The mma.sync prefill attention (attention_mma.cu) as the backend runs it: its kernel over
+// the one-sequence tiles, then the per-token kernel skipping them. Token 0 decodes
+// (position 300), tokens 1..47 are a chunk at 200..246 (keys over four 64-key steps, so
+// both K/V stages and their cp.async groups are used twice), tokens 48..87 a prefill from
+// 0 (0..39): tile 0 mixes sequences, tiles 1-4 do not and tile 5 is a partial one.
+template <int HD>
+void check_mma(const Case& c, std::mt19937& g) {
+  Fixture f(c, {300, 200, 0}, {1, 47, 40}, g);
+  std::vector<float> pure(static_cast<size_t>(f.n) * c.nh * HD, -1.0f), mixed(pure.size(), -3.0f);
+  cuda_emu::launch3(f.n, head_groups(c), 1, cuda::kThreads, cuda::attention_loop_kernel<HD / 32>, f.args(false), pure.data());
+  const unsigned tiles = static_cast<unsigned>((f.n + 15) / 16);
+  cuda_emu::launch3(tiles, head_groups(c), 1, cuda::kMmaWarps * 32, cuda::attention_mma_kernel<HD>, f.mma_args(mixed.data()));
+  cuda_emu::launch3(f.n, head_groups(c), 1, cuda::kThreads, cuda::attention_loop_kernel<HD / 32>, f.args(true), mixed.data());
+  auto in_mma = [&](int t) { return t >= 16; };  // tiles 1-5
+  const size_t per_token = static_cast<size_t>(c.nh) * HD;
+  for (int t = 0; t < f.n; ++t) {
+    INFO("token " << t);
+    if (in_mma(t) && f.pos[t] > 0) {  // (one key: both give its V row exactly)
+      CHECK(std::memcmp(pure.data() + t * per_token, mixed.data() + t * per_token, per_token * 4) != 0);
+    } else {
+      CHECK(std::memcmp(pure.data() + t * per_token, mixed.data() + t * per_token, per_token * 4) == 0);
+    }
+  }
+  const double w = f.worst(mixed, in_mma), w_all = f.worst(mixed, [](int) { return true; });
+  INFO("heads " << c.nh << "/" << c.nkv << " hd " << HD << ": mma tiles max |diff| " << w << ", all " << w_all);
+  CHECK(w < 2e-3);  // (P is rounded to f16 before P V, as in attention_tc)
+  CHECK(w_all < 2e-3);
+}
+
 // The batch-invariant tensor-core attention (TROUPE_CUDA_ATTN=tc): the looped kernel and
 // split-KV (a block per segment, then attention.cu's combine) give the same bits; so do
 // tiles of up to 16 tokens of a sequence (as the backend cuts them) and every token a tile
@@ -277,6 +312,14 @@ TEST_CASE("the tensor-core prefill attention's source takes the one-sequence til
   check_tc<4>({6, 3, 128}, g);  // group 2: two spare warps
   check_tc<1>({3, 3, 32}, g);   // MHA: three spare warps
   check_tc<5>({2, 1, 160}, g);  // 32-key steps (heads over 128)
+}
+
+TEST_CASE("the mma.sync prefill attention's source takes the one-sequence tiles and matches the reference", "[kernels][cuda-emulation]") {
+  std::mt19937 g(34);
+  check_mma<64>({8, 2, 64}, g);    // group 4: every warp a head
+  check_mma<128>({6, 3, 128}, g);  // group 2: two spare warps
+  check_mma<32>({3, 3, 32}, g);    // MHA: three spare warps
+  check_mma<96>({4, 1, 96}, g);    // the head size whose O n-tiles are not a power of two
 }
 
 TEST_CASE("attention_segments: the segments a context needs, rounded up to two sizes an octave", "[kernels][cuda-emulation]") {

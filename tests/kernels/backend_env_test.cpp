@@ -46,6 +46,14 @@ TEST_CASE("TROUPE_CUDA_* values are parsed strictly", "[kernels][env]") {
     REQUIRE(tc.ok());
     CHECK(tc->tc_attention);
     CHECK_FALSE(tc->direct_k);
+    CHECK_FALSE(tc->wmma_attention);
+    {
+      EnvScope w("TROUPE_CUDA_ATTN", "wmma");
+      auto wm = cuda_env_options();
+      REQUIRE(wm.ok());
+      CHECK(wm->wmma_attention);
+      CHECK_FALSE(wm->tc_attention);
+    }
     EnvScope g("TROUPE_CUDA_FUSE", "");  // empty: as unset
     auto q = cuda_env_options();
     REQUIRE(q.ok());
@@ -57,7 +65,7 @@ TEST_CASE("TROUPE_CUDA_* values are parsed strictly", "[kernels][env]") {
     const char* takes;
   };
   for (const Bad& bad : {Bad{"TROUPE_CUDA_GEMV", "Simple", "one of simple, auto"},
-                         Bad{"TROUPE_CUDA_ATTN", "direkt", "one of direct, staged, tc"},
+                         Bad{"TROUPE_CUDA_ATTN", "direkt", "one of direct, staged, tc, wmma"},
                          Bad{"TROUPE_CUDA_FUSE", "false", "one of 0, 1"},
                          Bad{"TROUPE_CUDA_Q8_MMA", "64 tokens", "a token count"},
                          Bad{"TROUPE_CUDA_Q8_MMA", "-1", "a token count"},

@@ -1,5 +1,5 @@
 // Paged attention on the CUDA backend against the CPU (GQA, chunked prefill and decode, the
-// --cuda-cublas tensor-core tiles) and split-KV against the looped path, bit for bit, with K
+// --cuda-cublas tensor-core tiles, mma.sync and WMMA) and split-KV against the looped path, bit for bit, with K
 // staged or read directly and with every token on tensor cores (TROUPE_CUDA_ATTN=tc).
 // Tagged [cuda]; without a GPU each case prints why it is skipped (host-run runs them over
 // the fake device).
@@ -20,8 +20,11 @@ using test::put;
 
 TEST_CASE("cuda: paged attention and KV writes match the CPU (GQA, chunked prefill + decode)", "[cuda][kernels]") {
   // The batch-invariant backend (per-token kernel), then the --cuda-cublas one (76 tokens:
-  // the 70-token prefill's one-sequence tiles go to the tensor-core kernel).
-  for (bool invariant : {true, false}) {
+  // the 70-token prefill's one-sequence tiles go to a tensor-core kernel, over two 64-key
+  // steps): the mma.sync kernel, then the WMMA one (TROUPE_CUDA_ATTN=wmma).
+  for (int mode = 0; mode < 3; ++mode) {
+    const bool invariant = mode == 0;
+    test::EnvScope env("TROUPE_CUDA_ATTN", mode == 2 ? "wmma" : nullptr);
     auto gpu = gpu_or_skip(invariant);
     if (!gpu) return;
     auto cpu = make_cpu_backend({2});
@@ -82,7 +85,8 @@ TEST_CASE("cuda: paged attention and KV writes match the CPU (GQA, chunked prefi
         return last_out;
       };
       expect_close(run(*gpu), run(*cpu), 2e-3, 2e-3,
-                   "attention hd " + std::to_string(hd) + (invariant ? "" : " (tensor cores for the prefill tiles)"));
+                   "attention hd " + std::to_string(hd) +
+                       (mode == 1 ? " (mma.sync for the prefill tiles)" : mode == 2 ? " (WMMA for the prefill tiles)" : ""));
     }
   }
 }

@@ -96,6 +96,13 @@ struct Block {
   std::vector<Barrier> warps;
   std::vector<uint64_t> lanes[2];  // one slot per thread for shuffles, by warp barrier parity
   std::vector<int> mma;  // six words per thread: an emulated mma's fragments
+  struct AsyncCopy {
+    void* dst;
+    const void* src;
+    int group;  // -1 until committed
+  };
+  std::vector<std::vector<AsyncCopy>> async;  // per thread: its cp.async copies not yet made
+  std::vector<int> async_groups;              // per thread: the groups it has committed
   std::vector<Fiber> fibers;
   unsigned running = 0;  // the fiber being run
   unsigned at = 0;       // its place in `order`
@@ -209,6 +216,8 @@ inline void wait(Barrier& b) {
 // One block: every thread runs `body` (blockIdx already set) to its end.
 inline void run_block(Block& blk, unsigned block) {
   for (unsigned t = 0; t < block; ++t) blk.fibers[t] = Fiber{fresh_context(t)};
+  blk.async.assign(block, {});  // (copies a thread never waited for are dropped with its block)
+  blk.async_groups.assign(block, 0);
   blk.all = Barrier{block};
   for (auto& w : blk.warps) w = Barrier{32};
   blk.finished = 0;
@@ -467,3 +476,112 @@ void store_matrix_sync(float* p, const fragment<accumulator, 16, 16, 16, T, void
     for (int c = 0; c < 16; ++c) (l == mem_col_major ? p[c * ldm + r] : p[r * ldm + c]) = f.at(r, c);
 }
 }  // namespace nvcuda::wmma
+
+// The warp-level matrix instructions flash-attention kernels use (attention_mma.cu), with
+// PTX's fragment layouts (g = lane / 4, q = lane % 4; a 32-bit register holds two halves,
+// the lower column first).
+namespace cuda_emu {
+// mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32: a = {A[g][2q..], A[g+8][2q..],
+// A[g][8+2q..], A[g+8][8+2q..]}, b = {B[2q..][g], B[8+2q..][g]}, d = {D[g][2q], D[g][2q+1],
+// D[g+8][2q], D[g+8][2q+1]}, D += A B (the products exact, summed in double and rounded
+// once: the tensor cores' own order is unspecified). Every lane of the warp calls it.
+inline void mma_f16_16x8x16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  auto& blk = *current;
+  const unsigned me = threadIdx.x, warp = me / 32, lane = me % 32;
+  int* mine = &blk.mma[me * 6];
+  for (int i = 0; i < 4; ++i) mine[i] = static_cast<int>(a[i]);
+  mine[4] = static_cast<int>(b0);
+  mine[5] = static_cast<int>(b1);
+  wait(blk.warps[warp]);
+  const int* w = &blk.mma[warp * 32 * 6];
+  auto half = [](int word, int k) {
+    const uint16_t bits = static_cast<uint16_t>(static_cast<uint32_t>(word) >> (16 * (k & 1)));
+    return static_cast<double>(__half2float(std::bit_cast<__half>(bits)));
+  };
+  auto A = [&](int r, int k) { return half(w[((r % 8) * 4 + (k % 8) / 2) * 6 + (r >= 8 ? 1 : 0) + (k >= 8 ? 2 : 0)], k); };
+  auto B = [&](int k, int c) { return half(w[(c * 4 + (k % 8) / 2) * 6 + 4 + (k >= 8 ? 1 : 0)], k); };
+  const int g = static_cast<int>(lane / 4), q = static_cast<int>(lane % 4);
+  float out[4];
+  for (int e = 0; e < 4; ++e) {
+    const int r = g + 8 * (e >> 1), c = 2 * q + (e & 1);
+    double sum = d[e];
+    for (int k = 0; k < 16; ++k) sum += A(r, k) * B(k, c);
+    out[e] = static_cast<float>(sum);
+  }
+  wait(blk.warps[warp]);  // (every lane has read the fragments before any writes its next)
+  for (int e = 0; e < 4; ++e) d[e] = out[e];
+}
+
+// ldmatrix.sync.aligned.m8n8.x4[.trans].shared.b16: lanes 8i .. 8i + 7 give the addresses of
+// matrix i's eight rows (16 bytes each, 16-byte aligned); lane l receives in r[i] the halves
+// (row l / 4, columns 2 (l % 4) and 2 (l % 4) + 1) of matrix i, or with trans (rows 2 (l % 4)
+// and 2 (l % 4) + 1, column l / 4). Every lane of the warp calls it.
+inline void ldmatrix_x4(uint32_t (&r)[4], const void* row, bool trans) {
+  if (reinterpret_cast<uintptr_t>(row) % 16 != 0) {
+    std::fprintf(stderr, "cuda_emulation: ldmatrix with a row address %p not 16-byte aligned: thread %u of block (%u, %u, %u)\n",
+                 row, threadIdx.x, blockIdx.x, blockIdx.y, blockIdx.z);
+    std::abort();
+  }
+  const unsigned lane = threadIdx.x % 32;
+  for (int i = 0; i < 4; ++i) {
+    auto at = [&](unsigned src_row) { return static_cast<const uint16_t*>(__shfl_sync(0xffffffffu, row, static_cast<int>(8 * i + src_row))); };
+    uint16_t lo, hi;
+    if (trans) {
+      const uint16_t* r0 = at(2 * (lane % 4));
+      const uint16_t* r1 = at(2 * (lane % 4) + 1);
+      lo = r0[lane / 4];
+      hi = r1[lane / 4];
+    } else {
+      const uint16_t* p = at(lane / 4);
+      lo = p[2 * (lane % 4)];
+      hi = p[2 * (lane % 4) + 1];
+    }
+    r[i] = uint32_t{lo} | uint32_t{hi} << 16;
+  }
+}
+
+// cp.async.cg.shared.global (16 bytes; src_bytes 0: the destination zero-filled) and its
+// groups. A GPU may make the copy at any time between the instruction and the wait for its
+// group; here it is made at the latest (forward order), at once (reverse order) or either
+// at random (shuffle). So a kernel that reads the destination before its
+// cp.async.wait_group (and the barrier after it) reads the old bytes in one order, and one
+// that issues a copy into a buffer another warp still reads (a barrier missing before the
+// copy) clobbers it in another, and the tests' bits or values differ.
+inline void cp_async16(void* dst, const void* src, bool zero_fill) {
+  if (reinterpret_cast<uintptr_t>(dst) % 16 != 0 || (!zero_fill && reinterpret_cast<uintptr_t>(src) % 16 != 0)) {
+    std::fprintf(stderr, "cuda_emulation: cp.async of 16 bytes from %p to %p, not both 16-byte aligned: thread %u of block (%u, %u, %u)\n",
+                 src, dst, threadIdx.x, blockIdx.x, blockIdx.y, blockIdx.z);
+    std::abort();
+  }
+  const bool now = schedule() == Schedule::kReverse || (schedule() == Schedule::kShuffle && (next_random() & 1));
+  if (now && zero_fill)
+    std::memset(dst, 0, 16);
+  else if (now)
+    std::memcpy(dst, src, 16);
+  else
+    current->async[threadIdx.x].push_back({dst, zero_fill ? nullptr : src, -1});
+}
+inline void cp_async_commit() {
+  int& n = current->async_groups[threadIdx.x];
+  for (auto& c : current->async[threadIdx.x])
+    if (c.group < 0) c.group = n;
+  ++n;
+}
+// Makes this thread's copies of every committed group but the newest `pending`.
+inline void cp_async_wait(int pending) {
+  auto& v = current->async[threadIdx.x];
+  const int done_below = current->async_groups[threadIdx.x] - pending;
+  size_t keep = 0;
+  for (size_t i = 0; i < v.size(); ++i) {
+    if (v[i].group >= 0 && v[i].group < done_below) {
+      if (v[i].src)
+        std::memcpy(v[i].dst, v[i].src, 16);
+      else
+        std::memset(v[i].dst, 0, 16);
+    } else {
+      v[keep++] = v[i];
+    }
+  }
+  v.resize(keep);
+}
+}  // namespace cuda_emu
