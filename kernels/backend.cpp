@@ -81,7 +81,7 @@ Result<CudaEnvOptions> cuda_env_options() {
   auto attn = env_choice("TROUPE_CUDA_ATTN", {"direct", "staged", "tc", "wmma"});
   if (!attn.ok()) return attn.error();
   o.direct_k = *attn == 0;
-  o.tc_attention = *attn == 2;
+  o.tc_attention = *attn == 2 || *attn == 3;
   o.wmma_attention = *attn == 3;
   auto fuse = env_choice("TROUPE_CUDA_FUSE", {"0", "1"});
   if (!fuse.ok()) return fuse.error();

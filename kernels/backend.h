@@ -168,8 +168,8 @@ struct CudaBackendOptions {
 struct CudaEnvOptions {
   bool simple_gemv = false;  // TROUPE_CUDA_GEMV=simple: the f32-activation GEMV for every type
   bool direct_k = false;     // TROUPE_CUDA_ATTN=direct (or staged): K rows read from global memory
-  bool tc_attention = false; // TROUPE_CUDA_ATTN=tc: every token's attention on tensor cores (batch-invariant)
-  bool wmma_attention = false;  // TROUPE_CUDA_ATTN=wmma: --cuda-cublas prefill tiles on WMMA, not mma.sync
+  bool tc_attention = false; // TROUPE_CUDA_ATTN=tc or wmma: every token's attention on tensor cores (batch-invariant)
+  bool wmma_attention = false;  // TROUPE_CUDA_ATTN=wmma: tensor-core attention on WMMA kernels, not mma.sync
   bool fuse = true;          // TROUPE_CUDA_FUSE=0|1: fused GEMV epilogues and quantization
   int64_t q8_mma_min = 0;    // TROUPE_CUDA_Q8_MMA=N: int8 matmuls of N+ tokens on tensor cores (0: never)
 };

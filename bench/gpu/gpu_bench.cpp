@@ -376,23 +376,36 @@ void bench_tc_decode(double copy_gbs) {
 // prefill of ctx tokens. Llama-3-8B heads: 32 query, 8 KV, head_dim 128.
 void bench_attention(double copy_gbs, double peak_tflops) {
   const int32_t nh = 32, nkv = 8, hd = 128, bs = 16;
-  // 0: decode, 1: prefill (batch-invariant per-token kernel), 2: prefill on tensor cores
-  // (the --cuda-cublas backend), 3: decode with K rows read directly, not staged in shared
-  // memory (TROUPE_CUDA_ATTN=direct: the same bits; which is faster decides the default),
-  // 4 and 5: decode and prefill with every token on tensor cores, batch-invariant
-  // (TROUPE_CUDA_ATTN=tc, opt-in until these rows decide), 6: mode 2 with the WMMA kernel
-  // (attention_tc) instead of the mma.sync one (attention_mma; TROUPE_CUDA_ATTN=wmma).
-  for (int mode = 0; mode < 7; ++mode) {
-    if (mode == 3) setenv("TROUPE_CUDA_ATTN", "direct", 1);
-    if (mode == 4 || mode == 5) setenv("TROUPE_CUDA_ATTN", "tc", 1);
-    if (mode == 6) setenv("TROUPE_CUDA_ATTN", "wmma", 1);
-    auto be = make_cuda_backend(CudaBackendOptions{0, mode != 2 && mode != 6});
+  // Each kernel: decode (16 sequences) or prefill, TROUPE_CUDA_ATTN, batch-invariant or
+  // --cuda-cublas. K rows staged or read directly (the same bits: which is faster decides
+  // the default); every token on tensor cores, batch-invariant (opt-in until these rows
+  // decide), with the mma.sync kernel (tc) or the WMMA one (wmma); and --cuda-cublas's
+  // prefill tiles on either.
+  struct Kind {
+    const char* what;
+    const char* attn;
+    bool invariant, decode;
+  };
+  const Kind kinds[] = {
+      {"decode attention (paged, f16 KV, K staged)", nullptr, true, true},
+      {"decode attention (paged, f16 KV, K read directly)", "direct", true, true},
+      {"decode attention (tensor cores, batch-invariant, mma.sync, TROUPE_CUDA_ATTN=tc)", "tc", true, true},
+      {"decode attention (tensor cores, batch-invariant, WMMA, TROUPE_CUDA_ATTN=wmma)", "wmma", true, true},
+      {"prefill attention (paged, causal)", nullptr, true, false},
+      {"prefill attention (tensor cores, batch-invariant, mma.sync, TROUPE_CUDA_ATTN=tc)", "tc", true, false},
+      {"prefill attention (tensor cores, batch-invariant, WMMA, TROUPE_CUDA_ATTN=wmma)", "wmma", true, false},
+      {"prefill attention (tensor cores, mma.sync, --cuda-cublas)", nullptr, false, false},
+      {"prefill attention (tensor cores, WMMA, --cuda-cublas, TROUPE_CUDA_ATTN=wmma)", "wmma", false, false},
+  };
+  for (const Kind& kind : kinds) {
+    if (kind.attn) setenv("TROUPE_CUDA_ATTN", kind.attn, 1);
+    auto be = make_cuda_backend(CudaBackendOptions{0, kind.invariant});
     unsetenv("TROUPE_CUDA_ATTN");
     if (!be) {
       std::fprintf(stderr, "%s\n", be.error().message.c_str());
       std::exit(1);
     }
-    const bool decode = mode == 0 || mode == 3 || mode == 4;
+    const bool decode = kind.decode;
     const int32_t B = decode ? 16 : 1, ctx = 4096, per_seq = decode ? 1 : ctx;
     const int32_t blocks_per_seq = ctx / bs;
     KvCacheShape ks{1, B * blocks_per_seq, bs, nkv, hd};
@@ -427,18 +440,11 @@ void bench_attention(double copy_gbs, double peak_tflops) {
     if (decode) {
       const double bytes = 2.0 * B * ctx * nkv * hd * 2;  // K and V, f16
       const double gbs = bytes / (ms * 1e-3) / 1e9;
-      add({mode == 3   ? "decode attention (paged, f16 KV, K read directly)"
-           : mode == 4 ? "decode attention (tensor cores, batch-invariant, TROUPE_CUDA_ATTN=tc)"
-                       : "decode attention (paged, f16 KV, K staged)",
-           "16 seqs x 4096 ctx, 32/8 heads, hd 128", ms, gbs, "GB/s", 100.0 * gbs / copy_gbs, "copy"});
+      add({kind.what, "16 seqs x 4096 ctx, 32/8 heads, hd 128", ms, gbs, "GB/s", 100.0 * gbs / copy_gbs, "copy"});
     } else {
       const double flops = 4.0 * nh * hd * (double(ctx) * (ctx + 1) / 2);  // causal QK^T and PV
       const double tf = flops / (ms * 1e-3) / 1e12;
-      add({mode == 2   ? "prefill attention (tensor cores, mma.sync, --cuda-cublas)"
-           : mode == 6 ? "prefill attention (tensor cores, WMMA, --cuda-cublas, TROUPE_CUDA_ATTN=wmma)"
-           : mode == 5 ? "prefill attention (tensor cores, batch-invariant, TROUPE_CUDA_ATTN=tc)"
-                       : "prefill attention (paged, causal)",
-           "4096 tokens, 32/8 heads, hd 128", ms, tf, "TFLOP/s", 100.0 * tf / peak_tflops, "bf16 GEMM"});
+      add({kind.what, "4096 tokens, 32/8 heads, hd 128", ms, tf, "TFLOP/s", 100.0 * tf / peak_tflops, "bf16 GEMM"});
     }
   }
 }

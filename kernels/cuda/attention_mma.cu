@@ -32,13 +32,28 @@ constexpr int kMmaRows = 16;   // query tokens per tile (attention_tc's tiles)
 constexpr int kMmaWarps = 4;   // query heads per block
 constexpr int kMmaKeys = 64;   // keys per step
 constexpr int kMmaStages = 2;  // K/V tiles in shared memory (one computed, one loading)
+constexpr int kSegSteps = kAttentionSegment / kMmaKeys;  // key steps a segment
+static_assert(kAttentionSegment % kMmaKeys == 0, "a segment is whole key steps");
 
-template <int HD>
+// What the kernel does with its tile (one template each), as attention_tc's modes:
+//   kMmaUniform: tiles of 16 consecutive step tokens all of one sequence (others are left
+//                to attention.cu), every key in one online softmax (--cuda-cublas);
+//   kMmaLooped:  the tiles of step.tiles, keys in kAttentionSegment segments, each
+//                segment's partial merged in order (merge_step) in the block (batch-invariant);
+//   kMmaSplit:   as kMmaLooped, one segment (blockIdx.z) a block, its partials written for
+//                attention_combine (the same bits).
+enum MmaMode { kMmaUniform, kMmaLooped, kMmaSplit };
+
+template <int HD, int kMode>
 struct alignas(16) MmaShared {  // (16: cp.async and ldmatrix move 16-byte pieces)
   static constexpr int kLd = HD + 8;  // halves a row
+  static constexpr bool kMerged = kMode == kMmaLooped;
   __half k[kMmaStages][kMmaKeys][kLd];  // (k[1] first holds the block's queries: 64 rows)
   __half v[kMmaStages][kMmaKeys][kLd];
   int pos[kMmaRows];
+  // kMmaLooped: the merged segments' unnormalised output, a lane's O fragment elements
+  // (its registers hold the segment being computed).
+  float acc[kMerged ? kMmaWarps : 1][kMerged ? HD / 2 : 1][32];
 };
 static_assert(kMmaWarps * kMmaRows == kMmaKeys, "the queries are staged in one K stage");
 
@@ -51,6 +66,8 @@ struct MmaArgs {
   const __half* kc;
   const __half* vc;
   float* out;
+  float* partials;  // kMmaSplit: [num_tokens, num_heads, max_segments, HD + 2]
+  int max_segments;
 };
 
 // D += A B for a 16 x 16 f16 A (row) and a 16 x 8 f16 B (col), f32 D.
@@ -112,18 +129,28 @@ __device__ __forceinline__ void cp_async_wait() {
 #endif
 }
 
+// Two weights rounded to f16 and paired as an A fragment register; their rounded values
+// added to `sum` (the sum of what P V multiplies), in one order.
 __device__ __forceinline__ uint32_t pack_half2(float lo, float hi, float& sum) {
   const __half2 h = __floats2half2_rn(lo, hi);
   const float2 f = __half22float2(h);
-  sum += f.x + f.y;  // (the sum of what P V multiplies)
+  sum = __fadd_rn(sum, __fadd_rn(f.x, f.y));
   uint32_t u;
   memcpy(&u, &h, sizeof u);
   return u;
 }
 
-template <int HD>
+// A row's sum over the four lanes of its quad, in one order.
+__device__ __forceinline__ float quad_sum(float v) {
+  v = __fadd_rn(v, __shfl_xor_sync(0xffffffffu, v, 1));
+  return __fadd_rn(v, __shfl_xor_sync(0xffffffffu, v, 2));
+}
+
+constexpr float kLn2 = 0.693147180559945309f;  // a base-2 maximum in the scores' own units
+
+template <int HD, int kMode>
 __global__ void __launch_bounds__(kMmaWarps * 32) attention_mma_kernel(MmaArgs a) {
-  using S = MmaShared<HD>;
+  using S = MmaShared<HD, kMode>;
   constexpr int kLd = S::kLd, KT = kMmaKeys;
   constexpr int NT = KT / 8;   // S's n-tiles (8 keys each)
   constexpr int DT = HD / 8;   // O's n-tiles (8 columns each)
@@ -137,8 +164,16 @@ __global__ void __launch_bounds__(kMmaWarps * 32) attention_mma_kernel(MmaArgs a
   S& s = *reinterpret_cast<S*>(mma_smem);
 #endif
   const DeviceStep& st = a.st;
-  if (!tc_tile_uniform(st.token_seq, st.num_tokens, blockIdx.x)) return;  // the whole block: attention.cu's kernel does it
-  const int t0 = blockIdx.x * kMmaRows, rows = min(kMmaRows, st.num_tokens - t0);
+  int t0, rows;
+  if constexpr (kMode == kMmaUniform) {
+    if (!tc_tile_uniform(st.token_seq, st.num_tokens, blockIdx.x)) return;  // the whole block: attention.cu's kernel does it
+    t0 = blockIdx.x * kMmaRows;
+    rows = min(kMmaRows, st.num_tokens - t0);
+  } else {
+    t0 = st.tiles[blockIdx.x];
+    rows = min(st.tiles[blockIdx.x + 1] - t0, kMmaRows);  // (0 past the last tile: the grid has a block per token)
+    if (rows <= 0) return;
+  }
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, quad = lane & 3;
   const int group = a.num_heads / a.num_kv_heads, chunks = (group + kMmaWarps - 1) / kMmaWarps;
   const int kvh = blockIdx.y / chunks, g0 = (blockIdx.y % chunks) * kMmaWarps;
@@ -162,21 +197,30 @@ __global__ void __launch_bounds__(kMmaWarps * 32) attention_mma_kernel(MmaArgs a
   }
   if (threadIdx.x < kMmaRows)
     s.pos[threadIdx.x] = static_cast<int>(threadIdx.x) < rows ? st.positions[t0 + threadIdx.x] : -1;
+  if constexpr (S::kMerged)
+    for (int i = 0; i < HD / 2; ++i) s.acc[warp][i][lane] = 0.0f;
   __syncthreads();
   uint32_t qf[DK][4];
 #pragma unroll
   for (int c = 0; c < DK; ++c) ldmatrix_x4<false>(qf[c], qs + (lane & 15) * kLd + c * 16 + (lane >> 4) * 8);
   // This lane's rows of S and O: lane / 4 and lane / 4 + 8.
-  const int pos0 = s.pos[lane >> 2], pos1 = s.pos[(lane >> 2) + 8];
+  const int r0 = lane >> 2, r1 = r0 + 8;
+  const int pos0 = s.pos[r0], pos1 = s.pos[r1];
   int last = -1;  // the tile's keys: 0 .. last
   for (int r = 0; r < kMmaRows; ++r) last = max(last, s.pos[r]);
   __syncthreads();  // (every warp has its queries before k[1] is loaded)
   if (last < 0) return;  // (no keys: not a valid step; the whole block)
+  int first = 0, end = last / KT + 1;  // the key steps this block takes: [first, end)
+  if constexpr (kMode == kMmaSplit) {
+    first = static_cast<int>(blockIdx.z) * kSegSteps;
+    if (first >= end) return;  // (the whole block)
+    end = min(end, first + kSegSteps);
+  }
 
   const int64_t row = int64_t{a.num_kv_heads} * HD;
-  auto load = [&](int k0, int stage) {  // keys k0 .. k0 + KT - 1 into `stage`, one group
+  auto load = [&](int step, int stage) {  // keys of `step` into `stage`, one cp.async group
     for (int i = threadIdx.x; i < KT * (HD / 8); i += kMmaWarps * 32) {
-      const int j = i / (HD / 8), c = i % (HD / 8), p = k0 + j;
+      const int j = i / (HD / 8), c = i % (HD / 8), p = step * KT + j;
       const bool valid = p <= last;
       int64_t off = 0;
       if (valid) off = (static_cast<int64_t>(bt[p / a.block_size]) * a.block_size + p % a.block_size) * row + int64_t{kvh} * HD + c * 8;
@@ -186,16 +230,17 @@ __global__ void __launch_bounds__(kMmaWarps * 32) attention_mma_kernel(MmaArgs a
     cp_async_commit();
   };
 
+  // The online softmax's state (kMmaUniform: over every key; otherwise over the segment).
   float o[DT][4];
 #pragma unroll
   for (int n = 0; n < DT; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
   float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.0f, l1 = 0.0f;  // running max (base 2) and this lane's part of the sum
-  const float scale2 = a.scale * 1.4426950408889634f;       // scores in base 2: exp(x) = 2^(x log2 e)
-  const int steps = last / KT + 1;
-  load(0, 0);
-  for (int it = 0; it < steps; ++it) {
-    if (it + 1 < steps)
-      load((it + 1) * KT, (it + 1) & 1);
+  float mm0 = -INFINITY, mm1 = -INFINITY, ml0 = 0.0f, ml1 = 0.0f;  // kMmaLooped: the merged segments' max and sum
+  const float scale2 = __fmul_rn(a.scale, 1.4426950408889634f);  // scores in base 2: exp(x) = 2^(x log2 e)
+  load(first, first & 1);
+  for (int it = first; it < end; ++it) {
+    if (it + 1 < end)
+      load(it + 1, (it + 1) & 1);
     else
       cp_async_commit();  // (an empty group: the wait below is the same every step)
     cp_async_wait<1>();   // this step's tile has landed (this thread's part) ...
@@ -222,7 +267,7 @@ __global__ void __launch_bounds__(kMmaWarps * 32) attention_mma_kernel(MmaArgs a
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
           const int key = k0 + n * 8 + 2 * quad + (e & 1);
-          const float x = key <= (e < 2 ? pos0 : pos1) ? sc[n][e] * scale2 : -INFINITY;
+          const float x = key <= (e < 2 ? pos0 : pos1) ? __fmul_rn(sc[n][e], scale2) : -INFINITY;
           sc[n][e] = x;
           if (e < 2)
             mx0 = fmaxf(mx0, x);
@@ -233,19 +278,20 @@ __global__ void __launch_bounds__(kMmaWarps * 32) attention_mma_kernel(MmaArgs a
       mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
       mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
       mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
-      // (a row without keys yet keeps -inf as its max: its weights are 0, not NaN)
+      // (a row without keys yet keeps -inf as its max: its weights are 0, not NaN; a row
+      // whose keys all lie before this step keeps its max, so its correction is exactly 1)
       const float base0 = mx0 == -INFINITY ? 0.0f : mx0, base1 = mx1 == -INFINITY ? 0.0f : mx1;
-      const float c0 = exp2f(m0 - base0), c1 = exp2f(m1 - base1);
+      const float c0 = exp2f(__fsub_rn(m0, base0)), c1 = exp2f(__fsub_rn(m1, base1));
       m0 = mx0;
       m1 = mx1;
-      l0 *= c0;
-      l1 *= c1;
+      l0 = __fmul_rn(l0, c0);
+      l1 = __fmul_rn(l1, c1);
 #pragma unroll
       for (int n = 0; n < DT; ++n) {
-        o[n][0] *= c0;
-        o[n][1] *= c0;
-        o[n][2] *= c1;
-        o[n][3] *= c1;
+        o[n][0] = __fmul_rn(o[n][0], c0);
+        o[n][1] = __fmul_rn(o[n][1], c0);
+        o[n][2] = __fmul_rn(o[n][2], c1);
+        o[n][3] = __fmul_rn(o[n][3], c1);
       }
       // P in f16, as A fragments: k-step kk is S's n-tiles 2 kk and 2 kk + 1.
       uint32_t pf[KT / 16][4];
@@ -254,8 +300,8 @@ __global__ void __launch_bounds__(kMmaWarps * 32) attention_mma_kernel(MmaArgs a
 #pragma unroll
         for (int hf = 0; hf < 2; ++hf) {
           const float* x = sc[2 * kk + hf];
-          pf[kk][2 * hf] = pack_half2(exp2f(x[0] - base0), exp2f(x[1] - base0), l0);
-          pf[kk][2 * hf + 1] = pack_half2(exp2f(x[2] - base1), exp2f(x[3] - base1), l1);
+          pf[kk][2 * hf] = pack_half2(exp2f(__fsub_rn(x[0], base0)), exp2f(__fsub_rn(x[1], base0)), l0);
+          pf[kk][2 * hf + 1] = pack_half2(exp2f(__fsub_rn(x[2], base1)), exp2f(__fsub_rn(x[3], base1)), l1);
         }
       // O += P V: V's rows are B's rows (k = key), transposed by ldmatrix; one ldmatrix
       // gives two of O's n-tiles.
@@ -268,17 +314,76 @@ __global__ void __launch_bounds__(kMmaWarps * 32) attention_mma_kernel(MmaArgs a
           mma_16816(o[n], pf[kk], b[0], b[1]);
           mma_16816(o[n + 1], pf[kk], b[2], b[3]);
         }
+      // kMmaLooped, a segment done: rows with keys in it merge its partial (m in the scores'
+      // units, the quad's sum, O) in order, as attention_combine_kernel does, and the
+      // softmax starts over.
+      if constexpr (kMode == kMmaLooped) {
+        if ((it + 1) % kSegSteps == 0 || it + 1 == end) {
+          const int kb = (it / kSegSteps) * kAttentionSegment;
+          const float pm0 = __fmul_rn(m0, kLn2), pm1 = __fmul_rn(m1, kLn2);
+          const float pl0 = quad_sum(l0), pl1 = quad_sum(l1);
+#pragma unroll
+          for (int n = 0; n < DT; ++n)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+              if (e < 2 ? pos0 < kb : pos1 < kb) continue;
+              float m = e < 2 ? mm0 : mm1, l = e < 2 ? ml0 : ml1;
+              merge_step(m, l, s.acc[warp][n * 4 + e][lane], e < 2 ? pm0 : pm1, e < 2 ? pl0 : pl1, o[n][e]);
+            }
+          float unused = 0.0f;
+          if (pos0 >= kb) merge_step(mm0, ml0, unused, pm0, pl0, 0.0f);
+          if (pos1 >= kb) merge_step(mm1, ml1, unused, pm1, pl1, 0.0f);
+#pragma unroll
+          for (int n = 0; n < DT; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
+          m0 = m1 = -INFINITY;
+          l0 = l1 = 0.0f;
+        }
+      }
     }
     __syncthreads();  // (every warp is done with this stage before the next step loads it)
   }
   cp_async_wait<0>();  // (the last, empty group)
   if (!active) return;
-  l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
-  l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
-  l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
-  l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
-  const int r0 = lane >> 2, r1 = r0 + 8;
-  const float inv0 = 1.0f / l0, inv1 = 1.0f / l1;
+  if constexpr (kMode == kMmaLooped) {
+#pragma unroll
+    for (int n = 0; n < DT; ++n) {
+      const int d = n * 8 + 2 * quad;
+      if (r0 < rows) {
+        float* p = a.out + (static_cast<int64_t>(t0 + r0) * a.num_heads + h) * HD + d;
+        p[0] = __fdiv_rn(s.acc[warp][n * 4][lane], ml0);
+        p[1] = __fdiv_rn(s.acc[warp][n * 4 + 1][lane], ml0);
+      }
+      if (r1 < rows) {
+        float* p = a.out + (static_cast<int64_t>(t0 + r1) * a.num_heads + h) * HD + d;
+        p[0] = __fdiv_rn(s.acc[warp][n * 4 + 2][lane], ml1);
+        p[1] = __fdiv_rn(s.acc[warp][n * 4 + 3][lane], ml1);
+      }
+    }
+    return;
+  }
+  const float sum0 = quad_sum(l0), sum1 = quad_sum(l1);
+  if constexpr (kMode == kMmaSplit) {
+    // Rows with keys in this segment: the partial as attention.cu's split kernel lays it out.
+    const int kb = static_cast<int>(blockIdx.z) * kAttentionSegment;
+    const float pm0 = __fmul_rn(m0, kLn2), pm1 = __fmul_rn(m1, kLn2);
+#pragma unroll
+    for (int hf = 0; hf < 2; ++hf) {
+      const int r = hf ? r1 : r0;
+      if (r >= rows || (hf ? pos1 : pos0) < kb) continue;
+      float* p = a.partials + ((static_cast<int64_t>(t0 + r) * a.num_heads + h) * a.max_segments + blockIdx.z) * (HD + 2);
+#pragma unroll
+      for (int n = 0; n < DT; ++n) {
+        p[n * 8 + 2 * quad] = o[n][2 * hf];
+        p[n * 8 + 2 * quad + 1] = o[n][2 * hf + 1];
+      }
+      if (quad == 0) {
+        p[HD] = hf ? pm1 : pm0;
+        p[HD + 1] = hf ? sum1 : sum0;
+      }
+    }
+    return;
+  }
+  const float inv0 = 1.0f / sum0, inv1 = 1.0f / sum1;
 #pragma unroll
   for (int n = 0; n < DT; ++n) {
     const int d = n * 8 + 2 * quad;
@@ -299,33 +404,49 @@ __global__ void __launch_bounds__(kMmaWarps * 32) attention_mma_kernel(MmaArgs a
 
 #ifndef TROUPE_CUDA_EMULATION  // (tests/kernels/cuda_emulation.h runs the kernel above on the CPU)
 size_t attention_mma_shared_bytes(int32_t head_dim) {
-  switch (head_dim) {
-    case 32: return sizeof(MmaShared<32>);
-    case 64: return sizeof(MmaShared<64>);
-    case 96: return sizeof(MmaShared<96>);
-    case 128: return sizeof(MmaShared<128>);
+  switch (head_dim) {  // (the looped mode's, the largest)
+    case 32: return sizeof(MmaShared<32, kMmaLooped>);
+    case 64: return sizeof(MmaShared<64, kMmaLooped>);
+    case 96: return sizeof(MmaShared<96, kMmaLooped>);
+    case 128: return sizeof(MmaShared<128, kMmaLooped>);
     default: return 0;
   }
 }
 
 namespace {
-template <int HD>
+template <int HD, int kMode>
 cudaError_t launch_mma(const dim3& grid, const MmaArgs& a, cudaStream_t stream) {
-  constexpr size_t bytes = sizeof(MmaShared<HD>);
-  // The shared-memory opt-in, once per device and head size (not on every launch, nor
-  // again while a graph is being captured).
+  constexpr size_t bytes = sizeof(MmaShared<HD, kMode>);
+  // The shared-memory opt-in, once per device, head size and mode (not on every launch,
+  // nor again while a graph is being captured).
   static std::atomic<uint64_t> opted{0};
   int dev = 0;
   if (const cudaError_t e = cudaGetDevice(&dev); e != cudaSuccess) return e;
   const uint64_t bit = dev < 64 ? uint64_t{1} << dev : 0;
   if (bit == 0 || (opted.load(std::memory_order_acquire) & bit) == 0) {
-    const cudaError_t e =
-        cudaFuncSetAttribute(attention_mma_kernel<HD>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes));
+    const cudaError_t e = cudaFuncSetAttribute(attention_mma_kernel<HD, kMode>,
+                                               cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes));
     if (e != cudaSuccess) return e;
     opted.fetch_or(bit, std::memory_order_acq_rel);
   }
-  attention_mma_kernel<HD><<<grid, kMmaWarps * 32, bytes, stream>>>(a);
+  attention_mma_kernel<HD, kMode><<<grid, kMmaWarps * 32, bytes, stream>>>(a);
   return cudaGetLastError();
+}
+
+template <int kMode>
+cudaError_t launch_mma_mode(const dim3& grid, const MmaArgs& a, int head_dim, cudaStream_t stream) {
+  switch (head_dim) {
+    case 32: return launch_mma<32, kMode>(grid, a, stream);
+    case 64: return launch_mma<64, kMode>(grid, a, stream);
+    case 96: return launch_mma<96, kMode>(grid, a, stream);
+    case 128: return launch_mma<128, kMode>(grid, a, stream);
+    default: return cudaErrorInvalidValue;
+  }
+}
+
+unsigned mma_head_blocks(int32_t num_heads, int32_t num_kv_heads) {
+  const int group = num_heads / num_kv_heads;
+  return static_cast<unsigned>(num_kv_heads * ((group + kMmaWarps - 1) / kMmaWarps));
 }
 }  // namespace
 
@@ -335,17 +456,29 @@ cudaError_t attention_mma(const DeviceStep& step, const float* q, int64_t ld_q, 
   if (step.num_tokens <= 0) return cudaSuccess;
   if (num_kv_heads <= 0 || num_heads % num_kv_heads != 0) return cudaErrorInvalidValue;
   const MmaArgs a{step, q, ld_q, num_heads, num_kv_heads, block_size, scale, reinterpret_cast<const __half*>(k_cache),
-                  reinterpret_cast<const __half*>(v_cache), out};
-  const int group = num_heads / num_kv_heads;
-  const dim3 grid(static_cast<unsigned>((step.num_tokens + kMmaRows - 1) / kMmaRows),
-                  static_cast<unsigned>(num_kv_heads * ((group + kMmaWarps - 1) / kMmaWarps)));
-  switch (head_dim) {
-    case 32: return launch_mma<32>(grid, a, stream);
-    case 64: return launch_mma<64>(grid, a, stream);
-    case 96: return launch_mma<96>(grid, a, stream);
-    case 128: return launch_mma<128>(grid, a, stream);
-    default: return cudaErrorInvalidValue;
-  }
+                  reinterpret_cast<const __half*>(v_cache), out, nullptr, 0};
+  const dim3 grid(static_cast<unsigned>((step.num_tokens + kMmaRows - 1) / kMmaRows), mma_head_blocks(num_heads, num_kv_heads));
+  return launch_mma_mode<kMmaUniform>(grid, a, head_dim, stream);
+}
+
+cudaError_t attention_mma_invariant(const DeviceStep& step, const float* q, int64_t ld_q, int32_t num_heads,
+                                    int32_t num_kv_heads, int32_t head_dim, int32_t block_size, float scale,
+                                    const uint16_t* k_cache, const uint16_t* v_cache, float* out, float* partials,
+                                    cudaStream_t stream) {
+  if (step.num_tokens <= 0) return cudaSuccess;
+  if (num_kv_heads <= 0 || num_heads % num_kv_heads != 0 || !step.tiles || attention_mma_shared_bytes(head_dim) == 0)
+    return cudaErrorInvalidValue;
+  const int segs = attention_segments(step.max_context);
+  const MmaArgs a{step, q, ld_q, num_heads, num_kv_heads, block_size, scale, reinterpret_cast<const __half*>(k_cache),
+                  reinterpret_cast<const __half*>(v_cache), out, partials, segs};
+  // A block per token bounds the tiles (a tile holds at least one): those past the last
+  // tile return at once. The grid thus depends on the step's shape alone.
+  const unsigned tiles = static_cast<unsigned>(step.num_tokens), ys = mma_head_blocks(num_heads, num_kv_heads);
+  if (!partials) return launch_mma_mode<kMmaLooped>(dim3(tiles, ys), a, head_dim, stream);
+  if (const cudaError_t e = launch_mma_mode<kMmaSplit>(dim3(tiles, ys, static_cast<unsigned>(segs)), a, head_dim, stream);
+      e != cudaSuccess)
+    return e;
+  return attention_combine(step, num_heads, head_dim, partials, out, stream);
 }
 #endif
 

@@ -313,11 +313,12 @@ class CudaBackend final : public Backend {
     const size_t tc_bytes = cuda::attention_tc_shared_bytes(hd);
     auto fits = [&](size_t bytes) { return bytes > 0 && bytes <= static_cast<size_t>(max_shared_optin_); };
     const bool prefill_tc = !batch_invariant_ && dstep_.num_tokens >= kTcMinTokens;
-    const bool mma = prefill_tc && !wmma_attention_ && fits(cuda::attention_mma_shared_bytes(hd));
-    const bool tc = mma || (prefill_tc && fits(tc_bytes));
-    // Batch-invariant with TROUPE_CUDA_ATTN=tc: every token on tensor cores, split-KV as below (the
-    // same bits either way), where head size and device allow: every step takes the same kernel.
-    const bool tc_all = tc_attention_ && batch_invariant_ && cuda::attention_tc_invariant_supported(hd) && fits(tc_bytes);
+    const bool mma_fits = !wmma_attention_ && fits(cuda::attention_mma_shared_bytes(hd));
+    const bool mma = prefill_tc && mma_fits, tc = mma || (prefill_tc && fits(tc_bytes));
+    // Batch-invariant with TROUPE_CUDA_ATTN=tc (mma.sync) or wmma: every token on tensor cores, split-KV as
+    // below (the same bits either way), where head size and device allow: every step takes the same kernel.
+    const bool tc_all = tc_attention_ && batch_invariant_ &&
+                        (mma_fits || (cuda::attention_tc_invariant_supported(hd) && fits(tc_bytes)));
     float* partials = nullptr;
     const int segs = cuda::attention_segments(dstep_.max_context);
     const size_t floats = size_t(dstep_.num_tokens) * num_heads * segs * (hd + 2);
@@ -335,10 +336,11 @@ class CudaBackend final : public Backend {
     const uint16_t* vc = c.v + c.layer_elems * layer;
     if (tc_all) {
       ++tc_attention_calls_;
-      run("attention_tc_invariant", __LINE__,
-          {step_key(), P(q), U(ld_q), U(num_heads), U(nkv), U(hd), U(bs), F(scale), P(kc), P(vc), P(out), P(partials)},
+      run(mma_fits ? "attention_mma_invariant" : "attention_tc_invariant", __LINE__,
+          {step_key(), P(q), U(ld_q), U(num_heads), U(nkv), U(hd), U(bs), F(scale), P(kc), P(vc), P(out), P(partials), U(mma_fits)},
           [=](cudaStream_t st) {
-            return cuda::attention_tc_invariant(ds, q, ld_q, num_heads, nkv, hd, bs, scale, kc, vc, out, partials, st);
+            return (mma_fits ? cuda::attention_mma_invariant : cuda::attention_tc_invariant)(ds, q, ld_q, num_heads, nkv, hd, bs,
+                                                                                             scale, kc, vc, out, partials, st);
           });
       return;
     }
@@ -720,12 +722,13 @@ class CudaBackend final : public Backend {
   // unset or 0: the GEMV at every size. Opt-in until a GPU has measured it.
   int64_t q8_mma_min_;
   // =tc (batch-invariant mode): every token's attention on tensor cores
-  // (attention_tc_invariant: other bits than attention(), P rounded to f16). Opt-in until
-  // a GPU has measured it.
+  // (attention_mma_invariant: other bits than attention(), P rounded to f16). Opt-in until
+  // a GPU has measured it. =wmma: the same, and --cuda-cublas's prefill tiles, on the WMMA
+  // kernels (attention_tc.cu) instead of the mma.sync ones (attention_mma.cu).
   bool tc_attention_;
-  bool wmma_attention_;  // =wmma (--cuda-cublas): prefill tiles on attention_tc, not attention_mma
+  bool wmma_attention_;
   uint64_t q8_mma_calls_ = 0;  // matmul() calls that took it
-  uint64_t tc_attention_calls_ = 0;  // attention() calls that took attention_tc_invariant
+  uint64_t tc_attention_calls_ = 0;  // attention() calls that took every token on tensor cores
   uint64_t fused_calls_ = 0;  // matmul_silu / matmul_rope_kv_write calls that took the fused kernels
   uint64_t q8_prepared_ = 0;  // ops that quantized their output for the next matmul
   uint64_t q8_prepared_used_ = 0;  // matmuls that took those bytes instead of quantizing

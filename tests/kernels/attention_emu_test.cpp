@@ -77,8 +77,8 @@ struct Fixture {
   cuda::TcArgs tc_args(float* out, float* partials = nullptr, int max_segments = 0) const {
     return cuda::TcArgs{st, q.data(), ldq, c.nh, c.nkv, bs, scale(), kc.data(), vc.data(), out, partials, max_segments};
   }
-  cuda::MmaArgs mma_args(float* out) const {
-    return cuda::MmaArgs{st, q.data(), ldq, c.nh, c.nkv, bs, scale(), kc.data(), vc.data(), out};
+  cuda::MmaArgs mma_args(float* out, float* partials = nullptr, int max_segments = 0) const {
+    return cuda::MmaArgs{st, q.data(), ldq, c.nh, c.nkv, bs, scale(), kc.data(), vc.data(), out, partials, max_segments};
   }
   cuda::Args args(bool skip_tc, uint8_t* xq = nullptr, cuda::Q8Numerics nq = {}) const {
     return cuda::Args{st, q.data(), ldq, c.nh, c.nkv, bs, scale(), kc.data(), vc.data(), skip_tc, xq, nq};
@@ -222,7 +222,8 @@ void check_mma(const Case& c, std::mt19937& g) {
   std::vector<float> pure(static_cast<size_t>(f.n) * c.nh * HD, -1.0f), mixed(pure.size(), -3.0f);
   cuda_emu::launch3(f.n, head_groups(c), 1, cuda::kThreads, cuda::attention_loop_kernel<HD / 32>, f.args(false), pure.data());
   const unsigned tiles = static_cast<unsigned>((f.n + 15) / 16);
-  cuda_emu::launch3(tiles, head_groups(c), 1, cuda::kMmaWarps * 32, cuda::attention_mma_kernel<HD>, f.mma_args(mixed.data()));
+  cuda_emu::launch3(tiles, head_groups(c), 1, cuda::kMmaWarps * 32, cuda::attention_mma_kernel<HD, cuda::kMmaUniform>,
+                    f.mma_args(mixed.data()));
   cuda_emu::launch3(f.n, head_groups(c), 1, cuda::kThreads, cuda::attention_loop_kernel<HD / 32>, f.args(true), mixed.data());
   auto in_mma = [&](int t) { return t >= 16; };  // tiles 1-5
   const size_t per_token = static_cast<size_t>(c.nh) * HD;
@@ -286,6 +287,43 @@ void check_tc_invariant(const Case& c, std::mt19937& g, bool every_token_alone =
   CHECK(w < 2e-3);
 }
 
+// The batch-invariant mma.sync attention (attention_mma.cu's looped and split modes,
+// TROUPE_CUDA_ATTN=tc): as the WMMA one above, and a chunk at 56..65 whose tile reaches
+// into a second 64-key step that its first rows have no key in (a step that must leave
+// them exactly as they were, which the tile of one token never takes).
+template <int HD>
+void check_mma_invariant(const Case& c, std::mt19937& g) {
+  Fixture f(c, {520, 252, 0, 56}, {1, 8, 18, 10}, g);
+  const int segs = cuda::attention_segments(f.st.max_context);
+  std::vector<int32_t> by_seq, alone;
+  for (int32_t t : {0, 1, 9, 25, 27}) by_seq.push_back(t);  // (the backend's cut: 1, 8, 16 + 2, 10)
+  by_seq.resize(static_cast<size_t>(f.n) + 1, f.n);
+  for (int32_t t = 0; t <= f.n; ++t) alone.push_back(t);
+  const size_t size = static_cast<size_t>(f.n) * c.nh * HD;
+  auto run = [&](const std::vector<int32_t>& tiles, bool split) {
+    f.st.tiles = tiles.data();
+    const int gz = segs + 1;  // (one segment more than any token needs: its partials, NaN, are never read)
+    std::vector<float> out(size, -5.0f), partials(size / HD * gz * (HD + 2), std::nanf(""));
+    if (split) {
+      cuda_emu::launch3(f.n, head_groups(c), gz, cuda::kMmaWarps * 32, cuda::attention_mma_kernel<HD, cuda::kMmaSplit>,
+                        f.mma_args(out.data(), partials.data(), gz));
+      cuda_emu::launch3(f.n, c.nh, 1, cuda::kThreads, cuda::attention_combine_kernel<HD / 32>, f.args(false), gz,
+                        static_cast<const float*>(partials.data()), out.data());
+    } else {
+      cuda_emu::launch3(f.n, head_groups(c), 1, cuda::kMmaWarps * 32, cuda::attention_mma_kernel<HD, cuda::kMmaLooped>,
+                        f.mma_args(out.data()));
+    }
+    f.st.tiles = nullptr;
+    return out;
+  };
+  const auto looped = run(by_seq, false), split = run(by_seq, true), single = run(alone, false);
+  CHECK(std::memcmp(looped.data(), split.data(), size * 4) == 0);
+  CHECK(std::memcmp(looped.data(), single.data(), size * 4) == 0);
+  const double w = f.worst(looped, [](int) { return true; });
+  INFO("heads " << c.nh << "/" << c.nkv << " hd " << HD << ": max |diff| " << w);
+  CHECK(w < 2e-3);
+}
+
 }  // namespace
 
 TEST_CASE("the batch-invariant tensor-core attention's source: split-KV, any tiling, the reference", "[kernels][cuda-emulation]") {
@@ -320,6 +358,14 @@ TEST_CASE("the mma.sync prefill attention's source takes the one-sequence tiles 
   check_mma<128>({6, 3, 128}, g);  // group 2: two spare warps
   check_mma<32>({3, 3, 32}, g);    // MHA: three spare warps
   check_mma<96>({4, 1, 96}, g);    // the head size whose O n-tiles are not a power of two
+}
+
+TEST_CASE("the batch-invariant mma.sync attention's source: split-KV, any tiling, the reference", "[kernels][cuda-emulation]") {
+  std::mt19937 g(35);
+  check_mma_invariant<64>({8, 2, 64}, g);    // group 4: every warp a head
+  check_mma_invariant<32>({6, 3, 32}, g);    // group 2: two spare warps
+  check_mma_invariant<128>({4, 4, 128}, g);  // MHA: three spare warps
+  check_mma_invariant<96>({8, 2, 96}, g);
 }
 
 TEST_CASE("attention_segments: the segments a context needs, rounded up to two sizes an octave", "[kernels][cuda-emulation]") {

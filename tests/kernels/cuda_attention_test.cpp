@@ -1,6 +1,6 @@
 // Paged attention on the CUDA backend against the CPU (GQA, chunked prefill and decode, the
 // --cuda-cublas tensor-core tiles, mma.sync and WMMA) and split-KV against the looped path, bit for bit, with K
-// staged or read directly and with every token on tensor cores (TROUPE_CUDA_ATTN=tc).
+// staged or read directly and with every token on tensor cores (TROUPE_CUDA_ATTN=tc and wmma).
 // Tagged [cuda]; without a GPU each case prints why it is skipped (host-run runs them over
 // the fake device).
 #include <catch2/catch.hpp>
@@ -161,14 +161,20 @@ TEST_CASE("cuda: split-KV decode attention gives the same bits as the looped pat
   REQUIRE(d_with == g_with);
   auto [c_alone, c_with] = run(*cpu);
   expect_close(g_alone, c_alone, 2e-3, 2e-3, "split-KV decode attention vs the CPU");
-  // Every token on tensor cores (TROUPE_CUDA_ATTN=tc): the decode token split-KV alone and
-  // looped in a tile of its own beside the prefill's 16-token tiles, the same bits.
-  auto tc = [] {
-    test::EnvScope e("TROUPE_CUDA_ATTN", "tc");
-    return gpu_or_skip();
-  }();
-  auto [t_alone, t_with] = run(*tc);
-  REQUIRE(t_alone == t_with);  // bit for bit
-  CHECK(t_alone != g_alone);   // (another kernel: P rounded to f16)
-  expect_close(t_alone, c_alone, 3e-3, 3e-3, "tensor-core decode attention vs the CPU");
+  // Every token on tensor cores (TROUPE_CUDA_ATTN=tc: the mma.sync kernel; =wmma: the WMMA
+  // one): the decode token split-KV alone and looped in a tile of its own beside the
+  // prefill's 16-token tiles, the same bits.
+  std::vector<float> kernels_alone[2];
+  for (int k = 0; k < 2; ++k) {
+    auto tc = [&] {
+      test::EnvScope e("TROUPE_CUDA_ATTN", k == 0 ? "tc" : "wmma");
+      return gpu_or_skip();
+    }();
+    auto [t_alone, t_with] = run(*tc);
+    REQUIRE(t_alone == t_with);  // bit for bit
+    CHECK(t_alone != g_alone);   // (another kernel: P rounded to f16)
+    expect_close(t_alone, c_alone, 3e-3, 3e-3, std::string("tensor-core decode attention vs the CPU, ") + (k == 0 ? "mma.sync" : "WMMA"));
+    kernels_alone[k] = t_alone;
+  }
+  CHECK(kernels_alone[0] != kernels_alone[1]);  // (two kernels ran, not one twice)
 }
