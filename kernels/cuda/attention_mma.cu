@@ -281,7 +281,8 @@ __global__ void __launch_bounds__(kMmaWarps * 32) attention_mma_kernel(MmaArgs a
       // (a row without keys yet keeps -inf as its max: its weights are 0, not NaN; a row
       // whose keys all lie before this step keeps its max, so its correction is exactly 1)
       const float base0 = mx0 == -INFINITY ? 0.0f : mx0, base1 = mx1 == -INFINITY ? 0.0f : mx1;
-      const float c0 = exp2f(__fsub_rn(m0, base0)), c1 = exp2f(__fsub_rn(m1, base1));
+      // (exactly 1 where the max is unchanged, without relying on exp2f(0))
+      const float c0 = mx0 == m0 ? 1.0f : exp2f(__fsub_rn(m0, base0)), c1 = mx1 == m1 ? 1.0f : exp2f(__fsub_rn(m1, base1));
       m0 = mx0;
       m1 = mx1;
       l0 = __fmul_rn(l0, c0);
@@ -403,12 +404,14 @@ __global__ void __launch_bounds__(kMmaWarps * 32) attention_mma_kernel(MmaArgs a
 }  // namespace
 
 #ifndef TROUPE_CUDA_EMULATION  // (tests/kernels/cuda_emulation.h runs the kernel above on the CPU)
-size_t attention_mma_shared_bytes(int32_t head_dim) {
-  switch (head_dim) {  // (the looped mode's, the largest)
-    case 32: return sizeof(MmaShared<32, kMmaLooped>);
-    case 64: return sizeof(MmaShared<64, kMmaLooped>);
-    case 96: return sizeof(MmaShared<96, kMmaLooped>);
-    case 128: return sizeof(MmaShared<128, kMmaLooped>);
+size_t attention_mma_shared_bytes(int32_t head_dim, bool invariant) {
+  // (invariant: the looped mode's, larger than the split mode's, which it must cover: which
+  // of the two runs is chosen step by step)
+  switch (head_dim) {
+    case 32: return invariant ? sizeof(MmaShared<32, kMmaLooped>) : sizeof(MmaShared<32, kMmaUniform>);
+    case 64: return invariant ? sizeof(MmaShared<64, kMmaLooped>) : sizeof(MmaShared<64, kMmaUniform>);
+    case 96: return invariant ? sizeof(MmaShared<96, kMmaLooped>) : sizeof(MmaShared<96, kMmaUniform>);
+    case 128: return invariant ? sizeof(MmaShared<128, kMmaLooped>) : sizeof(MmaShared<128, kMmaUniform>);
     default: return 0;
   }
 }
@@ -466,7 +469,7 @@ cudaError_t attention_mma_invariant(const DeviceStep& step, const float* q, int6
                                     const uint16_t* k_cache, const uint16_t* v_cache, float* out, float* partials,
                                     cudaStream_t stream) {
   if (step.num_tokens <= 0) return cudaSuccess;
-  if (num_kv_heads <= 0 || num_heads % num_kv_heads != 0 || !step.tiles || attention_mma_shared_bytes(head_dim) == 0)
+  if (num_kv_heads <= 0 || num_heads % num_kv_heads != 0 || !step.tiles || attention_mma_shared_bytes(head_dim, true) == 0)
     return cudaErrorInvalidValue;
   const int segs = attention_segments(step.max_context);
   const MmaArgs a{step, q, ld_q, num_heads, num_kv_heads, block_size, scale, reinterpret_cast<const __half*>(k_cache),

@@ -313,7 +313,7 @@ class CudaBackend final : public Backend {
     const size_t tc_bytes = cuda::attention_tc_shared_bytes(hd);
     auto fits = [&](size_t bytes) { return bytes > 0 && bytes <= static_cast<size_t>(max_shared_optin_); };
     const bool prefill_tc = !batch_invariant_ && dstep_.num_tokens >= kTcMinTokens;
-    const bool mma_fits = !wmma_attention_ && fits(cuda::attention_mma_shared_bytes(hd));
+    const bool mma_fits = !wmma_attention_ && fits(cuda::attention_mma_shared_bytes(hd, batch_invariant_));
     const bool mma = prefill_tc && mma_fits, tc = mma || (prefill_tc && fits(tc_bytes));
     // Batch-invariant with TROUPE_CUDA_ATTN=tc (mma.sync) or wmma: every token on tensor cores, split-KV as
     // below (the same bits either way), where head size and device allow: every step takes the same kernel.

@@ -163,19 +163,21 @@ cudaError_t attention_tc(const DeviceStep& step, const float* q, int64_t ld_q, i
                          const uint16_t* v_cache, float* out, cudaStream_t stream);
 // attention_tc's tiles and grouping, flash-attention-2 style (attention_mma.cu: mma.sync,
 // S, P and O in registers, K/V tiles double-buffered by cp.async); not batch-invariant.
-// head_dim: 32, 64, 96 or 128; its dynamic shared memory per block is at most
-// attention_mma_shared_bytes(head_dim) (0: unsupported width).
+// head_dim: 32, 64, 96 or 128; its dynamic shared memory per block is
+// attention_mma_shared_bytes(head_dim, false) (0: unsupported width), the device must allow
+// that much (cudaDevAttrMaxSharedMemoryPerBlockOptin).
 cudaError_t attention_mma(const DeviceStep& step, const float* q, int64_t ld_q, int32_t num_heads, int32_t num_kv_heads,
                           int32_t head_dim, int32_t block_size, float scale, const uint16_t* k_cache,
                           const uint16_t* v_cache, float* out, cudaStream_t stream);
 // attention_tc_invariant's contract (below) with attention_mma's kernel (TROUPE_CUDA_ATTN=tc):
 // every token on tensor cores, batch-invariant, keys in attention()'s segments merged in
 // order, split-KV with `partials` (the same bits). Other bits than attention_tc_invariant.
+// Its shared memory per block: at most attention_mma_shared_bytes(head_dim, true).
 cudaError_t attention_mma_invariant(const DeviceStep& step, const float* q, int64_t ld_q, int32_t num_heads,
                                     int32_t num_kv_heads, int32_t head_dim, int32_t block_size, float scale,
                                     const uint16_t* k_cache, const uint16_t* v_cache, float* out, float* partials,
                                     cudaStream_t stream);
-size_t attention_mma_shared_bytes(int32_t head_dim);
+size_t attention_mma_shared_bytes(int32_t head_dim, bool invariant);
 // Every token's attention on tensor cores, batch-invariant (TROUPE_CUDA_ATTN=tc): a block
 // of four warps per tile of step.tiles (up to 16 tokens of one sequence) and group of up to
 // four query heads of one KV head, attention_tc's arithmetic per key step (P rounded to
