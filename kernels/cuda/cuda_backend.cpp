@@ -88,7 +88,8 @@ class CudaBackend final : public Backend {
            "; activations quantized for the next matmul (by norms, attention, SiLU): " +
            std::to_string(q8_prepared_) + "; used by the next matmul: " + std::to_string(q8_prepared_used_) +
            "; int8 matmuls on tensor cores: " + std::to_string(q8_mma_calls_) +
-           "; batch-invariant attention on tensor cores: " + std::to_string(tc_attention_calls_);
+           "; batch-invariant attention on tensor cores: " + std::to_string(tc_attention_calls_) +
+           "; prefill tiles' attention on mma.sync: " + std::to_string(mma_attention_calls_);
   }
   bool is_host_memory() const override { return false; }
 
@@ -344,6 +345,7 @@ class CudaBackend final : public Backend {
           });
       return;
     }
+    mma_attention_calls_ += mma;
     if (tc)  // (attention_mma and attention_tc take the same arguments)
       run(mma ? "attention_mma" : "attention_tc", __LINE__, {step_key(), P(q), U(ld_q), U(num_heads), U(nkv), U(hd), U(bs), F(scale), P(kc), P(vc), P(out), U(mma)},
           [=](cudaStream_t st) { return (mma ? cuda::attention_mma : cuda::attention_tc)(ds, q, ld_q, num_heads, nkv, hd, bs, scale, kc, vc, out, st); });
@@ -728,7 +730,7 @@ class CudaBackend final : public Backend {
   bool tc_attention_;
   bool wmma_attention_;
   uint64_t q8_mma_calls_ = 0;  // matmul() calls that took it
-  uint64_t tc_attention_calls_ = 0;  // attention() calls that took every token on tensor cores
+  uint64_t tc_attention_calls_ = 0, mma_attention_calls_ = 0;  // attention() calls: every token on tensor cores; attention_mma
   uint64_t fused_calls_ = 0;  // matmul_silu / matmul_rope_kv_write calls that took the fused kernels
   uint64_t q8_prepared_ = 0;  // ops that quantized their output for the next matmul
   uint64_t q8_prepared_used_ = 0;  // matmuls that took those bytes instead of quantizing

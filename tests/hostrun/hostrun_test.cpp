@@ -523,10 +523,11 @@ TEST_CASE("host-run: --cuda-cublas prefill attention on tensor cores (mma.sync, 
   // take the tensor-core kernel (64+ tokens), the second step (36) the per-token one, then
   // decode steps. Against the batch-invariant backend (other numerics: cuBLAS rounds x to
   // bf16, P is rounded to f16): logits within 3% of their range, the same token wherever
-  // its top two differ by more than 0.05. (Here the two kernels' logits coincide: emulated,
+  // its top two differ by more than 0.05. The stats line counts the mma.sync kernel's calls
+  // (one a layer for the 64-token step), as the two kernels' logits coincide here: emulated,
   // their S and P V products are alike, and their softmax weights mostly round to the same
-  // f16 and then to the same bf16; that the mma.sync kernel runs was checked by hand, by
-  // scaling its output: the logits then move by 0.018 instead of 0.0014.)
+  // f16 and then to the same bf16 (scaling the mma.sync kernel's output by hand moves the
+  // logits by 0.018 instead of 0.0014).
   auto files = tiny("bf16");
   REQUIRE(files.ok());
   std::vector<int32_t> prompt(100);
@@ -542,7 +543,8 @@ TEST_CASE("host-run: --cuda-cublas prefill attention on tensor cores (mma.sync, 
     }();
     const Agreement g = agreement(a, trace(*files, *be, prompt, 6, a.tokens));
     INFO((attn ? attn : "mma.sync") << ": logits max |diff| " << g.max_diff << " of " << g.max_abs << "; " << g.agree
-                                    << " of " << g.decisive);
+                                    << " of " << g.decisive << "; " << be->stats());
+    CHECK(test::stats_count(*be, "prefill tiles' attention on mma.sync: ") == static_cast<uint64_t>(attn ? 0 : files->config.num_layers));
     CHECK(g.max_diff > 0);
     CHECK(g.max_diff <= 0.03 * g.max_abs);
     CHECK(g.agree == g.decisive);
