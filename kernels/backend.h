@@ -170,7 +170,7 @@ struct CudaEnvOptions {
   bool direct_k = false;     // TROUPE_CUDA_ATTN=direct (or staged): K rows read from global memory
   bool tc_attention = false; // TROUPE_CUDA_ATTN=tc or wmma: every token's attention on tensor cores (batch-invariant)
   bool wmma_attention = false;  // TROUPE_CUDA_ATTN=wmma: tensor-core attention on WMMA kernels, not mma.sync
-  bool fuse = true;          // TROUPE_CUDA_FUSE=0|1: fused GEMV epilogues and quantization
+  bool fuse = true;          // TROUPE_CUDA_FUSE=0|1: fused GEMV epilogues, quantization, half inputs for cuBLAS
   int64_t q8_mma_min = 0;    // TROUPE_CUDA_Q8_MMA=N: int8 matmuls of N+ tokens on tensor cores (0: never)
 };
 Result<CudaEnvOptions> cuda_env_options();

@@ -264,16 +264,30 @@ void bench_gemv_silu(double copy_gbs) {
 }
 
 void bench_prefill_matmul() {
+  // (TROUPE_CUDA_FUSE=0: every call converts x to bf16 itself; by default each call after
+  // the first takes x in bf16 from the one before, as from the norm or SiLU in the model.)
+  setenv("TROUPE_CUDA_FUSE", "0", 1);
   auto be = make_cuda_backend(CudaBackendOptions{0, false});
-  if (!be) std::exit(1);
+  unsetenv("TROUPE_CUDA_FUSE");
+  auto bf = make_cuda_backend(CudaBackendOptions{0, false});
+  if (!be || !bf) std::exit(1);
   const int64_t rows = 14336, cols = 4096, n = 2048;
   auto v = random_bf16(size_t(rows) * cols, 0.02f);
   auto w = (*be)->make_weight(DType::BF16, cols, {{v.data(), rows}});
-  if (!w) std::exit(1);
+  auto wf = (*bf)->make_weight(DType::BF16, cols, {{v.data(), rows}});
+  if (!w || !wf) std::exit(1);
   std::mt19937 rng(2);
-  float* x = (*be)->upload(test::random_floats(size_t(cols) * n, rng));
+  const auto xs = test::random_floats(size_t(cols) * n, rng);
+  float* x = (*be)->upload(xs);
   float* y = (*be)->alloc(size_t(rows) * n);
   const double ms = time_ms(**be, [&] { (*be)->matmul(**w, x, n, y, rows); });
+  float* xf = (*bf)->upload(xs);
+  float* yf = (*bf)->alloc(size_t(rows) * n);
+  const double msf = time_ms(**bf, [&] { (*bf)->matmul(**wf, xf, n, yf, rows); });
+  if (std::string st = (*bf)->stats(); st.find("cuBLAS inputs in half from the op before: 0 ") != std::string::npos) {
+    std::fprintf(stderr, "prefill matmul: no call took its input in bf16 (%s)\n", st.c_str());
+    std::exit(1);
+  }
   cublasHandle_t h;
   cublasCreate(&h);
   const GemmTime gt = cublas_time(h, int(rows), int(n), int(cols), CUDA_R_32F);
@@ -285,6 +299,9 @@ void bench_prefill_matmul() {
        gt.tflops(rows, n, cols, gt.burst_ms), "TFLOP/s", -1, ""});
   add({"prefill matmul bf16 (x->bf16 + cuBLAS)", "14336x4096 x 2048 tokens", ms, tf, "TFLOP/s", 100.0 * tf / ref,
        "cuBLAS same shape"});
+  const double tff = 2.0 * rows * cols * n / (msf * 1e-3) / 1e12;
+  add({"prefill matmul bf16 (x in bf16 from the op before + cuBLAS)", "14336x4096 x 2048 tokens", msf, tff, "TFLOP/s",
+       100.0 * tff / ref, "cuBLAS same shape"});
   auto inv = make_cuda_backend(CudaBackendOptions{0, true});
   auto wi = (*inv)->make_weight(DType::BF16, cols, {{v.data(), rows}});
   float* xi = (*inv)->upload(test::random_floats(size_t(cols) * n, rng));
@@ -460,6 +477,26 @@ void bench_small_ops(double copy_gbs) {
   double ms = time_ms(**be, [&] { (*be)->rms_norm(x, w, 1e-5f, n, dim, y); });
   double gbs = 2.0 * n * dim * 4 / (ms * 1e-3) / 1e9;
   add({"rms_norm", "2048 x 4096 f32", ms, gbs, "GB/s", 100.0 * gbs / copy_gbs, "copy"});
+  {  // The same norm also writing its output in bf16 for the cuBLAS matmul that reads it next
+     // (--cuda-cublas), which must then take it.
+    auto cb = make_cuda_backend(CudaBackendOptions{0, false});
+    if (!cb) std::exit(1);
+    auto wv = random_bf16(size_t(dim) * dim, 0.02f);
+    auto next = (*cb)->make_weight(DType::BF16, dim, {{wv.data(), dim}});
+    if (!next) std::exit(1);
+    float* cx = (*cb)->upload(test::random_floats(size_t(n * dim), rng));
+    float* cw = (*cb)->upload(test::random_floats(size_t(dim), rng));
+    float* cy = (*cb)->alloc(size_t(n * dim));
+    float* cz = (*cb)->alloc(size_t(n * dim));
+    ms = time_ms(**cb, [&] { (*cb)->rms_norm(cx, cw, 1e-5f, n, dim, cy, next->get()); });
+    (*cb)->matmul(**next, cy, n, cz, dim);
+    if (std::string st = (*cb)->stats(); st.find("cuBLAS inputs in half from the op before: 1 ") == std::string::npos) {
+      std::fprintf(stderr, "rms_norm: its bf16 copy was not taken (%s)\n", st.c_str());
+      std::exit(1);
+    }
+    gbs = (2.0 + 0.5) * n * dim * 4 / (ms * 1e-3) / 1e9;
+    add({"rms_norm, bf16 copy for cuBLAS too", "2048 x 4096 f32", ms, gbs, "GB/s", 100.0 * gbs / copy_gbs, "copy"});
+  }
   float* gu = (*be)->upload(test::random_floats(size_t(n) * 2 * 14336, rng));
   float* act = (*be)->alloc(size_t(n) * 14336);
   ms = time_ms(**be, [&] { (*be)->silu_mul(gu, n, 14336, act); });

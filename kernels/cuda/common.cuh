@@ -254,6 +254,13 @@ __device__ __forceinline__ H round_to(float v) {
   else
     return __float2bfloat16_rn(v);
 }
+// Stores v at xh's element i (HalfOut, ops.h), rounded as to_half_rows() rounds.
+__device__ __forceinline__ void store_half(HalfOut xh, int64_t i, float v) {
+  if (xh.bf16)
+    static_cast<__nv_bfloat16*>(xh.p)[i] = round_to<__nv_bfloat16>(v);
+  else
+    static_cast<__half*>(xh.p)[i] = round_to<__half>(v);
+}
 template <typename H>
 struct alignas(8) Half4 {
   H v[4];

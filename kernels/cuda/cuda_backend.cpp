@@ -20,6 +20,7 @@
 #include "kernels/cuda/device_memory.h"
 #include "kernels/cuda/layout.h"
 #include "kernels/cuda/ops.h"
+#include "kernels/cuda/prepared.h"
 #include "kernels/cuda/step_graph.h"
 #include "kernels/cuda/step_pack.h"
 
@@ -86,10 +87,12 @@ class CudaBackend final : public Backend {
            " replays, " + std::to_string(graphs_.capture_failures()) +
            " failed captures (run eagerly); fused GEMV epilogues: " + std::to_string(fused_calls_) +
            "; activations quantized for the next matmul (by norms, attention, SiLU): " +
-           std::to_string(q8_prepared_) + "; used by the next matmul: " + std::to_string(q8_prepared_used_) +
+           std::to_string(acts_.q8_made()) + "; used by the next matmul: " + std::to_string(acts_.q8_used()) +
            "; int8 matmuls on tensor cores: " + std::to_string(q8_mma_calls_) +
            "; batch-invariant attention on tensor cores: " + std::to_string(tc_attention_calls_) +
-           "; prefill tiles' attention on mma.sync: " + std::to_string(mma_attention_calls_);
+           "; prefill tiles' attention on mma.sync: " + std::to_string(mma_attention_calls_) +
+           "; cuBLAS inputs in half from the op before: " + std::to_string(acts_.half_taken(true)) + " (converted: " +
+           std::to_string(acts_.half_taken(false)) + ")";
   }
   bool is_host_memory() const override { return false; }
 
@@ -208,9 +211,10 @@ class CudaBackend final : public Backend {
                 const Weight* next = nullptr) override {
     cuda::Q8Numerics nq;
     uint8_t* xq = q8_for(next, n, dim, &nq);
-    run("rms_norm", __LINE__, {P(x), P(w), F(eps), U(n), U(dim), P(out), P(xq), Q(nq)},
-        [=](cudaStream_t st) { return cuda::rms_norm(x, w, eps, n, dim, out, st, xq, nq); });
-    if (xq) prepared(out, n, dim, nq, xq);
+    const cuda::HalfOut xh = half_for(next, n, dim);
+    run("rms_norm", __LINE__, {P(x), P(w), F(eps), U(n), U(dim), P(out), P(xq), Q(nq), P(xh.p), U(xh.bf16)},
+        [=](cudaStream_t st) { return cuda::rms_norm(x, w, eps, n, dim, out, st, xq, nq, xh); });
+    prepared(out, n, dim, nq, xq, xh);
   }
   void matmul(const Weight& weight, const float* x, int64_t n, float* y, int64_t ldy) override {
     if (failed() || n <= 0) return;
@@ -233,7 +237,7 @@ class CudaBackend final : public Backend {
     if (path == MatmulPath::kGemvQ8) {
       // As the CPU and llama.cpp: int8 activations per 32 values, integer dot products
       // (quantized here, or already by the norm that wrote x).
-      uint8_t* const given = take_prepared(x, n, cols, type);
+      uint8_t* const given = acts_.take_q8(x, n, cols, op_seq_, cuda::q8_numerics(type));
       const bool ready = given != nullptr;
       uint8_t* xq = ready ? given : q8_scratch(n, cols);
       if (!xq) return;
@@ -253,7 +257,10 @@ class CudaBackend final : public Backend {
       });
       return;
     }
-    // cuBLAS: never captured; what is pending runs first, then this, eagerly.
+    // cuBLAS: never captured; what is pending runs first, then this, eagerly. x in half:
+    // written by the op before (a norm, SiLU), or converted here.
+    const bool bf16 = type == DType::BF16;
+    const bool given = type != DType::F32 && acts_.take_half(x, n, cols, op_seq_, {xh_, bf16});
     flush();
     if (failed()) return;
     const float one = 1.0f, zero = 0.0f;
@@ -263,10 +270,10 @@ class CudaBackend final : public Backend {
                                 static_cast<int>(rb / 4), x, k, &zero, y, static_cast<int>(ldy)));
       return;
     }
-    const bool bf16 = type == DType::BF16;
     const cudaDataType_t ht = bf16 ? CUDA_R_16BF : CUDA_R_16F;
-    if (!ensure(&xh_, &xh_cap_, static_cast<size_t>(n * k) * 2)) return;
-    TROUPE_CUDA(cuda::to_half_rows(x, k, n, k, k, n, xh_, bf16, stream_));
+    if (!given && (!ensure(&xh_, &xh_cap_, static_cast<size_t>(n * k) * 2) ||
+                   !TROUPE_CUDA(cuda::to_half_rows(x, k, n, k, k, n, xh_, bf16, stream_))))
+      return;
     const void* a = data;
     int lda = static_cast<int>(rb / 2);
     if (type != DType::F16 && !bf16) {  // quantized: dequantize to f16 first
@@ -277,6 +284,7 @@ class CudaBackend final : public Backend {
     }
     TROUPE_CUBLAS(cublasGemmEx(blas_, CUBLAS_OP_T, CUBLAS_OP_N, m, nn, k, &one, a, ht, lda, xh_, ht, k, &zero, y,
                                CUDA_R_32F, static_cast<int>(ldy), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    if (fuse_) prepared(x, n, cols, {}, nullptr, {xh_, bf16});  // (a next matmul of x, unfused Q K V, takes it too)
   }
   void add_bias(float* y, int64_t ld, const float* bias, int64_t n, int64_t dim) override {
     run("add_bias", __LINE__, {P(y), U(ld), P(bias), U(n), U(dim)},
@@ -356,11 +364,15 @@ class CudaBackend final : public Backend {
     uint8_t* xq = tc ? nullptr : q8_for(next, dstep_.num_tokens, int64_t{num_heads} * hd, &nq);
     run("attention", __LINE__, {step_key(), P(q), U(ld_q), U(num_heads), U(nkv), U(hd), U(bs), F(scale), P(kc), P(vc), P(out), P(partials), U(tc), P(xq), Q(nq)},
         [=](cudaStream_t st) { return cuda::attention(ds, q, ld_q, num_heads, nkv, hd, bs, scale, kc, vc, out, partials, st, tc, direct, xq, nq); });
-    if (xq) prepared(out, dstep_.num_tokens, int64_t{num_heads} * hd, nq, xq);
+    prepared(out, dstep_.num_tokens, int64_t{num_heads} * hd, nq, xq);
   }
-  void silu_mul(const float* gate_up, int64_t n, int64_t ffn, float* out) override {
-    run("silu_mul", __LINE__, {P(gate_up), U(n), U(ffn), P(out)},
-        [=](cudaStream_t st) { return cuda::silu_mul(gate_up, n, ffn, out, st); });
+  void silu_mul(const float* gate_up, int64_t n, int64_t ffn, float* out) override { silu(gate_up, n, ffn, out); }
+  // (next: the matmul that reads out, which may take it in half from here: cuBLAS)
+  void silu(const float* gate_up, int64_t n, int64_t ffn, float* out, const Weight* next = nullptr) {
+    const cuda::HalfOut xh = half_for(next, n, ffn);
+    run("silu_mul", __LINE__, {P(gate_up), U(n), U(ffn), P(out), P(xh.p), U(xh.bf16)},
+        [=](cudaStream_t st) { return cuda::silu_mul(gate_up, n, ffn, out, st, xh); });
+    prepared(out, n, ffn, {}, nullptr, xh);
   }
   void add(float* x, const float* y, int64_t count) override {
     run("add", __LINE__, {P(x), P(y), U(count)}, [=](cudaStream_t st) { return cuda::add(x, y, count, st); });
@@ -402,9 +414,10 @@ class CudaBackend final : public Backend {
                     const Weight* next = nullptr) override {
     cuda::Q8Numerics nq;
     uint8_t* xq = q8_for(next, n, dim, &nq);
-    run("add_rms_norm", __LINE__, {P(x), P(y), P(w), F(eps), U(n), U(dim), P(out), P(xq), Q(nq)},
-        [=](cudaStream_t st) { return cuda::add_rms_norm(x, y, w, eps, n, dim, out, st, xq, nq); });
-    if (xq) prepared(out, n, dim, nq, xq);
+    const cuda::HalfOut xh = half_for(next, n, dim);
+    run("add_rms_norm", __LINE__, {P(x), P(y), P(w), F(eps), U(n), U(dim), P(out), P(xq), Q(nq), P(xh.p), U(xh.bf16)},
+        [=](cudaStream_t st) { return cuda::add_rms_norm(x, y, w, eps, n, dim, out, st, xq, nq, xh); });
+    prepared(out, n, dim, nq, xq, xh);
   }
   void rope_kv_write(KvCache& cache, int32_t layer, float* qkv, int64_t ld, int64_t n, int32_t num_heads,
                      int32_t num_kv_heads, int64_t head_dim, const float* cos_sin, RopeKind kind) override {
@@ -428,7 +441,8 @@ class CudaBackend final : public Backend {
     if (failed() || n <= 0) return;
     const auto& w = static_cast<const CudaWeight&>(gate_up);
     if (!fused_gemv(w.type, n) || w.rows != 2 * ffn) {
-      Backend::matmul_silu(gate_up, x, n, ffn, gu, out, next);
+      matmul(gate_up, x, n, gu, 2 * ffn);
+      silu(gu, n, ffn, out, next);
       return;
     }
     const auto f = fused_weight(w, x, n);
@@ -446,7 +460,7 @@ class CudaBackend final : public Backend {
           const cudaError_t e = f.quantize(x, n, st);
           return e != cudaSuccess ? e : cuda::gemv_silu(f.type, f.data, f.rb, ffn, f.cols, x, f.xq, n, out, ffn, st, q);
         });
-    if (q.xq) prepared(out, n, ffn, q.nq, q.xq);
+    prepared(out, n, ffn, q.nq, q.xq);
   }
   void matmul_rope_kv_write(const Weight& wqkv, const float* x, KvCache& cache, int32_t layer, float* qkv, int64_t ld,
                             int64_t n, int32_t num_heads, int32_t num_kv_heads, int64_t head_dim, const float* cos_sin,
@@ -523,24 +537,12 @@ class CudaBackend final : public Backend {
     ++fused_calls_;
     FusedWeight f{w.type, w.data, w.row_bytes, w.cols, nullptr, false};
     if (cuda::uses_q8_activations(w.type)) {
-      f.xq = take_prepared(x, n, w.cols, w.type);
+      f.xq = acts_.take_q8(x, n, w.cols, op_seq_, cuda::q8_numerics(w.type));
       f.ready = f.xq != nullptr;
       if (!f.ready && !(f.xq = q8_scratch(n, w.cols))) return std::nullopt;
     }
     return f;
   }
-  // Activations an op (a norm, attention, the SiLU GEMV) quantizes in its own launch for the
-  // int8 GEMV named as its output's next reader (the ops' `next`), in an xq scratch buffer.
-  // prepared_ says whose they are and where; a matmul takes them only as the very next op
-  // (op_seq_ counts every launch, copy and step) on the same buffer, shape and rounding, and
-  // quantizes x itself otherwise.
-  struct Prepared {
-    const float* x = nullptr;
-    int64_t n = 0, cols = 0;
-    cuda::Q8Numerics nq;
-    uint64_t seq = 0;
-    uint8_t* xq = nullptr;
-  };
   // The buffer an op with n rows of dim output values writes their int8 activations to for
   // `next` (null: `next` does not take the int8 GEMV, or none is named; *nq: their rounding).
   // second: the second buffer (for an op whose input is in the first).
@@ -551,19 +553,18 @@ class CudaBackend final : public Backend {
     *nq = cuda::q8_numerics(w.type);
     return q8_scratch(n, dim, second);
   }
-  void prepared(const float* out, int64_t n, int64_t dim, cuda::Q8Numerics nq, uint8_t* xq) {
-    if (failed()) return;
-    prepared_ = {out, n, dim, nq, op_seq_, xq};
-    ++q8_prepared_;
+  // (xh: where the half activations for cuBLAS are, or null: nothing is.)
+  cuda::HalfOut half_for(const Weight* next, int64_t n, int64_t dim) {
+    if (!next || !fuse_ || failed() || n <= 0) return {};
+    const auto& w = static_cast<const CudaWeight&>(*next);
+    if (w.cols != dim || w.type == DType::F32 || matmul_path(w.type, n) != MatmulPath::kCublas ||
+        !ensure(&xh_, &xh_cap_, static_cast<size_t>(n * dim) * 2))
+      return {};
+    return {xh_, w.type == DType::BF16};
   }
-  // Where the op just before quantized x for this matmul (consumed either way; null: it did not).
-  uint8_t* take_prepared(const float* x, int64_t n, int64_t cols, DType type) {
-    const bool hit = prepared_.x == x && prepared_.seq == op_seq_ && prepared_.n == n && prepared_.cols == cols &&
-                     prepared_.nq == cuda::q8_numerics(type);
-    prepared_.x = nullptr;
-    if (!hit) return nullptr;
-    ++q8_prepared_used_;
-    return prepared_.xq;
+  // An op's output out was also written as xq or xh (prepared.h).
+  void prepared(const float* out, int64_t n, int64_t dim, cuda::Q8Numerics nq, uint8_t* xq, cuda::HalfOut xh = {}) {
+    if (!failed()) acts_.record(out, n, dim, op_seq_, xq, nq, xh);
   }
   // An int8 activations' buffer for n rows of cols values (nullptr on failure, recorded).
   uint8_t* q8_scratch(int64_t n, int64_t cols, bool second = false) {
@@ -732,9 +733,7 @@ class CudaBackend final : public Backend {
   uint64_t q8_mma_calls_ = 0;  // matmul() calls that took it
   uint64_t tc_attention_calls_ = 0, mma_attention_calls_ = 0;  // attention() calls: every token on tensor cores; attention_mma
   uint64_t fused_calls_ = 0;  // matmul_silu / matmul_rope_kv_write calls that took the fused kernels
-  uint64_t q8_prepared_ = 0;  // ops that quantized their output for the next matmul
-  uint64_t q8_prepared_used_ = 0;  // matmuls that took those bytes instead of quantizing
-  Prepared prepared_;
+  cuda::PreparedActivations acts_;
   uint64_t op_seq_ = 0;
   cudaStream_t stream_;
   cublasHandle_t blas_;

@@ -13,11 +13,13 @@ constexpr int kThreads = 256;
   return static_cast<unsigned>(b < 65535 * 16 ? b : 65535 * 16);
 }
 
-__global__ void silu_mul_kernel(const float* gu, int64_t n, int64_t ffn, float* out) {
+__global__ void silu_mul_kernel(const float* gu, int64_t n, int64_t ffn, float* out, HalfOut xh) {
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n * ffn; i += int64_t{gridDim.x} * blockDim.x) {
     const int64_t t = i / ffn, j = i % ffn;
     const float g = gu[t * 2 * ffn + j], u = gu[t * 2 * ffn + ffn + j];
-    out[i] = silu_gate(g, u);
+    const float v = silu_gate(g, u);
+    out[i] = v;
+    if (xh.p) store_half(xh, i, v);
   }
 }
 __global__ void add_kernel(float* x, const float* y, int64_t count) {
@@ -36,9 +38,9 @@ __global__ void gather_kernel(const float* x, int64_t dim, const int32_t* rows, 
 }  // namespace
 
 #ifndef TROUPE_CUDA_EMULATION  // (tests/kernels/cuda_emulation.h runs the kernels above on the CPU)
-cudaError_t silu_mul(const float* gate_up, int64_t n, int64_t ffn, float* out, cudaStream_t stream) {
+cudaError_t silu_mul(const float* gate_up, int64_t n, int64_t ffn, float* out, cudaStream_t stream, HalfOut xh) {
   if (n * ffn <= 0) return cudaSuccess;
-  silu_mul_kernel<<<blocks_for(n * ffn), kThreads, 0, stream>>>(gate_up, n, ffn, out);
+  silu_mul_kernel<<<blocks_for(n * ffn), kThreads, 0, stream>>>(gate_up, n, ffn, out, xh);
   return cudaGetLastError();
 }
 cudaError_t add(float* x, const float* y, int64_t count, cudaStream_t stream) {

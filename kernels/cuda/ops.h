@@ -41,13 +41,21 @@ inline Q8Numerics q8_numerics(DType weight_type) {
   const bool k_quant = weight_type == DType::Q4_K || weight_type == DType::Q5_K || weight_type == DType::Q6_K;
   return {!k_quant, weight_type == DType::Q4_1 || weight_type == DType::Q5_1};
 }
+// A half copy (f16, or bf16) of an op's n x dim output, for the cuBLAS matmul that reads
+// it next (--cuda-cublas prefill): value j of row r at p[r * dim + j], rounded as
+// to_half_rows() rounds (the same bits), so that matmul converts nothing. p null: none.
+struct HalfOut {
+  void* p = nullptr;
+  bool bf16 = true;
+};
 // The norms can also quantize their output as quantize_q8() would (the same bytes), for the
-// int8 GEMV that reads it next: xq non-null (n rows of q8_row_bytes(dim)) needs dim % 32 == 0.
+// int8 GEMV that reads it next: xq non-null (n rows of q8_row_bytes(dim)) needs dim % 32 == 0;
+// or write it in half for cuBLAS (xh).
 cudaError_t rms_norm(const float* x, const float* w, float eps, int64_t n, int64_t dim, float* out, cudaStream_t stream,
-                     uint8_t* xq = nullptr, Q8Numerics nq = {});
+                     uint8_t* xq = nullptr, Q8Numerics nq = {}, HalfOut xh = {});
 // x += y, then out = rms_norm(x) * w; the same bits as add() then rms_norm(). out may be y.
 cudaError_t add_rms_norm(float* x, const float* y, const float* w, float eps, int64_t n, int64_t dim, float* out,
-                         cudaStream_t stream, uint8_t* xq = nullptr, Q8Numerics nq = {});
+                         cudaStream_t stream, uint8_t* xq = nullptr, Q8Numerics nq = {}, HalfOut xh = {});
 // y[t, r] = sum_k W[r, k] x[t, k]; W rows of row_bytes in GGUF layout. Fused dequant-GEMV in
 // groups of up to 8 tokens; each token's result is independent of n (batch-invariant).
 //                                                               x: [n, ldx], y: [n, ldy]
@@ -222,7 +230,8 @@ int64_t attention_loop_blocks(int32_t num_tokens, int32_t num_heads, int32_t num
 // Sampler would (sample.cu): tokens[n] and, where asked, the chosen logprobs[n].
 cudaError_t sample(const float* logits, int64_t n, int64_t vocab, const DeviceSampleParams* params, int32_t* tokens,
                    float* logprobs, cudaStream_t stream);
-cudaError_t silu_mul(const float* gate_up, int64_t n, int64_t ffn, float* out, cudaStream_t stream);
+// out [n, ffn] = silu(gate) * up of gate_up [n, 2 ffn]; also in half for cuBLAS (xh).
+cudaError_t silu_mul(const float* gate_up, int64_t n, int64_t ffn, float* out, cudaStream_t stream, HalfOut xh = {});
 cudaError_t add(float* x, const float* y, int64_t count, cudaStream_t stream);
 cudaError_t gather_rows(const float* x, int64_t dim, const int32_t* rows, int64_t n, float* out, cudaStream_t stream);
 

@@ -551,6 +551,37 @@ TEST_CASE("host-run: --cuda-cublas prefill attention on tensor cores (mma.sync, 
   }
 }
 
+TEST_CASE("host-run: --cuda-cublas matmuls take x in half from the norm or SiLU before them, the same bits", "[hostrun][model]") {
+  // A 100-token prompt (steps of 64 and 36 tokens: cuBLAS) and decode steps (the GEMV): the
+  // norms and SiLU write their output in half for the cuBLAS matmul after them (bf16; f16
+  // for the other types, dequantized to f16 there), which converts nothing. Per layer and
+  // cuBLAS step the QKV and gate/up matmuls take the norms' copies and down takes SiLU's
+  // (Q, K and V unfused: K and V take Q's); only O converts attention's output. Against
+  // TROUPE_CUDA_FUSE=0 (every matmul converts): the same logits, bit for bit.
+  std::vector<int32_t> prompt(100);
+  for (size_t i = 0; i < prompt.size(); ++i) prompt[i] = static_cast<int32_t>((37 * i + 5) % 512);
+  for (const std::string dtype : {"bf16", "f16", "q8_0"}) {
+    auto files = tiny(dtype);
+    REQUIRE(files.ok());
+    CudaBackendOptions o;
+    o.batch_invariant = false;
+    auto fused = hostrun_backend(o);
+    auto plain = [&] {
+      test::EnvScope e("TROUPE_CUDA_FUSE", "0");
+      return hostrun_backend(o);
+    }();
+    const Trace a = trace(*files, *fused, prompt, 4);
+    const Trace b = trace(*files, *plain, prompt, 4, a.tokens);
+    INFO(dtype << ": " << fused->stats());
+    const uint64_t layers = static_cast<uint64_t>(files->config.num_layers);
+    CHECK(test::stats_count(*fused, "cuBLAS inputs in half from the op before: ") >= 2 * 3 * layers);
+    CHECK(test::stats_count(*fused, "(converted: ") == 2 * layers);
+    CHECK(test::stats_count(*plain, "cuBLAS inputs in half from the op before: ") == 0);
+    CHECK(test::stats_count(*plain, "(converted: ") >= 2 * 4 * layers);
+    CHECK(a.logits == b.logits);
+  }
+}
+
 TEST_CASE("host-run: a decode step takes 7 launches a layer, int8 types and bf16 alike", "[hostrun][model]") {
   // norm (int8: quantizing for QKV), QKV with RoPE + KV write, attention (quantizing for O),
   // O, add + norm (quantizing for gate/up), gate/up with SiLU (quantizing for down), down.

@@ -24,9 +24,20 @@ TEST_CASE("the CUDA element-wise kernels' source matches the CPU backend", "[ker
   // Three blocks of 64 threads for hundreds of elements: every thread strides.
   const auto gu = test::random_floats(static_cast<size_t>(n * 2 * ffn), g, 4.0f);
   std::vector<float> act(static_cast<size_t>(n * ffn)), act_cpu(act.size());
-  cuda_emu::launch(3, 64, cuda::silu_mul_kernel, gu.data(), n, ffn, act.data());
+  cuda_emu::launch(3, 64, cuda::silu_mul_kernel, gu.data(), n, ffn, act.data(), cuda::HalfOut{});
   cpu->silu_mul(gu.data(), n, ffn, act_cpu.data());
   for (size_t i = 0; i < act.size(); ++i) CHECK(std::fabs(act[i] - act_cpu[i]) <= 1e-6f + 1e-5f * std::fabs(act_cpu[i]));
+  // With its output also in half for cuBLAS: the same f32 bits, and every half value as
+  // to_half_rows rounds it (below: the host converters' bits).
+  for (bool bf16 : {false, true}) {
+    std::vector<float> act2(act.size());
+    std::vector<uint16_t> h(act.size(), 0xEEEE);
+    cuda_emu::launch(3, 64, cuda::silu_mul_kernel, gu.data(), n, ffn, act2.data(), cuda::HalfOut{h.data(), bf16});
+    CHECK(std::memcmp(act2.data(), act.data(), act.size() * 4) == 0);
+    size_t wrong = 0;
+    for (size_t i = 0; i < h.size(); ++i) wrong += h[i] != (bf16 ? f32_to_bf16(act[i]) : f32_to_f16(act[i]));
+    CHECK(wrong == 0);
+  }
 
   auto x = test::random_floats(static_cast<size_t>(n * ld), g), y = test::random_floats(x.size(), g);
   auto bias = test::random_floats(static_cast<size_t>(dim), g);

@@ -16,6 +16,7 @@
 #include <random>
 
 #include "kernels/backend.h"
+#include "kernels/fp16.h"
 #include "tests/kernels/kernel_test_util.h"
 
 using namespace troupe;
@@ -44,13 +45,13 @@ TEST_CASE("the fused add+RMSNorm kernel's source, run on the CPU, gives add + rm
     // Fused, with out aliasing y as the model calls it.
     auto xf = x0, yf = y0;
     cuda_emu::launch(static_cast<unsigned>(n), cuda::kThreads, cuda::add_rms_norm_kernel, xf.data(), yf.data(),
-                     w.data(), 1e-5f, dim, yf.data(), nullptr, cuda::Q8Numerics{});
+                     w.data(), 1e-5f, dim, yf.data(), nullptr, cuda::Q8Numerics{}, cuda::HalfOut{});
     // Unfused: the element-wise add, then the norm kernel.
     auto xu = x0;
     for (size_t i = 0; i < xu.size(); ++i) xu[i] += y0[i];
     std::vector<float> outu(xu.size());
     cuda_emu::launch(static_cast<unsigned>(n), cuda::kThreads, cuda::rms_norm_kernel, xu.data(), w.data(), 1e-5f, dim,
-                     outu.data(), nullptr, cuda::Q8Numerics{});
+                     outu.data(), nullptr, cuda::Q8Numerics{}, cuda::HalfOut{});
     CHECK(same_bits(xf, xu));
     CHECK(same_bits(yf, outu));
     // The CPU backend's add_rms_norm.
@@ -83,21 +84,21 @@ TEST_CASE("the norms' kernels, quantizing their output, give quantize_q8's bytes
         std::vector<uint8_t> qf(static_cast<size_t>(n) * rb, 0xEE);
         if (add)
           cuda_emu::launch(static_cast<unsigned>(n), cuda::kThreads, cuda::add_rms_norm_kernel, xf.data(), yf.data(),
-                           w.data(), 1e-5f, dim, yf.data(), qf.data(), nq);
+                           w.data(), 1e-5f, dim, yf.data(), qf.data(), nq, cuda::HalfOut{});
         else
           cuda_emu::launch(static_cast<unsigned>(n), cuda::kThreads, cuda::rms_norm_kernel,
-                           static_cast<const float*>(xf.data()), w.data(), 1e-5f, dim, of.data(), qf.data(), nq);
+                           static_cast<const float*>(xf.data()), w.data(), 1e-5f, dim, of.data(), qf.data(), nq, cuda::HalfOut{});
         const auto& outf = add ? yf : of;
         // Unfused: the plain norm, then the quantizer kernel on its output.
         auto xu = x0, yu = y0;
         std::vector<float> ou(xu.size());
         if (add)
           cuda_emu::launch(static_cast<unsigned>(n), cuda::kThreads, cuda::add_rms_norm_kernel, xu.data(), yu.data(),
-                           w.data(), 1e-5f, dim, yu.data(), nullptr, cuda::Q8Numerics{});
+                           w.data(), 1e-5f, dim, yu.data(), nullptr, cuda::Q8Numerics{}, cuda::HalfOut{});
         else
           cuda_emu::launch(static_cast<unsigned>(n), cuda::kThreads, cuda::rms_norm_kernel,
                            static_cast<const float*>(xu.data()), w.data(), 1e-5f, dim, ou.data(), nullptr,
-                           cuda::Q8Numerics{});
+                           cuda::Q8Numerics{}, cuda::HalfOut{});
         const auto& outu = add ? yu : ou;
         std::vector<uint8_t> qu(qf.size(), 0xEE);
         const int64_t warps = n * (dim / 32);
@@ -113,6 +114,45 @@ TEST_CASE("the norms' kernels, quantizing their output, give quantize_q8's bytes
           CHECK(std::count(qf.begin() + t * rb, qf.begin() + t * rb + written, uint8_t{0xEE}) < static_cast<long>(written / 8));
       }
     }
+  }
+}
+
+TEST_CASE("the norms' kernels, writing their output in half for cuBLAS, give to_half_rows' bits", "[kernels][cuda-emulation]") {
+  std::mt19937 rng(6);
+  // 576 and 2080 as above; 7: a width no quantized GEMV takes (cuBLAS takes any).
+  for (int64_t dim : {576, 2080, 7}) {
+    const int64_t n = 3;
+    auto x0 = test::random_floats(static_cast<size_t>(n * dim), rng, 3.0f);
+    const auto y0 = test::random_floats(static_cast<size_t>(n * dim), rng, 2.0f);
+    const auto w = test::random_floats(static_cast<size_t>(dim), rng);
+    for (bool bf16 : {false, true})
+      for (bool add : {false, true}) {
+        // The half copy pre-filled, so an element left unwritten would show.
+        std::vector<uint16_t> h(static_cast<size_t>(n * dim), 0xEEEE);
+        const cuda::HalfOut xh{h.data(), bf16};
+        auto xf = x0, yf = y0, xu = x0, yu = y0;
+        std::vector<float> of(xf.size()), ou(xf.size());
+        if (add) {
+          cuda_emu::launch(static_cast<unsigned>(n), cuda::kThreads, cuda::add_rms_norm_kernel, xf.data(), yf.data(),
+                           w.data(), 1e-5f, dim, yf.data(), nullptr, cuda::Q8Numerics{}, xh);
+          cuda_emu::launch(static_cast<unsigned>(n), cuda::kThreads, cuda::add_rms_norm_kernel, xu.data(), yu.data(),
+                           w.data(), 1e-5f, dim, yu.data(), nullptr, cuda::Q8Numerics{}, cuda::HalfOut{});
+        } else {
+          cuda_emu::launch(static_cast<unsigned>(n), cuda::kThreads, cuda::rms_norm_kernel,
+                           static_cast<const float*>(xf.data()), w.data(), 1e-5f, dim, of.data(), nullptr,
+                           cuda::Q8Numerics{}, xh);
+          cuda_emu::launch(static_cast<unsigned>(n), cuda::kThreads, cuda::rms_norm_kernel,
+                           static_cast<const float*>(xu.data()), w.data(), 1e-5f, dim, ou.data(), nullptr,
+                           cuda::Q8Numerics{}, cuda::HalfOut{});
+        }
+        const auto& outf = add ? yf : of;
+        INFO("dim " << dim << (bf16 ? ", bf16" : ", f16") << (add ? ", add_rms_norm" : ", rms_norm"));
+        CHECK(same_bits(outf, add ? yu : ou));  // the f32 output as without the copy
+        CHECK(same_bits(xf, xu));
+        size_t wrong = 0;
+        for (size_t i = 0; i < h.size(); ++i) wrong += h[i] != (bf16 ? f32_to_bf16(outf[i]) : f32_to_f16(outf[i]));
+        CHECK(wrong == 0);
+      }
   }
 }
 
