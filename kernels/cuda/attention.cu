@@ -39,15 +39,17 @@ struct Args {
   bool skip_tc_tiles;  // tokens of tiles attention_tc takes are left to it
   uint8_t* xq;         // non-null: the output quantized too (quantize_q8.cuh), a row per token
   Q8Numerics nq;
+  HalfOut xh;          // p non-null: the output in half too, for cuBLAS (ops.h)
 };
 
 // Stores element d of head h of token t's output, and quantizes it with the 31 other
 // values of its 32-value block when asked: the caller's warp holds one whole block, lane j
-// element j (head sizes are multiples of 32), and calls this uniformly.
+// element j (head sizes are multiples of 32), and calls this uniformly. Or stores it in half too.
 __device__ __forceinline__ void emit_out(const Args& a, float* out, int t, int h, int hd, int d, float v) {
   const int64_t dim = static_cast<int64_t>(a.num_heads) * hd, j = static_cast<int64_t>(h) * hd + d;
   out[t * dim + j] = v;
   if (a.xq) quantize_q8_block(v, threadIdx.x & 31, j / 32, dim / 32, a.xq + t * q8_row_bytes(dim), a.nq);
+  if (a.xh.p) store_half(a.xh, t * dim + j, v);
 }
 
 // Head sizes up to 128 stage each warp's 32 K rows in shared memory with coalesced loads
@@ -380,7 +382,7 @@ cudaError_t with_dpl(int32_t head_dim, F&& f) {
 cudaError_t attention_combine(const DeviceStep& step, int32_t num_heads, int32_t head_dim, const float* partials,
                               float* out, cudaStream_t stream) {
   if (step.num_tokens <= 0) return cudaSuccess;
-  const Args a{step, nullptr, 0, num_heads, 1, 0, 0.0f, nullptr, nullptr, false, nullptr, {}};
+  const Args a{step, nullptr, 0, num_heads, 1, 0, 0.0f, nullptr, nullptr, false, nullptr, {}, {}};
   const int segs = attention_segments(step.max_context);
   const dim3 grid(static_cast<unsigned>(step.num_tokens), static_cast<unsigned>(num_heads));
   return with_dpl(head_dim, [&]<int DPL>() {
@@ -392,13 +394,13 @@ cudaError_t attention_combine(const DeviceStep& step, int32_t num_heads, int32_t
 cudaError_t attention(const DeviceStep& step, const float* q, int64_t ld_q, int32_t num_heads, int32_t num_kv_heads,
                       int32_t head_dim, int32_t block_size, float scale, const uint16_t* k_cache,
                       const uint16_t* v_cache, float* out, float* partials, cudaStream_t stream, bool skip_tc_tiles,
-                      bool direct_k, uint8_t* xq, Q8Numerics nq) {
+                      bool direct_k, uint8_t* xq, Q8Numerics nq, HalfOut xh) {
   if (step.num_tokens <= 0) return cudaSuccess;
   if (num_kv_heads <= 0 || num_heads % num_kv_heads != 0) return cudaErrorInvalidValue;
   if (skip_tc_tiles && partials) return cudaErrorInvalidValue;  // only the looped path skips
   if (xq && (skip_tc_tiles || head_dim % 32 != 0)) return cudaErrorInvalidValue;
   const Args a{step, q, ld_q, num_heads, num_kv_heads, block_size, scale, reinterpret_cast<const __half*>(k_cache),
-               reinterpret_cast<const __half*>(v_cache), skip_tc_tiles, xq, nq};
+               reinterpret_cast<const __half*>(v_cache), skip_tc_tiles, xq, nq, xh};
   const int segs = attention_segments(step.max_context);
   return with_dpl(head_dim, [&]<int DPL>() {
     return launch<DPL>(a, step.num_tokens, out, partials, segs, direct_k, stream);

@@ -68,6 +68,7 @@ struct MmaArgs {
   float* out;
   float* partials;  // kMmaSplit: [num_tokens, num_heads, max_segments, HD + 2]
   int max_segments;
+  HalfOut xh;  // kMmaUniform, p non-null: the output in half too, for cuBLAS (ops.h)
 };
 
 // D += A B for a 16 x 16 f16 A (row) and a 16 x 8 f16 B (col), f32 D.
@@ -388,15 +389,17 @@ __global__ void __launch_bounds__(kMmaWarps * 32) attention_mma_kernel(MmaArgs a
 #pragma unroll
   for (int n = 0; n < DT; ++n) {
     const int d = n * 8 + 2 * quad;
-    if (r0 < rows) {
-      float* p = a.out + (static_cast<int64_t>(t0 + r0) * a.num_heads + h) * HD + d;
-      p[0] = o[n][0] * inv0;
-      p[1] = o[n][1] * inv0;
-    }
-    if (r1 < rows) {
-      float* p = a.out + (static_cast<int64_t>(t0 + r1) * a.num_heads + h) * HD + d;
-      p[0] = o[n][2] * inv1;
-      p[1] = o[n][3] * inv1;
+#pragma unroll
+    for (int hf = 0; hf < 2; ++hf) {
+      if ((hf ? r1 : r0) >= rows) continue;
+      const int64_t i = (static_cast<int64_t>(t0 + (hf ? r1 : r0)) * a.num_heads + h) * HD + d;
+      const float v0 = o[n][2 * hf] * (hf ? inv1 : inv0), v1 = o[n][2 * hf + 1] * (hf ? inv1 : inv0);
+      a.out[i] = v0;
+      a.out[i + 1] = v1;
+      if (a.xh.p) {
+        store_half(a.xh, i, v0);
+        store_half(a.xh, i + 1, v1);
+      }
     }
   }
 }
@@ -455,11 +458,11 @@ unsigned mma_head_blocks(int32_t num_heads, int32_t num_kv_heads) {
 
 cudaError_t attention_mma(const DeviceStep& step, const float* q, int64_t ld_q, int32_t num_heads, int32_t num_kv_heads,
                           int32_t head_dim, int32_t block_size, float scale, const uint16_t* k_cache,
-                          const uint16_t* v_cache, float* out, cudaStream_t stream) {
+                          const uint16_t* v_cache, float* out, cudaStream_t stream, HalfOut xh) {
   if (step.num_tokens <= 0) return cudaSuccess;
   if (num_kv_heads <= 0 || num_heads % num_kv_heads != 0) return cudaErrorInvalidValue;
   const MmaArgs a{step, q, ld_q, num_heads, num_kv_heads, block_size, scale, reinterpret_cast<const __half*>(k_cache),
-                  reinterpret_cast<const __half*>(v_cache), out, nullptr, 0};
+                  reinterpret_cast<const __half*>(v_cache), out, nullptr, 0, xh};
   const dim3 grid(static_cast<unsigned>((step.num_tokens + kMmaRows - 1) / kMmaRows), mma_head_blocks(num_heads, num_kv_heads));
   return launch_mma_mode<kMmaUniform>(grid, a, head_dim, stream);
 }
@@ -473,7 +476,7 @@ cudaError_t attention_mma_invariant(const DeviceStep& step, const float* q, int6
     return cudaErrorInvalidValue;
   const int segs = attention_segments(step.max_context);
   const MmaArgs a{step, q, ld_q, num_heads, num_kv_heads, block_size, scale, reinterpret_cast<const __half*>(k_cache),
-                  reinterpret_cast<const __half*>(v_cache), out, partials, segs};
+                  reinterpret_cast<const __half*>(v_cache), out, partials, segs, {}};
   // A block per token bounds the tiles (a tile holds at least one): those past the last
   // tile return at once. The grid thus depends on the step's shape alone.
   const unsigned tiles = static_cast<unsigned>(step.num_tokens), ys = mma_head_blocks(num_heads, num_kv_heads);

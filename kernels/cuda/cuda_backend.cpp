@@ -354,17 +354,23 @@ class CudaBackend final : public Backend {
       return;
     }
     mma_attention_calls_ += mma;
-    if (tc)  // (attention_mma and attention_tc take the same arguments)
-      run(mma ? "attention_mma" : "attention_tc", __LINE__, {step_key(), P(q), U(ld_q), U(num_heads), U(nkv), U(hd), U(bs), F(scale), P(kc), P(vc), P(out), U(mma)},
-          [=](cudaStream_t st) { return (mma ? cuda::attention_mma : cuda::attention_tc)(ds, q, ld_q, num_heads, nkv, hd, bs, scale, kc, vc, out, st); });
+    // The O projection reads out next. Its int8 GEMV: the kernel quantizes out on the way
+    // (not with a tensor-core kernel, which writes some of the tokens); cuBLAS: the kernels
+    // write it in half too (not with the WMMA one).
+    const int64_t dim = int64_t{num_heads} * hd;
+    const cuda::HalfOut xh = tc && !mma ? cuda::HalfOut{} : half_for(next, dstep_.num_tokens, dim);
+    if (tc)
+      run(mma ? "attention_mma" : "attention_tc", __LINE__, {step_key(), P(q), U(ld_q), U(num_heads), U(nkv), U(hd), U(bs), F(scale), P(kc), P(vc), P(out), U(mma), P(xh.p), U(xh.bf16)},
+          [=](cudaStream_t st) {
+            return mma ? cuda::attention_mma(ds, q, ld_q, num_heads, nkv, hd, bs, scale, kc, vc, out, st, xh)
+                       : cuda::attention_tc(ds, q, ld_q, num_heads, nkv, hd, bs, scale, kc, vc, out, st);
+          });
     const bool direct = direct_k_;
-    // The int8 GEMV of the O projection reads out next: the kernel quantizes it on the way
-    // out (not with the tensor-core kernel, which writes some of the tokens).
     cuda::Q8Numerics nq;
-    uint8_t* xq = tc ? nullptr : q8_for(next, dstep_.num_tokens, int64_t{num_heads} * hd, &nq);
-    run("attention", __LINE__, {step_key(), P(q), U(ld_q), U(num_heads), U(nkv), U(hd), U(bs), F(scale), P(kc), P(vc), P(out), P(partials), U(tc), P(xq), Q(nq)},
-        [=](cudaStream_t st) { return cuda::attention(ds, q, ld_q, num_heads, nkv, hd, bs, scale, kc, vc, out, partials, st, tc, direct, xq, nq); });
-    prepared(out, dstep_.num_tokens, int64_t{num_heads} * hd, nq, xq);
+    uint8_t* xq = tc ? nullptr : q8_for(next, dstep_.num_tokens, dim, &nq);
+    run("attention", __LINE__, {step_key(), P(q), U(ld_q), U(num_heads), U(nkv), U(hd), U(bs), F(scale), P(kc), P(vc), P(out), P(partials), U(tc), P(xq), Q(nq), P(xh.p), U(xh.bf16)},
+        [=](cudaStream_t st) { return cuda::attention(ds, q, ld_q, num_heads, nkv, hd, bs, scale, kc, vc, out, partials, st, tc, direct, xq, nq, xh); });
+    prepared(out, dstep_.num_tokens, dim, nq, xq, xh);
   }
   void silu_mul(const float* gate_up, int64_t n, int64_t ffn, float* out) override { silu(gate_up, n, ffn, out); }
   // (next: the matmul that reads out, which may take it in half from here: cuBLAS)

@@ -155,11 +155,12 @@ cudaError_t kv_write(const DeviceStep& step, const float* k, const float* v, int
 // direct_k: read K rows from global memory even where they would be staged in shared
 // memory (head sizes up to 128); the same bits. xq (not with skip_tc_tiles): also writes
 // out quantized for the int8 GEMV (n rows of q8_row_bytes(num_heads * head_dim)), the
-// bytes quantize_q8() would write from it.
+// bytes quantize_q8() would write from it; xh: in half for cuBLAS (its tokens only).
 cudaError_t attention(const DeviceStep& step, const float* q, int64_t ld_q, int32_t num_heads, int32_t num_kv_heads,
                       int32_t head_dim, int32_t block_size, float scale, const uint16_t* k_cache,
                       const uint16_t* v_cache, float* out, float* partials, cudaStream_t stream,
-                      bool skip_tc_tiles = false, bool direct_k = false, uint8_t* xq = nullptr, Q8Numerics nq = {});
+                      bool skip_tc_tiles = false, bool direct_k = false, uint8_t* xq = nullptr, Q8Numerics nq = {},
+                      HalfOut xh = {});
 // Prefill attention on tensor cores (WMMA; not batch-invariant): tiles of 16 step tokens of
 // one sequence, a block of four warps per tile and group of up to four query heads of one
 // KV head, over the same cache and with the same output layout as attention(). Tokens in
@@ -173,10 +174,10 @@ cudaError_t attention_tc(const DeviceStep& step, const float* q, int64_t ld_q, i
 // S, P and O in registers, K/V tiles double-buffered by cp.async); not batch-invariant.
 // head_dim: 32, 64, 96 or 128; its dynamic shared memory per block is
 // attention_mma_shared_bytes(head_dim, false) (0: unsupported width), the device must allow
-// that much (cudaDevAttrMaxSharedMemoryPerBlockOptin).
+// that much (cudaDevAttrMaxSharedMemoryPerBlockOptin). xh: its tokens' output in half too.
 cudaError_t attention_mma(const DeviceStep& step, const float* q, int64_t ld_q, int32_t num_heads, int32_t num_kv_heads,
                           int32_t head_dim, int32_t block_size, float scale, const uint16_t* k_cache,
-                          const uint16_t* v_cache, float* out, cudaStream_t stream);
+                          const uint16_t* v_cache, float* out, cudaStream_t stream, HalfOut xh = {});
 // attention_tc_invariant's contract (below) with attention_mma's kernel (TROUPE_CUDA_ATTN=tc):
 // every token on tensor cores, batch-invariant, keys in attention()'s segments merged in
 // order, split-KV with `partials` (the same bits). Other bits than attention_tc_invariant.

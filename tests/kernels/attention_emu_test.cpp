@@ -15,6 +15,7 @@
 #include "kernels/cuda/attention.cu"
 #include "kernels/cuda/attention_tc.cu"
 #include "kernels/cuda/attention_mma.cu"
+#include "kernels/fp16.h"
 
 #include <catch2/catch.hpp>
 #include <cstring>
@@ -78,10 +79,10 @@ struct Fixture {
     return cuda::TcArgs{st, q.data(), ldq, c.nh, c.nkv, bs, scale(), kc.data(), vc.data(), out, partials, max_segments};
   }
   cuda::MmaArgs mma_args(float* out, float* partials = nullptr, int max_segments = 0) const {
-    return cuda::MmaArgs{st, q.data(), ldq, c.nh, c.nkv, bs, scale(), kc.data(), vc.data(), out, partials, max_segments};
+    return cuda::MmaArgs{st, q.data(), ldq, c.nh, c.nkv, bs, scale(), kc.data(), vc.data(), out, partials, max_segments, {}};
   }
   cuda::Args args(bool skip_tc, uint8_t* xq = nullptr, cuda::Q8Numerics nq = {}) const {
-    return cuda::Args{st, q.data(), ldq, c.nh, c.nkv, bs, scale(), kc.data(), vc.data(), skip_tc, xq, nq};
+    return cuda::Args{st, q.data(), ldq, c.nh, c.nkv, bs, scale(), kc.data(), vc.data(), skip_tc, xq, nq, {}};
   }
   // The largest |difference| from a double reference over tokens with want(t).
   template <typename Want>
@@ -120,6 +121,13 @@ __global__ void quantize_rows_kernel(const float* x, int64_t dim, uint8_t* out, 
   const int64_t b = threadIdx.x / 32, t = blockIdx.x;
   const int lane = threadIdx.x & 31;
   cuda::quantize_q8_block(x[t * dim + b * 32 + lane], lane, b, dim / 32, out + t * cuda::q8_row_bytes(dim), nq);
+}
+
+// Whether every value of h is out's, rounded to f16 (or bf16) as to_half_rows rounds it.
+bool halves_of(const std::vector<float>& out, const std::vector<uint16_t>& h, bool bf16) {
+  size_t wrong = h.size() != out.size();
+  for (size_t i = 0; i < h.size() && i < out.size(); ++i) wrong += h[i] != (bf16 ? f32_to_bf16(out[i]) : f32_to_f16(out[i]));
+  return wrong == 0;
 }
 
 unsigned head_groups(const Case& c) {
@@ -181,6 +189,28 @@ void check(const Case& c, std::mt19937& g) {
     CHECK(xq_loop == xq_split);
     if (dim / 32 <= 32) CHECK(xq_loop == want);
   }
+  // Asked for a half copy for the O projection's cuBLAS matmul: both paths write the
+  // output's values as to_half_rows rounds them, and the output's bits are unchanged.
+  for (const bool bf16 : {false, true}) {
+    std::vector<uint16_t> h_loop(looped.size(), 0xEEEE), h_split(looped.size(), 0xEEEE);
+    std::vector<float> out_loop(looped.size(), -5.0f), out_split(looped.size(), -6.0f);
+    auto half_args = [&](std::vector<uint16_t>& h) {
+      cuda::Args a = f.args(false);
+      a.xh = {h.data(), bf16};
+      return a;
+    };
+    cuda_emu::launch3(f.n, head_groups(c), 1, cuda::kThreads, cuda::attention_loop_kernel<DPL>, half_args(h_loop),
+                      out_loop.data());
+    cuda_emu::launch3(f.n, head_groups(c), segs, cuda::kThreads, cuda::attention_split_kernel<DPL>, f.args(false), segs,
+                      partials.data());
+    cuda_emu::launch3(f.n, c.nh, 1, cuda::kThreads, cuda::attention_combine_kernel<DPL>, half_args(h_split), segs,
+                      static_cast<const float*>(partials.data()), out_split.data());
+    INFO((bf16 ? "bf16" : "f16"));
+    CHECK(std::memcmp(looped.data(), out_loop.data(), looped.size() * 4) == 0);
+    CHECK(std::memcmp(looped.data(), out_split.data(), looped.size() * 4) == 0);
+    CHECK(halves_of(looped, h_loop, bf16));
+    CHECK(halves_of(looped, h_split, bf16));
+  }
 }
 
 template <int DPL>
@@ -239,6 +269,21 @@ void check_mma(const Case& c, std::mt19937& g) {
   INFO("heads " << c.nh << "/" << c.nkv << " hd " << HD << ": mma tiles max |diff| " << w << ", all " << w_all);
   CHECK(w < 2e-3);  // (P is rounded to f16 before P V, as in attention_tc)
   CHECK(w_all < 2e-3);
+  // With a half copy for cuBLAS: the tile kernel writes its tokens', the per-token kernel the
+  // rest, every value as to_half_rows rounds the output; the output's bits unchanged.
+  for (const bool bf16 : {false, true}) {
+    std::vector<float> again(mixed.size(), -7.0f);
+    std::vector<uint16_t> h(mixed.size(), 0xEEEE);
+    cuda::MmaArgs ma = f.mma_args(again.data());
+    ma.xh = {h.data(), bf16};
+    cuda::Args la = f.args(true);
+    la.xh = {h.data(), bf16};
+    cuda_emu::launch3(tiles, head_groups(c), 1, cuda::kMmaWarps * 32, cuda::attention_mma_kernel<HD, cuda::kMmaUniform>, ma);
+    cuda_emu::launch3(f.n, head_groups(c), 1, cuda::kThreads, cuda::attention_loop_kernel<HD / 32>, la, again.data());
+    INFO((bf16 ? "bf16" : "f16"));
+    CHECK(std::memcmp(again.data(), mixed.data(), mixed.size() * 4) == 0);
+    CHECK(halves_of(mixed, h, bf16));
+  }
 }
 
 // The batch-invariant tensor-core attention (TROUPE_CUDA_ATTN=tc): the looped kernel and
