@@ -330,8 +330,7 @@ __global__ void __launch_bounds__(kThreads)
 template <int DPL, bool kStage>
 cudaError_t launch_staged(const Args& a, int num_tokens, float* out, float* partials, int max_segments,
                           cudaStream_t stream) {
-  const int group = a.num_heads / a.num_kv_heads;
-  const unsigned ys = static_cast<unsigned>(a.num_kv_heads * ((group + kGroup - 1) / kGroup));
+  const unsigned ys = gqa_head_blocks(a.num_heads, a.num_kv_heads, kGroup);
   if (partials) {
     attention_split_kernel<DPL, kStage>
         <<<dim3(num_tokens, ys, max_segments), kThreads, 0, stream>>>(a, max_segments, partials);
@@ -357,8 +356,7 @@ cudaError_t launch(const Args& a, int num_tokens, float* out, float* partials, i
 #ifndef TROUPE_CUDA_EMULATION
 int64_t attention_loop_blocks(int32_t num_tokens, int32_t num_heads, int32_t num_kv_heads) {
   if (num_kv_heads <= 0) return 0;
-  const int group = num_heads / num_kv_heads;
-  return int64_t{num_tokens} * num_kv_heads * ((group + kGroup - 1) / kGroup);
+  return int64_t{num_tokens} * gqa_head_blocks(num_heads, num_kv_heads, kGroup);
 }
 
 

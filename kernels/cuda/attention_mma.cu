@@ -423,18 +423,10 @@ namespace {
 template <int HD, int kMode>
 cudaError_t launch_mma(const dim3& grid, const MmaArgs& a, cudaStream_t stream) {
   constexpr size_t bytes = sizeof(MmaShared<HD, kMode>);
-  // The shared-memory opt-in, once per device, head size and mode (not on every launch,
-  // nor again while a graph is being captured).
-  static std::atomic<uint64_t> opted{0};
-  int dev = 0;
-  if (const cudaError_t e = cudaGetDevice(&dev); e != cudaSuccess) return e;
-  const uint64_t bit = dev < 64 ? uint64_t{1} << dev : 0;
-  if (bit == 0 || (opted.load(std::memory_order_acquire) & bit) == 0) {
-    const cudaError_t e = cudaFuncSetAttribute(attention_mma_kernel<HD, kMode>,
-                                               cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes));
-    if (e != cudaSuccess) return e;
-    opted.fetch_or(bit, std::memory_order_acq_rel);
-  }
+  static std::atomic<uint64_t> opted{0};  // (per head size and mode)
+  if (const cudaError_t e = opt_in_shared_memory(reinterpret_cast<const void*>(attention_mma_kernel<HD, kMode>), bytes, opted);
+      e != cudaSuccess)
+    return e;
   attention_mma_kernel<HD, kMode><<<grid, kMmaWarps * 32, bytes, stream>>>(a);
   return cudaGetLastError();
 }
@@ -450,10 +442,6 @@ cudaError_t launch_mma_mode(const dim3& grid, const MmaArgs& a, int head_dim, cu
   }
 }
 
-unsigned mma_head_blocks(int32_t num_heads, int32_t num_kv_heads) {
-  const int group = num_heads / num_kv_heads;
-  return static_cast<unsigned>(num_kv_heads * ((group + kMmaWarps - 1) / kMmaWarps));
-}
 }  // namespace
 
 cudaError_t attention_mma(const DeviceStep& step, const float* q, int64_t ld_q, int32_t num_heads, int32_t num_kv_heads,
@@ -463,7 +451,7 @@ cudaError_t attention_mma(const DeviceStep& step, const float* q, int64_t ld_q, 
   if (num_kv_heads <= 0 || num_heads % num_kv_heads != 0) return cudaErrorInvalidValue;
   const MmaArgs a{step, q, ld_q, num_heads, num_kv_heads, block_size, scale, reinterpret_cast<const __half*>(k_cache),
                   reinterpret_cast<const __half*>(v_cache), out, nullptr, 0, xh};
-  const dim3 grid(static_cast<unsigned>((step.num_tokens + kMmaRows - 1) / kMmaRows), mma_head_blocks(num_heads, num_kv_heads));
+  const dim3 grid(static_cast<unsigned>((step.num_tokens + kMmaRows - 1) / kMmaRows), gqa_head_blocks(num_heads, num_kv_heads, kMmaWarps));
   return launch_mma_mode<kMmaUniform>(grid, a, head_dim, stream);
 }
 
@@ -479,7 +467,7 @@ cudaError_t attention_mma_invariant(const DeviceStep& step, const float* q, int6
                   reinterpret_cast<const __half*>(v_cache), out, partials, segs, {}};
   // A block per token bounds the tiles (a tile holds at least one): those past the last
   // tile return at once. The grid thus depends on the step's shape alone.
-  const unsigned tiles = static_cast<unsigned>(step.num_tokens), ys = mma_head_blocks(num_heads, num_kv_heads);
+  const unsigned tiles = static_cast<unsigned>(step.num_tokens), ys = gqa_head_blocks(num_heads, num_kv_heads, kMmaWarps);
   if (!partials) return launch_mma_mode<kMmaLooped>(dim3(tiles, ys), a, head_dim, stream);
   if (const cudaError_t e = launch_mma_mode<kMmaSplit>(dim3(tiles, ys, static_cast<unsigned>(segs)), a, head_dim, stream);
       e != cudaSuccess)

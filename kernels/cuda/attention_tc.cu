@@ -307,18 +307,10 @@ namespace {
 template <int HD, int kMode>
 cudaError_t launch_tc(const dim3& grid, const TcArgs& a, cudaStream_t stream) {
   constexpr size_t bytes = sizeof(TcShared<HD>);
-  // The shared-memory opt-in, once per device, head size and mode (not on every launch,
-  // nor again while a graph is being captured).
-  static std::atomic<uint64_t> opted{0};
-  int dev = 0;
-  if (const cudaError_t e = cudaGetDevice(&dev); e != cudaSuccess) return e;
-  const uint64_t bit = dev < 64 ? uint64_t{1} << dev : 0;
-  if (bit == 0 || (opted.load(std::memory_order_acquire) & bit) == 0) {
-    const cudaError_t e = cudaFuncSetAttribute(attention_tc_kernel<HD, kMode>,
-                                               cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes));
-    if (e != cudaSuccess) return e;
-    opted.fetch_or(bit, std::memory_order_acq_rel);
-  }
+  static std::atomic<uint64_t> opted{0};  // (per head size and mode)
+  if (const cudaError_t e = opt_in_shared_memory(reinterpret_cast<const void*>(attention_tc_kernel<HD, kMode>), bytes, opted);
+      e != cudaSuccess)
+    return e;
   attention_tc_kernel<HD, kMode><<<grid, kTcWarps * 32, bytes, stream>>>(a);
   return cudaGetLastError();
 }
@@ -343,10 +335,6 @@ cudaError_t launch_tc_mode(const dim3& grid, const TcArgs& a, int head_dim, cuda
   return cudaErrorInvalidValue;
 }
 
-unsigned head_blocks(int32_t num_heads, int32_t num_kv_heads) {
-  const int group = num_heads / num_kv_heads;
-  return static_cast<unsigned>(num_kv_heads * ((group + kTcWarps - 1) / kTcWarps));
-}
 }  // namespace
 
 cudaError_t attention_tc(const DeviceStep& step, const float* q, int64_t ld_q, int32_t num_heads, int32_t num_kv_heads,
@@ -356,7 +344,7 @@ cudaError_t attention_tc(const DeviceStep& step, const float* q, int64_t ld_q, i
   if (num_kv_heads <= 0 || num_heads % num_kv_heads != 0) return cudaErrorInvalidValue;
   const TcArgs a{step, q, ld_q, num_heads, num_kv_heads, block_size, scale, reinterpret_cast<const __half*>(k_cache),
                  reinterpret_cast<const __half*>(v_cache), out, nullptr, 0};
-  const dim3 grid(static_cast<unsigned>((step.num_tokens + kT - 1) / kT), head_blocks(num_heads, num_kv_heads));
+  const dim3 grid(static_cast<unsigned>((step.num_tokens + kT - 1) / kT), gqa_head_blocks(num_heads, num_kv_heads, kTcWarps));
   return launch_tc_mode<kUniform>(grid, a, head_dim, stream);
 }
 
@@ -373,7 +361,7 @@ cudaError_t attention_tc_invariant(const DeviceStep& step, const float* q, int64
                  reinterpret_cast<const __half*>(v_cache), out, partials, segs};
   // A block per token bounds the tiles (a tile holds at least one): those past the last
   // tile return at once. The grid thus depends on the step's shape alone.
-  const unsigned tiles = static_cast<unsigned>(step.num_tokens), ys = head_blocks(num_heads, num_kv_heads);
+  const unsigned tiles = static_cast<unsigned>(step.num_tokens), ys = gqa_head_blocks(num_heads, num_kv_heads, kTcWarps);
   if (!partials) return launch_tc_mode<kLooped>(dim3(tiles, ys), a, head_dim, stream);
   if (const cudaError_t e = launch_tc_mode<kSplit>(dim3(tiles, ys, static_cast<unsigned>(segs)), a, head_dim, stream);
       e != cudaSuccess)

@@ -3,6 +3,8 @@
 #pragma once
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+
+#include <atomic>
 #include <cstdint>
 #include <type_traits>
 
@@ -341,5 +343,27 @@ __host__ bool dispatch_dtype(DType t, F&& f) {
     default: return false;
   }
 }
+
+// The blocks a launch needs across the heads when a block takes up to per_block query heads
+// of one KV head (the heads of a GQA group share its K/V loads).
+__host__ inline unsigned gqa_head_blocks(int32_t num_heads, int32_t num_kv_heads, int per_block) {
+  const int group = num_heads / num_kv_heads;
+  return static_cast<unsigned>(num_kv_heads * ((group + per_block - 1) / per_block));
+}
+
+#if !defined(TROUPE_CUDA_EMULATION) || defined(TROUPE_CUDA_HOSTRUN)  // (with the launchers)
+// Lets `kernel` take `bytes` of dynamic shared memory (past the default 48 KB) on the current
+// device, once per device: `opted` is the caller's record (a static per kernel instance), so
+// neither every launch nor one being captured into a graph asks the runtime again.
+inline cudaError_t opt_in_shared_memory(const void* kernel, size_t bytes, std::atomic<uint64_t>& opted) {
+  int dev = 0;
+  if (const cudaError_t e = cudaGetDevice(&dev); e != cudaSuccess) return e;
+  const uint64_t bit = dev < 64 ? uint64_t{1} << dev : 0;
+  if (bit != 0 && (opted.load(std::memory_order_acquire) & bit) != 0) return cudaSuccess;
+  const cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes));
+  if (e == cudaSuccess) opted.fetch_or(bit, std::memory_order_acq_rel);
+  return e;
+}
+#endif
 
 }  // namespace troupe::cuda
