@@ -19,6 +19,7 @@
 
 #include "bench/gpu/gemv_alone.h"
 #include "kernels/backend.h"
+#include "kernels/cuda/prepared.h"
 #include "kernels/cuda/step_graph.h"
 #include "kernels/cuda/step_pack.h"
 #include "runtime/model.h"
@@ -549,6 +550,54 @@ TEST_CASE("host-run: --cuda-cublas prefill attention on tensor cores (mma.sync, 
     CHECK(g.max_diff <= 0.03 * g.max_abs);
     CHECK(g.agree == g.decisive);
   }
+}
+
+TEST_CASE("host-run: a matmul takes prepared activations only from the op just before, on the same buffer, shape and rounding", "[hostrun]") {
+  // kernels/cuda/prepared.h: what the backend records after a norm, attention or SiLU and
+  // a matmul asks for (seq: the backend's op count). Every take consumes the record.
+  cuda::PreparedActivations p;
+  float a[1], b[1];
+  uint8_t xq[1];
+  uint16_t h[1], h2[1];
+  const cuda::Q8Numerics q40 = cuda::q8_numerics(DType::Q4_0), q41 = cuda::q8_numerics(DType::Q4_1);
+  p.record(a, 4, 64, 5, xq, q40, {});
+  CHECK(p.take_q8(a, 4, 64, 5, q40) == xq);
+  CHECK(p.take_q8(a, 4, 64, 5, q40) == nullptr);  // consumed
+  const auto miss_q8 = [&](const float* x, int64_t n, int64_t cols, uint64_t seq, cuda::Q8Numerics nq) {
+    p.record(a, 4, 64, 5, xq, q40, {});
+    const bool miss = p.take_q8(x, n, cols, seq, nq) == nullptr;
+    return miss && p.take_q8(a, 4, 64, 5, q40) == nullptr;  // (a miss consumes it too)
+  };
+  CHECK(miss_q8(b, 4, 64, 5, q40));  // another buffer
+  CHECK(miss_q8(a, 3, 64, 5, q40));  // another token count
+  CHECK(miss_q8(a, 4, 96, 5, q40));  // another width
+  CHECK(miss_q8(a, 4, 64, 6, q40));  // an op in between
+  CHECK(miss_q8(a, 4, 64, 5, q41));  // another rounding
+  CHECK(p.q8_made() == 6);
+  CHECK(p.q8_used() == 1);
+  // An op that prepared nothing leaves the record as it was (its seq has moved on anyway).
+  p.record(a, 4, 64, 5, xq, q40, {});
+  p.record(b, 4, 64, 5, nullptr, {}, {});
+  CHECK(p.take_q8(a, 4, 64, 5, q40) == xq);
+  // Half rows for cuBLAS: the same rules, and the buffer and bf16/f16 must be the asker's.
+  const auto take_half = [&](const float* x, int64_t n, int64_t cols, uint64_t seq, cuda::HalfOut want) {
+    p.record(a, 4, 64, 5, nullptr, {}, {h, true});
+    return p.take_half(x, n, cols, seq, want);
+  };
+  CHECK(take_half(a, 4, 64, 5, {h, true}));
+  CHECK_FALSE(p.take_half(a, 4, 64, 5, {h, true}));  // consumed
+  CHECK_FALSE(take_half(a, 4, 64, 5, {h, false}));    // f16 asked, bf16 written
+  CHECK_FALSE(take_half(a, 4, 64, 5, {h2, true}));    // another buffer (xh_ reallocated)
+  CHECK_FALSE(take_half(a, 4, 64, 5, {nullptr, true}));
+  CHECK_FALSE(take_half(a, 4, 64, 6, {h, true}));
+  CHECK_FALSE(take_half(b, 4, 64, 5, {h, true}));
+  CHECK(p.half_taken(true) == 1);
+  CHECK(p.half_taken(false) == 6);
+  // Neither form stands in for the other.
+  p.record(a, 4, 64, 5, nullptr, {}, {h, true});
+  CHECK(p.take_q8(a, 4, 64, 5, q40) == nullptr);
+  p.record(a, 4, 64, 5, xq, q40, {});
+  CHECK_FALSE(p.take_half(a, 4, 64, 5, {h, true}));
 }
 
 TEST_CASE("host-run: --cuda-cublas matmuls take x in half from the norm or SiLU before them, the same bits", "[hostrun][model]") {
