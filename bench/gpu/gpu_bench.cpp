@@ -285,8 +285,8 @@ void bench_prefill_matmul() {
   float* yf = (*bf)->alloc(size_t(rows) * n);
   const double msf = time_ms(**bf, [&] { (*bf)->matmul(**wf, xf, n, yf, rows); });
   if (std::string st = (*bf)->stats(); st.find("cuBLAS inputs in half from the op before: 0 ") != std::string::npos) {
-    std::fprintf(stderr, "prefill matmul: no call took its input in bf16 (%s)\n", st.c_str());
-    std::exit(1);
+    failures.push_back("prefill matmul: no call took its input in bf16 (" + st + ")");
+    std::fprintf(stderr, "FAILED: %s\n", failures.back().c_str());
   }
   cublasHandle_t h;
   cublasCreate(&h);
@@ -496,8 +496,8 @@ void bench_small_ops(double copy_gbs) {
     (*cb)->rms_norm(cx, cw, 1e-5f, n, dim, cy, next->get());
     (*cb)->matmul(**next, cy, n, cz, dim);
     if (std::string st = (*cb)->stats(); st.find("cuBLAS inputs in half from the op before: 1 ") == std::string::npos) {
-      std::fprintf(stderr, "rms_norm: its bf16 copy was not taken (%s)\n", st.c_str());
-      std::exit(1);
+      failures.push_back("rms_norm: its bf16 copy was not taken by the matmul after it (" + st + ")");
+      std::fprintf(stderr, "FAILED: %s\n", failures.back().c_str());
     }
     gbs = (2.0 + 0.5) * n * dim * 4 / (ms * 1e-3) / 1e9;
     add({"rms_norm, bf16 copy for cuBLAS too", "2048 x 4096 f32", ms, gbs, "GB/s", 100.0 * gbs / copy_gbs, "copy"});
@@ -753,6 +753,8 @@ void bench_end_to_end(const ModelConfig& cfg, double copy_gbs) {
 
 }  // namespace
 
+void write_outputs(const std::string& dir, const cudaDeviceProp& prop);
+
 int main(int argc, char** argv) {
   if (argc < 2) {
     std::fprintf(stderr, "usage: troupe_gpu_bench OUT_DIR [--config configs/llama-3-8b.json] [--skip-e2e]\n");
@@ -788,22 +790,35 @@ int main(int argc, char** argv) {
   add({"ceiling: cuBLAS bf16 GEMM", "8192^3", peak_t.ms, peak, "TFLOP/s", -1, ""});
   add({"(not a ceiling) the same GEMM, a burst of 10", "8192^3", peak_t.burst_ms,
        peak_t.tflops(8192, 8192, 8192, peak_t.burst_ms), "TFLOP/s", -1, ""});
-  bench_gemv(copy, false);
-  bench_gemv(copy, true);  // the f32-activation kernel for every type, for comparison
-  bench_tc_decode(copy);
-  bench_attention(copy, peak);
-  bench_small_ops(copy);
-  bench_gemv_silu(copy);
-  bench_prefill_matmul();
+  // The table and JSON are written after every section, so a section that stops the bench
+  // (an error it cannot go on from) leaves what came before it.
+  const auto section = [&](const std::function<void()>& fn) {
+    fn();
+    write_outputs(dir, prop);
+  };
+  section([&] { bench_gemv(copy, false); });
+  section([&] { bench_gemv(copy, true); });  // the f32-activation kernel for every type, for comparison
+  section([&] { bench_tc_decode(copy); });
+  section([&] { bench_attention(copy, peak); });
+  section([&] { bench_small_ops(copy); });
+  section([&] { bench_gemv_silu(copy); });
+  section([&] { bench_prefill_matmul(); });
   if (e2e) {
     auto cfg = read_hf_config(config);
     if (!cfg) {
       std::fprintf(stderr, "%s\n", cfg.error().message.c_str());
       return 1;
     }
-    bench_decode_parts(*cfg, copy);
-    bench_end_to_end(*cfg, copy);
+    section([&] { bench_decode_parts(*cfg, copy); });
+    section([&] { bench_end_to_end(*cfg, copy); });
   }
+  std::printf("wrote %s/gpu-check.md and gpu-check.json\n", dir.c_str());
+  for (const auto& f : failures) std::fprintf(stderr, "FAILED: %s\n", f.c_str());
+  return failures.empty() ? 0 : 1;
+}
+
+// OUT_DIR/gpu-check.md and .json: the rows so far, the Targets table and the failures.
+void write_outputs(const std::string& dir, const cudaDeviceProp& prop) {
   std::ofstream md(dir + "/gpu-check.md");
   md << "Device: " << prop.name << " (" << prop.multiProcessorCount << " SMs, " << (prop.totalGlobalMem >> 30)
      << " GiB)\n\n| what | shape | time (ms) | rate | unit | % of ceiling |\n|---|---|---:|---:|---|---|\n";
@@ -822,7 +837,4 @@ int main(int argc, char** argv) {
   out["failures"] = failures;
   for (const auto& f : failures) md << "\nFAILED: " << f << "\n";
   std::ofstream(dir + "/gpu-check.json") << out.dump(2) << "\n";
-  std::printf("wrote %s/gpu-check.md and gpu-check.json\n", dir.c_str());
-  for (const auto& f : failures) std::fprintf(stderr, "FAILED: %s\n", f.c_str());
-  return failures.empty() ? 0 : 1;
 }
