@@ -33,7 +33,7 @@ fi
 
 status=0
 say "[cuda] tests (ops vs the CPU, models end to end, batch invariance)"
-(cd "$ROOT" && timeout 300 "$BIN/troupe_tests" "[cuda]" --durations yes) >"$OUT/cuda-tests.log" 2>&1
+(cd "$ROOT" && timeout 150 "$BIN/troupe_tests" "[cuda]" --durations yes) >"$OUT/cuda-tests.log" 2>&1
 tests_rc=$?
 grep -E "^(All tests passed|test cases:|assertions:)" "$OUT/cuda-tests.log" || tail -5 "$OUT/cuda-tests.log"
 grep -A2 "warning:" "$OUT/cuda-tests.log" | grep -v "^--$" | sed -n '1,40p'

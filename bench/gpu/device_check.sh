@@ -47,7 +47,7 @@ case "${1:-}" in
     # One file back whatever happens (a call returns at most 8), the console log included;
     # check.sh is stopped well inside the call's 600 s.
     trap 'tar -czf "$out/gpu-check.tar.gz" -C "$out" gpu && rm -rf "$out/gpu"' EXIT
-    TROUPE_BIN_DIR="$B" TROUPE_MODEL_PATH="$M/model.gguf" timeout -k 10 "${TROUPE_CHECK_TIMEOUT:-500}" \
+    TROUPE_BIN_DIR="$B" TROUPE_MODEL_PATH="$M/model.gguf" timeout -k 10 "${TROUPE_CHECK_TIMEOUT:-420}" \
       bash "$ROOT/bench/gpu/check.sh" "$out/gpu" 2>&1 | tee "$out/gpu/console.log"
     rc=${PIPESTATUS[0]}
     echo "device_check: check.sh exited $rc (124: stopped at the time limit); output in gpu-check.tar.gz"

@@ -48,6 +48,9 @@ double now() { return std::chrono::duration<double>(std::chrono::steady_clock::n
 std::vector<Row> rows;
 json out;
 std::vector<std::string> failures;  // correctness checks the bench makes on the way (it goes on, then exits 1)
+std::string g_dir;                  // OUT_DIR (empty until main sets it)
+cudaDeviceProp g_prop{};
+void write_outputs();               // OUT_DIR/gpu-check.{md,json}: rewritten after every row
 
 void add(Row r) {
   std::printf("%-44s %-34s %9.3f ms %10.1f %-7s", r.what.c_str(), r.shape.c_str(), r.ms, r.rate, r.unit.c_str());
@@ -55,6 +58,20 @@ void add(Row r) {
   std::printf("\n");
   std::fflush(stdout);
   rows.push_back(std::move(r));
+  write_outputs();  // (a later fault or the time limit keeps every row so far)
+}
+void fail(std::string what) {
+  std::fprintf(stderr, "FAILED: %s\n", what.c_str());
+  failures.push_back(std::move(what));
+  write_outputs();
+}
+// A backend, or the bench stops with the reason.
+template <typename R>
+void need(const R& r) {
+  if (!r) {
+    std::fprintf(stderr, "%s\n", r.error().message.c_str());
+    std::exit(1);
+  }
 }
 
 // Runs fn (which queues work) over enough repetitions for >= 100 ms of wall time, then
@@ -243,12 +260,12 @@ void bench_gemv_silu(double copy_gbs) {
       if (!fused) setenv("TROUPE_CUDA_FUSE", "0", 1);
       auto be = make_cuda_backend({});
       unsetenv("TROUPE_CUDA_FUSE");
-      if (!be) std::exit(1);
+      need(be);
       const size_t copies = std::max<size_t>(1, (size_t{512} << 20) / data.size() + 1);
       std::vector<std::unique_ptr<Weight>> ws;
       for (size_t i = 0; i < copies; ++i) {
         auto w = (*be)->make_weight(t, cols, {{data.data(), 2 * ffn}});
-        if (!w) std::exit(1);
+        need(w);
         ws.push_back(std::move(*w));
       }
       float* x = (*be)->upload(test::random_floats(size_t(cols), rng));
@@ -270,12 +287,14 @@ void bench_prefill_matmul() {
   auto be = make_cuda_backend(CudaBackendOptions{0, false});
   unsetenv("TROUPE_CUDA_FUSE");
   auto bf = make_cuda_backend(CudaBackendOptions{0, false});
-  if (!be || !bf) std::exit(1);
+  need(be);
+  need(bf);
   const int64_t rows = 14336, cols = 4096, n = 2048;
   auto v = random_bf16(size_t(rows) * cols, 0.02f);
   auto w = (*be)->make_weight(DType::BF16, cols, {{v.data(), rows}});
   auto wf = (*bf)->make_weight(DType::BF16, cols, {{v.data(), rows}});
-  if (!w || !wf) std::exit(1);
+  need(w);
+  need(wf);
   std::mt19937 rng(2);
   const auto xs = test::random_floats(size_t(cols) * n, rng);
   float* x = (*be)->upload(xs);
@@ -285,8 +304,7 @@ void bench_prefill_matmul() {
   float* yf = (*bf)->alloc(size_t(rows) * n);
   const double msf = time_ms(**bf, [&] { (*bf)->matmul(**wf, xf, n, yf, rows); });
   if (std::string st = (*bf)->stats(); st.find("cuBLAS inputs in half from the op before: 0 ") != std::string::npos) {
-    failures.push_back("prefill matmul: no call took its input in bf16 (" + st + ")");
-    std::fprintf(stderr, "FAILED: %s\n", failures.back().c_str());
+    fail("prefill matmul: no call took its input in bf16 (" + st + ")");
   }
   cublasHandle_t h;
   cublasCreate(&h);
@@ -299,12 +317,20 @@ void bench_prefill_matmul() {
        gt.tflops(rows, n, cols, gt.burst_ms), "TFLOP/s", -1, ""});
   add({"prefill matmul bf16 (x->bf16 + cuBLAS)", "14336x4096 x 2048 tokens", ms, tf, "TFLOP/s", 100.0 * tf / ref,
        "cuBLAS same shape"});
-  const double tff = 2.0 * rows * cols * n / (msf * 1e-3) / 1e12;
-  // (each call after the first takes the half x the call before left: the GEMM alone, as in
-  // the model where the norm, attention or SiLU wrote it; the norm's cost of that copy is
-  // its own row below)
-  add({"prefill matmul bf16 (x in bf16 from the op before + cuBLAS)", "14336x4096 x 2048 tokens", msf, tff, "TFLOP/s",
-       100.0 * tff / ref, "cuBLAS same shape"});
+  // Each call after the first takes the half x the call before left: the GEMM alone, as in
+  // the model where the norm, attention or SiLU wrote x in bf16. For the target, the matmul
+  // also pays what that copy costs its producer: the norm's time with it less without, at
+  // this x's shape (2048 x 4096).
+  float* nw = (*bf)->upload(test::random_floats(size_t(cols), rng));
+  float* nx = (*bf)->upload(test::random_floats(size_t(cols) * n, rng));
+  const double norm_plain = time_ms(**bf, [&] { (*bf)->rms_norm(nx, nw, 1e-5f, n, cols, xf); });
+  const double norm_copy = time_ms(**bf, [&] { (*bf)->rms_norm(nx, nw, 1e-5f, n, cols, xf, wf->get()); });
+  const double msc = msf + std::max(0.0, norm_copy - norm_plain);
+  const double tff = 2.0 * rows * cols * n / (msf * 1e-3) / 1e12, tfc = 2.0 * rows * cols * n / (msc * 1e-3) / 1e12;
+  add({"(GEMM alone) prefill matmul bf16, x given in bf16", "14336x4096 x 2048 tokens", msf, tff, "TFLOP/s",
+       100.0 * tff / ref, "cuBLAS same shape, x given"});
+  add({"prefill matmul bf16 (x in bf16 from the norm + cuBLAS; the norm's extra store counted)",
+       "14336x4096 x 2048 tokens", msc, tfc, "TFLOP/s", 100.0 * tfc / ref, "cuBLAS same shape"});
   auto inv = make_cuda_backend(CudaBackendOptions{0, true});
   auto wi = (*inv)->make_weight(DType::BF16, cols, {{v.data(), rows}});
   float* xi = (*inv)->upload(test::random_floats(size_t(cols) * n, rng));
@@ -337,9 +363,9 @@ void bench_prefill_matmul() {
       if (mma) setenv("TROUPE_CUDA_Q8_MMA", "16", 1);
       auto qb = make_cuda_backend(CudaBackendOptions{0, true});
       unsetenv("TROUPE_CUDA_Q8_MMA");
-      if (!qb) std::exit(1);
+      need(qb);
       auto wq = (*qb)->make_weight(t, cols, {{data.data(), rows}});
-      if (!wq) std::exit(1);
+      need(wq);
       float* xq = (*qb)->upload(xs);
       float* yq = (*qb)->alloc(size_t(rows) * nq);
       const double msq = time_ms(**qb, [&] { (*qb)->matmul(**wq, xq, nq, yq, rows); });
@@ -351,14 +377,16 @@ void bench_prefill_matmul() {
       out[mma].resize(size_t(rows) * nq);
       (*qb)->copy_out(out[mma].data(), yq, out[mma].size());
       if (!(*qb)->sync().ok()) std::exit(1);
+      if (mma && (*qb)->stats().find("int8 matmuls on tensor cores: 0;") != std::string::npos)
+        fail("int8 tensor-core matmul " + std::string(dtype_traits(t).name) + " at " + std::to_string(nq) +
+             " tokens: the kernel did not run (the bit check compared the GEMV with itself)");
     }
     size_t differ = 0;
     for (size_t i = 0; i < out[0].size(); ++i) differ += std::memcmp(&out[0][i], &out[1][i], 4) != 0;
     if (differ) {
-      failures.push_back("int8 tensor-core matmul " + std::string(dtype_traits(t).name) + " at " + std::to_string(nq) +
-                         " tokens: " + std::to_string(differ) + " of " + std::to_string(out[0].size()) +
-                         " outputs differ from the GEMV's bits");
-      std::fprintf(stderr, "FAILED: %s\n", failures.back().c_str());
+      fail("int8 tensor-core matmul " + std::string(dtype_traits(t).name) + " at " + std::to_string(nq) +
+           " tokens: " + std::to_string(differ) + " of " + std::to_string(out[0].size()) +
+           " outputs differ from the GEMV's bits");
     }
   }
 }
@@ -369,7 +397,7 @@ void bench_tc_decode(double copy_gbs) {
   CudaBackendOptions o;
   o.tc_gemm = true;
   auto be = make_cuda_backend(o);
-  if (!be) std::exit(1);
+  need(be);
   std::mt19937 rng(3);
   const int64_t rows = 14336, cols = 4096;
   auto v = random_bf16(size_t(rows) * cols, 0.02f);
@@ -421,16 +449,13 @@ void bench_attention(double copy_gbs, double peak_tflops) {
     if (kind.attn) setenv("TROUPE_CUDA_ATTN", kind.attn, 1);
     auto be = make_cuda_backend(CudaBackendOptions{0, kind.invariant});
     unsetenv("TROUPE_CUDA_ATTN");
-    if (!be) {
-      std::fprintf(stderr, "%s\n", be.error().message.c_str());
-      std::exit(1);
-    }
+    need(be);
     const bool decode = kind.decode;
     const int32_t B = decode ? 16 : 1, ctx = 4096, per_seq = decode ? 1 : ctx;
     const int32_t blocks_per_seq = ctx / bs;
     KvCacheShape ks{1, B * blocks_per_seq, bs, nkv, hd};
     auto cache = (*be)->make_kv_cache(ks);
-    if (!cache) std::exit(1);
+    need(cache);
     std::vector<int32_t> ids, pos, slots, qs = {0}, cl, bt;
     for (int32_t s = 0; s < B; ++s) {
       for (int32_t b = 0; b < blocks_per_seq; ++b) bt.push_back(s * blocks_per_seq + b);
@@ -457,6 +482,9 @@ void bench_attention(double copy_gbs, double peak_tflops) {
     float* q = (*be)->upload(test::random_floats(size_t(st.num_tokens) * nh * hd, rng));
     float* o = (*be)->alloc(size_t(st.num_tokens) * nh * hd);
     const double ms = time_ms(**be, [&] { (*be)->attention(**cache, 0, q, nh * hd, nh, 0.088f, o); });
+    if (kind.attn && kind.invariant &&
+        (*be)->stats().find("batch-invariant attention on tensor cores: 0;") != std::string::npos)
+      fail(kind.what + std::string(": the tensor-core kernel did not run"));
     if (decode) {
       const double bytes = 2.0 * B * ctx * nkv * hd * 2;  // K and V, f16
       const double gbs = bytes / (ms * 1e-3) / 1e9;
@@ -471,7 +499,7 @@ void bench_attention(double copy_gbs, double peak_tflops) {
 
 void bench_small_ops(double copy_gbs) {
   auto be = make_cuda_backend({});
-  if (!be) std::exit(1);
+  need(be);
   std::mt19937 rng(4);
   const int64_t n = 2048, dim = 4096;
   float* x = (*be)->upload(test::random_floats(size_t(n * dim), rng));
@@ -483,10 +511,10 @@ void bench_small_ops(double copy_gbs) {
   {  // The same norm also writing its output in bf16 for the cuBLAS matmul that reads it next
      // (--cuda-cublas), which must then take it.
     auto cb = make_cuda_backend(CudaBackendOptions{0, false});
-    if (!cb) std::exit(1);
+    need(cb);
     auto wv = random_bf16(size_t(dim) * dim, 0.02f);
     auto next = (*cb)->make_weight(DType::BF16, dim, {{wv.data(), dim}});
-    if (!next) std::exit(1);
+    need(next);
     float* cx = (*cb)->upload(test::random_floats(size_t(n * dim), rng));
     float* cw = (*cb)->upload(test::random_floats(size_t(dim), rng));
     float* cy = (*cb)->alloc(size_t(n * dim));
@@ -496,8 +524,7 @@ void bench_small_ops(double copy_gbs) {
     (*cb)->rms_norm(cx, cw, 1e-5f, n, dim, cy, next->get());
     (*cb)->matmul(**next, cy, n, cz, dim);
     if (std::string st = (*cb)->stats(); st.find("cuBLAS inputs in half from the op before: 1 ") == std::string::npos) {
-      failures.push_back("rms_norm: its bf16 copy was not taken by the matmul after it (" + st + ")");
-      std::fprintf(stderr, "FAILED: %s\n", failures.back().c_str());
+      fail("rms_norm: its bf16 copy was not taken by the matmul after it (" + st + ")");
     }
     gbs = (2.0 + 0.5) * n * dim * 4 / (ms * 1e-3) / 1e9;
     add({"rms_norm, bf16 copy for cuBLAS too", "2048 x 4096 f32", ms, gbs, "GB/s", 100.0 * gbs / copy_gbs, "copy"});
@@ -604,13 +631,13 @@ class SharedDummySource : public WeightSource {
 // kernels. Weights come in enough copies to stream past the L2, as distinct layers do.
 void bench_decode_parts(const ModelConfig& cfg, double copy_gbs) {
   auto be = make_cuda_backend({});
-  if (!be) std::exit(1);
+  need(be);
   std::mt19937 rng(6);
   const int64_t H = cfg.hidden, hd = cfg.head_dim, nh = cfg.num_heads, nkv = cfg.num_kv_heads, ffn = cfg.ffn;
   const int64_t qkv_rows = (nh + 2 * nkv) * hd;
   const int32_t ctx = 1024, bs = 16, bps = ctx / bs;
   auto cache = (*be)->make_kv_cache(KvCacheShape{1, bps, bs, int32_t(nkv), int32_t(hd)});
-  if (!cache) std::exit(1);
+  need(cache);
   std::vector<int32_t> ids = {7}, pos = {ctx - 1}, qs = {0, 1}, cl = {ctx}, slots = {ctx - 1}, bt(bps);
   for (int32_t b = 0; b < bps; ++b) bt[b] = b;
   StepInputs st{1, 1, ids.data(), pos.data(), qs.data(), cl.data(), slots.data(), bt.data(), bps};
@@ -641,7 +668,7 @@ void bench_decode_parts(const ModelConfig& cfg, double copy_gbs) {
     std::vector<std::unique_ptr<Weight>> ws;
     for (size_t i = 0; i < copies; ++i) {
       auto w = (*be)->make_weight(DType::BF16, cols, {{v.data(), rows}});
-      if (!w) std::exit(1);
+      need(w);
       ws.push_back(std::move(*w));
     }
     size_t k = 0;
@@ -676,7 +703,7 @@ void bench_end_to_end(const ModelConfig& cfg, double copy_gbs) {
                              2.0 * cfg.hidden * int64_t{cfg.num_heads} * cfg.head_dim + 3 * 2.0 * cfg.hidden * cfg.ffn;
   const double step_bytes = cfg.num_layers * layer_bytes + 2.0 * cfg.vocab * cfg.hidden;  // + output matrix
   json e2e = json::array();
-  for (int mode = 0; mode < 5; ++mode) {
+  for (int mode : {0, 2, 4, 1, 3}) {  // (the kernels the H200 run measured first)
     // 0: batch-invariant GEMV, 1: cuBLAS above 8 tokens, 2: as 0 without CUDA graphs,
     // 3: batch-invariant tensor-core matmul (--cuda-tc-gemm), 4: as 0 without the fused
     // SiLU and RoPE + KV-write epilogues (TROUPE_CUDA_FUSE=0; decode only).
@@ -688,7 +715,7 @@ void bench_end_to_end(const ModelConfig& cfg, double copy_gbs) {
     if (mode == 4) setenv("TROUPE_CUDA_FUSE", "0", 1);
     auto be = make_cuda_backend(o);
     unsetenv("TROUPE_CUDA_FUSE");
-    if (!be) std::exit(1);
+    need(be);
     const double t0 = now();
     auto model = Model::build(cfg, src, **be, 2048);
     if (!model) { std::fprintf(stderr, "%s\n", model.error().message.c_str()); std::exit(1); }
@@ -753,8 +780,6 @@ void bench_end_to_end(const ModelConfig& cfg, double copy_gbs) {
 
 }  // namespace
 
-void write_outputs(const std::string& dir, const cudaDeviceProp& prop);
-
 int main(int argc, char** argv) {
   if (argc < 2) {
     std::fprintf(stderr, "usage: troupe_gpu_bench OUT_DIR [--config configs/llama-3-8b.json] [--skip-e2e]\n");
@@ -790,35 +815,38 @@ int main(int argc, char** argv) {
   add({"ceiling: cuBLAS bf16 GEMM", "8192^3", peak_t.ms, peak, "TFLOP/s", -1, ""});
   add({"(not a ceiling) the same GEMM, a burst of 10", "8192^3", peak_t.burst_ms,
        peak_t.tflops(8192, 8192, 8192, peak_t.burst_ms), "TFLOP/s", -1, ""});
-  // The table and JSON are written after every section, so a section that stops the bench
-  // (an error it cannot go on from) leaves what came before it.
-  const auto section = [&](const std::function<void()>& fn) {
-    fn();
-    write_outputs(dir, prop);
-  };
-  section([&] { bench_gemv(copy, false); });
-  section([&] { bench_gemv(copy, true); });  // the f32-activation kernel for every type, for comparison
-  section([&] { bench_tc_decode(copy); });
-  section([&] { bench_attention(copy, peak); });
-  section([&] { bench_small_ops(copy); });
-  section([&] { bench_gemv_silu(copy); });
-  section([&] { bench_prefill_matmul(); });
+  g_dir = dir;
+  g_prop = prop;
+  // Kernels the H200 run measured first, kernels written since last: a fault on the device
+  // ends the process (its context is lost), and the rows before it are on disk already.
+  bench_gemv(copy, false);
+  bench_small_ops(copy);
+  bench_gemv_silu(copy);
   if (e2e) {
     auto cfg = read_hf_config(config);
     if (!cfg) {
       std::fprintf(stderr, "%s\n", cfg.error().message.c_str());
       return 1;
     }
-    section([&] { bench_decode_parts(*cfg, copy); });
-    section([&] { bench_end_to_end(*cfg, copy); });
+    bench_decode_parts(*cfg, copy);
+    bench_end_to_end(*cfg, copy);
   }
+  bench_attention(copy, peak);
+  bench_prefill_matmul();
+  bench_gemv(copy, true);  // the f32-activation kernel for every type, for comparison
+  bench_tc_decode(copy);
+  write_outputs();
   std::printf("wrote %s/gpu-check.md and gpu-check.json\n", dir.c_str());
   for (const auto& f : failures) std::fprintf(stderr, "FAILED: %s\n", f.c_str());
   return failures.empty() ? 0 : 1;
 }
 
+namespace {
 // OUT_DIR/gpu-check.md and .json: the rows so far, the Targets table and the failures.
-void write_outputs(const std::string& dir, const cudaDeviceProp& prop) {
+void write_outputs() {
+  if (g_dir.empty()) return;
+  const std::string& dir = g_dir;
+  const cudaDeviceProp& prop = g_prop;
   std::ofstream md(dir + "/gpu-check.md");
   md << "Device: " << prop.name << " (" << prop.multiProcessorCount << " SMs, " << (prop.totalGlobalMem >> 30)
      << " GiB)\n\n| what | shape | time (ms) | rate | unit | % of ceiling |\n|---|---|---:|---:|---|---|\n";
@@ -838,3 +866,4 @@ void write_outputs(const std::string& dir, const cudaDeviceProp& prop) {
   for (const auto& f : failures) md << "\nFAILED: " << f << "\n";
   std::ofstream(dir + "/gpu-check.json") << out.dump(2) << "\n";
 }
+}  // namespace
