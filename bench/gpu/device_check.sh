@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # Runs on a lent GPU machine, in the copy of the working tree (see bench/gpu/device_prep.sh):
-#   device_check.sh stage   copies the carried model half into /tmp/troupe-model
-#   device_check.sh run     joins the halves, checks the sha256, unpacks the carried binaries
-#                           into /tmp/troupe-bin, runs bench/gpu/check.sh with them and
-#                           packs its output into one file,
-#                           $OUT/gpu-check.tar.gz (a call returns at most 8 files)
+#   device_check.sh stage   copies the carried model part (.devcarry/model-a) into /tmp/troupe-model
+#   device_check.sh run     joins it with the part carried beside the binaries
+#                           (.devcarry/bin), checks the sha256, unpacks the binaries into
+#                           /tmp/troupe-bin, runs bench/gpu/check.sh with them and packs
+#                           its output into one file, $OUT/gpu-check.tar.gz (a call returns
+#                           at most 8 files)
 set -uo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 M=/tmp/troupe-model
@@ -15,19 +16,23 @@ case "${1:-}" in
     for p in "$ROOT"/.devcarry/model-*/model.part*; do
       [ -f "$p" ] && cp "$p" "$M/" && found=1
     done
-    [ $found -eq 1 ] || { echo "device_check: no model part carried (.devcarry/model-a or -b)"; exit 1; }
+    [ $found -eq 1 ] || { echo "device_check: no model part carried (.devcarry/model-a)"; exit 1; }
     ls -la "$M"
     ;;
   run)
     C="$ROOT/.devcarry/bin"
-    [ -f "$C/troupe-bin.tar.gz" ] || { echo "device_check: carry .devcarry/bin (bench/gpu/device_prep.sh)"; exit 1; }
+    [ -f "$C/troupe-bin.tar.xz" ] || { echo "device_check: carry .devcarry/bin (bench/gpu/device_prep.sh)"; exit 1; }
     [ -f "$C/model.sha256" ] || { echo "device_check: $C/model.sha256 missing (bench/gpu/device_prep.sh)"; exit 1; }
     B=/tmp/troupe-bin
-    rm -rf "$B" && mkdir -p "$B" && tar -xzf "$C/troupe-bin.tar.gz" -C "$B" ||
-      { echo "device_check: cannot unpack $C/troupe-bin.tar.gz"; exit 1; }
-    cat "$M/model.part0" "$M/model.part1" >"$M/model.gguf" 2>/dev/null
+    rm -rf "$B" && mkdir -p "$B"
+    # (tar's xz filter needs the xz tool; Python's tarfile reads xz without it)
+    tar -xJf "$C/troupe-bin.tar.xz" -C "$B" 2>/dev/null ||
+      python3 -c 'import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2])' "$C/troupe-bin.tar.xz" "$B" ||
+      { echo "device_check: cannot unpack $C/troupe-bin.tar.xz"; exit 1; }
+    mkdir -p "$M" && cp "$C"/model.part* "$M/"
+    cat "$M"/model.part? >"$M/model.gguf" 2>/dev/null  # (part0, part1, ...: in order)
     if ! echo "$(cat "$C/model.sha256")  $M/model.gguf" | sha256sum -c --status; then
-      echo "device_check: the model halves are missing or damaged in $M (did the machine go cold between calls?)"
+      echo "device_check: the model parts are missing or damaged in $M (did the machine go cold between the calls?)"
       exit 3
     fi
     # cuBLAS 13: the toolkit's, else the pip wheel's (nvidia/cu13/lib).
