@@ -554,6 +554,72 @@ TEST_CASE("cuda: the SiLU GEMV that quantizes its output for the down matmul giv
   }
 }
 
+TEST_CASE("cuda: --cuda-cublas matmuls taking x in half from the norm or SiLU before them give the converting matmul's bits", "[cuda][kernels]") {
+  auto gpu = [] {
+    test::EnvScope e("TROUPE_CUDA_FUSE", nullptr);  // (the backend reads it when made)
+    return gpu_or_skip(/*batch_invariant=*/false);
+  }();
+  if (!gpu) return;
+  auto taken = [&] { return stats_count(*gpu, "cuBLAS inputs in half from the op before: "); };
+  auto converted = [&] { return stats_count(*gpu, "(converted: "); };
+  std::mt19937 rng(19);
+  const int64_t cols = 320, rows = 72, ffn = 288;
+  // bf16 (x in bf16), f16 and Q8_0 (dequantized to f16 for cuBLAS: x in f16). 9 and 20
+  // tokens: above the GEMV's 8, so cuBLAS.
+  for (const DType t : {DType::BF16, DType::F16, DType::Q8_0}) {
+    auto data = test::random_weight(t, rows, cols, rng);
+    auto w = gpu->make_weight(t, cols, {{data.data(), rows}});
+    auto gdata = test::random_weight(t, 2 * ffn, cols, rng);
+    auto gw = gpu->make_weight(t, cols, {{gdata.data(), 2 * ffn}});
+    auto ddata = test::random_weight(t, rows, ffn, rng);
+    auto dw = gpu->make_weight(t, ffn, {{ddata.data(), rows}});
+    REQUIRE(w.ok());
+    REQUIRE(gw.ok());
+    REQUIRE(dw.ok());
+    float* pw = put(*gpu, test::random_floats(static_cast<size_t>(cols), rng));
+    for (const int64_t n : {9L, 20L}) {
+      const auto x = test::random_floats(static_cast<size_t>(n * cols), rng, 3.0f);
+      const auto y = test::random_floats(static_cast<size_t>(n * cols), rng);
+      // op 0: rms_norm, 1: add_rms_norm, 2: gate/up matmul + SiLU; then the matmul that reads
+      // the op's output. hint: the op names that matmul; alter: another op writes the output
+      // before the matmul (what was prepared must not be used then).
+      auto run = [&](int op, bool hint, bool alter) {
+        float* px = put(*gpu, x);
+        float* py = put(*gpu, y);
+        const bool silu = op == 2;
+        float* act = silu ? gpu->alloc(static_cast<size_t>(n * ffn)) : py;
+        float* gu = silu ? gpu->alloc(static_cast<size_t>(n * 2 * ffn)) : nullptr;
+        float* out = gpu->alloc(static_cast<size_t>(n * rows));
+        const Weight* next = hint ? (silu ? dw->get() : w->get()) : nullptr;
+        if (op == 0) gpu->rms_norm(px, pw, 1e-5f, n, cols, py, next);
+        if (op == 1) gpu->add_rms_norm(px, py, pw, 1e-5f, n, cols, py, next);
+        if (silu) gpu->matmul_silu(**gw, px, n, ffn, gu, act, next);
+        if (alter) gpu->add(act, act, n * (silu ? ffn : cols));
+        gpu->matmul(silu ? **dw : **w, act, n, out, rows);
+        auto r = get(*gpu, out, static_cast<size_t>(n * rows));
+        auto a = get(*gpu, act, static_cast<size_t>(n * (silu ? ffn : cols)));
+        r.insert(r.end(), a.begin(), a.end());
+        return r;
+      };
+      for (int op = 0; op < 3; ++op) {
+        const std::string what = std::string(dtype_traits(t).name) + " n " + std::to_string(n) + " " +
+                                 (op == 0 ? "rms_norm" : op == 1 ? "add_rms_norm" : "gate/up + SiLU");
+        INFO(what << "; " << gpu->stats());
+        const auto taken0 = taken(), converted0 = converted();
+        const auto hinted = run(op, true, false);
+        CHECK(taken() == taken0 + 1);
+        CHECK(converted() == converted0 + (op == 2 ? 1 : 0));  // (the gate/up matmul converts the plain x)
+        expect_close(hinted, run(op, false, false), 0, 0, "x in half from the op before vs converted (exact), " + what);
+        const auto taken1 = taken();
+        const auto altered = run(op, true, true);
+        CHECK(taken() == taken1);  // another op in between: the matmul converts the changed output itself
+        expect_close(altered, run(op, false, true), 0, 0,
+                     "a hint followed by another op: the matmul converts the changed output itself, " + what);
+      }
+    }
+  }
+}
+
 namespace {
 
 // Rows of logits of several shapes: peaked, flat (draws deep in the order), tied, with NaN,
