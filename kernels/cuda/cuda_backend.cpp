@@ -258,7 +258,7 @@ class CudaBackend final : public Backend {
       return;
     }
     // cuBLAS: never captured; what is pending runs first, then this, eagerly. x in half:
-    // written by the op before (a norm, SiLU), or converted here.
+    // written by the op before (a norm, attention, SiLU, a matmul of the same x) or converted here.
     const bool bf16 = type == DType::BF16;
     const bool given = type != DType::F32 && acts_.take_half(x, n, cols, op_seq_, {xh_, bf16});
     flush();
@@ -559,7 +559,8 @@ class CudaBackend final : public Backend {
     *nq = cuda::q8_numerics(w.type);
     return q8_scratch(n, dim, second);
   }
-  // (xh: where the half activations for cuBLAS are, or null: nothing is.)
+  // Where an op with n rows of dim output values writes them in half too for `next` when
+  // that is a cuBLAS matmul (xh_, bf16 for a bf16 weight; p null: it is not, or none is named).
   cuda::HalfOut half_for(const Weight* next, int64_t n, int64_t dim) {
     if (!next || !fuse_ || failed() || n <= 0) return {};
     const auto& w = static_cast<const CudaWeight&>(*next);
