@@ -15,6 +15,24 @@
 
 namespace gpu_bench {
 
+// The sizes the sections run at: Llama-3-8B's by default; small with --smoke, to run every
+// section and check over the host-run CUDA fake (tests/hostrun) before a GPU's time is
+// spent on them (the rows' labels keep the default sizes).
+struct Sizes {
+  size_t copy_bytes = size_t{4} << 30;      // the copy ceiling
+  int gemm = 8192;                          // the cuBLAS ceiling's m = n = k
+  int64_t rows = 14336, cols = 4096;        // GEMV and prefill matmul weights: ffn x hidden
+  int64_t tokens = 2048;                    // prefill tokens (also the small ops' rows)
+  size_t stream_bytes = size_t{512} << 20;  // weight copies streamed, past the L2
+  int64_t vocab = 128256, sample_batch = 64;
+  int32_t attn_ctx = 4096, attn_seqs = 16, attn_heads = 32, attn_kv_heads = 8;  // head size 128
+  std::vector<int64_t> q8_tokens = {16, 64, 256};  // the int8 tensor-core matmul below prefill
+  int32_t e2e_ctx = 1024, e2e_prefill = 2048;
+  std::vector<int32_t> e2e_batches = {1, 8, 64, 256};
+  static Sizes smoke();
+};
+extern Sizes S;
+
 double now();                    // seconds, steady clock
 extern nlohmann::json out;       // gpu-check.json's fields besides the rows
 void add(Row r);                 // prints a row; the table and JSON are written again
@@ -36,6 +54,10 @@ void need(const R& r) {
     std::exit(1);
   }
 }
+
+// troupe_gpu_bench OUT_DIR [--config F] [--skip-e2e] [--smoke] (bench/gpu/gpu_bench_main.cpp;
+// the host-run tests call it with --smoke): 0 when every check passed.
+int run(int argc, char** argv);
 
 // Each op of a Llama-3-8B-shaped bf16 decode step at batch 1 alone (out["decode_parts_ms"]:
 // their sum over the layers), then the dummy model end to end in each matmul mode.

@@ -34,6 +34,28 @@ using json = nlohmann::json;
 
 namespace gpu_bench {
 
+Sizes S;
+Sizes Sizes::smoke() {
+  Sizes z;
+  z.copy_bytes = size_t{1} << 20;
+  z.gemm = 64;
+  z.rows = 96;
+  z.cols = 512;  // (whole K-quant super-blocks)
+  z.tokens = 24;
+  z.stream_bytes = 0;
+  z.vocab = 1000;
+  z.sample_batch = 3;
+  z.attn_ctx = 160;
+  z.attn_seqs = 3;
+  z.attn_heads = 8;
+  z.attn_kv_heads = 2;
+  z.q8_tokens = {16, 17};
+  z.e2e_ctx = 64;
+  z.e2e_prefill = 80;  // (64+ tokens: --cuda-cublas's tensor-core prefill attention)
+  z.e2e_batches = {1, 9};
+  return z;
+}
+
 double now() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
 
 std::vector<Row> rows;
@@ -41,7 +63,7 @@ json out;
 std::vector<std::string> failures;  // correctness checks the bench makes on the way (it goes on, then exits 1)
 std::string g_dir;                  // OUT_DIR (empty until main sets it)
 cudaDeviceProp g_prop{};
-void write_outputs();               // OUT_DIR/gpu-check.{md,json}: rewritten after every row
+void write_outputs(bool last = false);  // OUT_DIR/gpu-check.{md,json}: rewritten after every row
 
 void add(Row r) {
   std::printf("%-44s %-34s %9.3f ms %10.1f %-7s", r.what.c_str(), r.shape.c_str(), r.ms, r.rate, r.unit.c_str());
@@ -135,7 +157,7 @@ double event_ms(int reps, const std::function<void(int)>& fn) {
 
 // ---- ceilings ----------------------------------------------------------------------------
 double copy_bandwidth() {
-  const size_t bytes = size_t{4} << 30;
+  const size_t bytes = S.copy_bytes;
   void *a, *b;
   CK(cudaMalloc(&a, bytes));
   CK(cudaMalloc(&b, bytes));
@@ -199,7 +221,7 @@ void bench_gemv(double copy_gbs, bool simple) {
   unsetenv("TROUPE_CUDA_GEMV");
   if (!be) { std::fprintf(stderr, "%s\n", be.error().message.c_str()); std::exit(1); }
   std::mt19937 rng(1);
-  const int64_t rows = 14336, cols = 4096;
+  const int64_t rows = S.rows, cols = S.cols;
   for (DType t : {DType::BF16, DType::Q8_0, DType::Q4_0, DType::Q4_1, DType::Q4_K, DType::Q6_K}) {
     std::vector<uint8_t> data = t == DType::BF16 ? [&] {
       auto v = random_bf16(size_t(rows) * cols, 0.02f);
@@ -208,7 +230,7 @@ void bench_gemv(double copy_gbs, bool simple) {
       return b;
     }() : test::random_weight(t, rows, cols, rng);
     // Enough copies to stream at least 512 MB, so the 60 MB L2 cannot hold them.
-    const size_t copies = std::max<size_t>(1, (size_t{512} << 20) / data.size() + 1);
+    const size_t copies = std::max<size_t>(1, S.stream_bytes / data.size() + 1);
     std::vector<std::unique_ptr<Weight>> ws;
     for (size_t i = 0; i < copies; ++i) {
       auto w = (*be)->make_weight(t, cols, {{data.data(), rows}});
@@ -233,7 +255,7 @@ void bench_gemv(double copy_gbs, bool simple) {
     // above quantizes it in a launch of its own when no norm did it before).
     if (!simple)
       for (Row& r : gpu_bench::gemv_alone_rows(t, data, rows, cols, test::random_floats(size_t(cols), rng), copy_gbs,
-                                               loop_ms))
+                                               loop_ms, S.stream_bytes))
         add(std::move(r));
   }
 }
@@ -242,7 +264,7 @@ void bench_gemv(double copy_gbs, bool simple) {
 // the GEMV's epilogue (the default) and as two launches (TROUPE_CUDA_FUSE=0), one token.
 void bench_gemv_silu(double copy_gbs) {
   std::mt19937 rng(5);
-  const int64_t ffn = 14336, cols = 4096;
+  const int64_t ffn = S.rows, cols = S.cols;
   for (DType t : {DType::BF16, DType::Q4_1}) {
     std::vector<uint8_t> data = t == DType::BF16 ? [&] {
       auto v = random_bf16(size_t(2 * ffn) * cols, 0.02f);
@@ -255,7 +277,7 @@ void bench_gemv_silu(double copy_gbs) {
       auto be = make_cuda_backend({});
       unsetenv("TROUPE_CUDA_FUSE");
       need(be);
-      const size_t copies = std::max<size_t>(1, (size_t{512} << 20) / data.size() + 1);
+      const size_t copies = std::max<size_t>(1, S.stream_bytes / data.size() + 1);
       std::vector<std::unique_ptr<Weight>> ws;
       for (size_t i = 0; i < copies; ++i) {
         auto w = (*be)->make_weight(t, cols, {{data.data(), 2 * ffn}});
@@ -283,7 +305,7 @@ void bench_prefill_matmul() {
   auto bf = make_cuda_backend(CudaBackendOptions{0, false});
   need(be);
   need(bf);
-  const int64_t rows = 14336, cols = 4096, n = 2048;
+  const int64_t rows = S.rows, cols = S.cols, n = S.tokens;
   auto v = random_bf16(size_t(rows) * cols, 0.02f);
   auto w = (*be)->make_weight(DType::BF16, cols, {{v.data(), rows}});
   auto wf = (*bf)->make_weight(DType::BF16, cols, {{v.data(), rows}});
@@ -347,8 +369,8 @@ void bench_prefill_matmul() {
   // tensor-core kernel (TROUPE_CUDA_Q8_MMA, 64 tokens a weight read), which must give the
   // same bits (a mismatch fails the run: the fragment layout would be wrong); and Q4_1 at
   // decode batch sizes, to choose the token count from which the kernel pays.
-  const std::pair<DType, int64_t> q8_cases[] = {{DType::Q4_1, n},  {DType::Q8_0, n},  {DType::Q4_K, n},
-                                                {DType::Q4_1, 16}, {DType::Q4_1, 64}, {DType::Q4_1, 256}};
+  std::vector<std::pair<DType, int64_t>> q8_cases = {{DType::Q4_1, n}, {DType::Q8_0, n}, {DType::Q4_K, n}};
+  for (int64_t k : S.q8_tokens) q8_cases.push_back({DType::Q4_1, k});
   for (const auto& [t, nq] : q8_cases) {
     auto data = test::random_weight(t, rows, cols, rng);
     const auto xs = test::random_floats(size_t(cols) * nq, rng);
@@ -393,10 +415,10 @@ void bench_tc_decode(double copy_gbs) {
   auto be = make_cuda_backend(o);
   need(be);
   std::mt19937 rng(3);
-  const int64_t rows = 14336, cols = 4096;
+  const int64_t rows = S.rows, cols = S.cols;
   auto v = random_bf16(size_t(rows) * cols, 0.02f);
   const size_t bytes = v.size() * 2;
-  const size_t copies = (size_t{512} << 20) / bytes + 1;
+  const size_t copies = S.stream_bytes / bytes + 1;
   std::vector<std::unique_ptr<Weight>> ws;
   for (size_t i = 0; i < copies; ++i) {
     auto w = (*be)->make_weight(DType::BF16, cols, {{v.data(), rows}});
@@ -417,7 +439,7 @@ void bench_tc_decode(double copy_gbs) {
 // Attention over a paged cache: B sequences of `ctx` tokens; decode (1 query each) or one
 // prefill of ctx tokens. Llama-3-8B heads: 32 query, 8 KV, head_dim 128.
 void bench_attention(double copy_gbs, double peak_tflops) {
-  const int32_t nh = 32, nkv = 8, hd = 128, bs = 16;
+  const int32_t nh = S.attn_heads, nkv = S.attn_kv_heads, hd = 128, bs = 16;
   // Each kernel: decode (16 sequences) or prefill, TROUPE_CUDA_ATTN, batch-invariant or
   // --cuda-cublas. K rows staged or read directly (the same bits: which is faster decides
   // the default); every token on tensor cores, batch-invariant (opt-in until these rows
@@ -445,7 +467,7 @@ void bench_attention(double copy_gbs, double peak_tflops) {
     unsetenv("TROUPE_CUDA_ATTN");
     need(be);
     const bool decode = kind.decode;
-    const int32_t B = decode ? 16 : 1, ctx = 4096, per_seq = decode ? 1 : ctx;
+    const int32_t B = decode ? S.attn_seqs : 1, ctx = S.attn_ctx, per_seq = decode ? 1 : ctx;
     const int32_t blocks_per_seq = ctx / bs;
     KvCacheShape ks{1, B * blocks_per_seq, bs, nkv, hd};
     auto cache = (*be)->make_kv_cache(ks);
@@ -476,7 +498,8 @@ void bench_attention(double copy_gbs, double peak_tflops) {
     float* q = (*be)->upload(test::random_floats(size_t(st.num_tokens) * nh * hd, rng));
     float* o = (*be)->alloc(size_t(st.num_tokens) * nh * hd);
     const double ms = time_ms(**be, [&] { (*be)->attention(**cache, 0, q, nh * hd, nh, 0.088f, o); });
-    if (kind.attn && kind.invariant &&
+    const bool tc_kind = kind.attn && (!std::strcmp(kind.attn, "tc") || !std::strcmp(kind.attn, "wmma"));
+    if (tc_kind && kind.invariant &&
         (*be)->stats().find("batch-invariant attention on tensor cores: 0;") != std::string::npos)
       fail(kind.what + std::string(": the tensor-core kernel did not run"));
     if (decode) {
@@ -495,7 +518,7 @@ void bench_small_ops(double copy_gbs) {
   auto be = make_cuda_backend({});
   need(be);
   std::mt19937 rng(4);
-  const int64_t n = 2048, dim = 4096;
+  const int64_t n = S.tokens, dim = S.cols;
   float* x = (*be)->upload(test::random_floats(size_t(n * dim), rng));
   float* w = (*be)->upload(test::random_floats(size_t(dim), rng));
   float* y = (*be)->alloc(size_t(n * dim));
@@ -523,10 +546,11 @@ void bench_small_ops(double copy_gbs) {
     gbs = (2.0 + 0.5) * n * dim * 4 / (ms * 1e-3) / 1e9;
     add({"rms_norm, bf16 copy for cuBLAS too", "2048 x 4096 f32", ms, gbs, "GB/s", 100.0 * gbs / copy_gbs, "copy"});
   }
-  float* gu = (*be)->upload(test::random_floats(size_t(n) * 2 * 14336, rng));
-  float* act = (*be)->alloc(size_t(n) * 14336);
-  ms = time_ms(**be, [&] { (*be)->silu_mul(gu, n, 14336, act); });
-  gbs = 3.0 * n * 14336 * 4 / (ms * 1e-3) / 1e9;
+  const int64_t ffn = S.rows;
+  float* gu = (*be)->upload(test::random_floats(size_t(n) * 2 * ffn, rng));
+  float* act = (*be)->alloc(size_t(n) * std::max(ffn, dim));  // (also add_rms_norm's output below)
+  ms = time_ms(**be, [&] { (*be)->silu_mul(gu, n, ffn, act); });
+  gbs = 3.0 * n * ffn * 4 / (ms * 1e-3) / 1e9;
   add({"silu_mul", "2048 x 14336 f32", ms, gbs, "GB/s", 100.0 * gbs / copy_gbs, "copy"});
   // The fused residual add + norm (reads x and y, writes x and out).
   float* r = (*be)->upload(test::random_floats(size_t(n * dim), rng));
@@ -535,8 +559,8 @@ void bench_small_ops(double copy_gbs) {
   add({"add_rms_norm (fused)", "2048 x 4096 f32", ms, gbs, "GB/s", 100.0 * gbs / copy_gbs, "copy"});
   // On-device sampling over Llama-3's vocabulary: greedy, and top-p 0.9 at T 0.8 (time per
   // call, tokens back to the host included).
-  const int64_t vocab = 128256;
-  for (int64_t b : {1, 64}) {
+  const int64_t vocab = S.vocab;
+  for (int64_t b : {int64_t{1}, S.sample_batch}) {
     std::normal_distribution<float> nd(0.0f, 3.0f);
     std::vector<float> lg(size_t(b * vocab));
     for (auto& v : lg) v = nd(rng);
@@ -566,18 +590,23 @@ void bench_small_ops(double copy_gbs) {
 
 }  // namespace
 
-int main(int argc, char** argv) {
+int gpu_bench::run(int argc, char** argv) {
   if (argc < 2) {
-    std::fprintf(stderr, "usage: troupe_gpu_bench OUT_DIR [--config configs/llama-3-8b.json] [--skip-e2e]\n");
+    std::fprintf(stderr, "usage: troupe_gpu_bench OUT_DIR [--config configs/llama-3-8b.json] [--skip-e2e] [--smoke]\n");
     return 2;
   }
   const std::string dir = argv[1];
   std::string config = "configs/llama-3-8b.json";
   bool e2e = true;
+  S = Sizes{};
   for (int i = 2; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--config") && i + 1 < argc) config = argv[++i];
     else if (!std::strcmp(argv[i], "--skip-e2e")) e2e = false;
+    else if (!std::strcmp(argv[i], "--smoke")) S = Sizes::smoke();
   }
+  rows.clear();
+  out = json::object();
+  failures.clear();
   if (std::string why = cuda_unavailable_reason(); !why.empty()) {
     std::fprintf(stderr, "troupe_gpu_bench: %s\n", why.c_str());
     return 2;
@@ -595,12 +624,12 @@ int main(int argc, char** argv) {
   const double copy = copy_bandwidth();
   cublasHandle_t h;
   cublasCreate(&h);
-  const GemmTime peak_t = cublas_time(h, 8192, 8192, 8192, CUDA_R_16BF);
+  const GemmTime peak_t = cublas_time(h, S.gemm, S.gemm, S.gemm, CUDA_R_16BF);
   cublasDestroy(h);
-  const double peak = peak_t.tflops(8192, 8192, 8192, peak_t.ms);
+  const double peak = peak_t.tflops(S.gemm, S.gemm, S.gemm, peak_t.ms);
   add({"ceiling: cuBLAS bf16 GEMM", "8192^3", peak_t.ms, peak, "TFLOP/s", -1, ""});
   add({"(not a ceiling) the same GEMM, a burst of 10", "8192^3", peak_t.burst_ms,
-       peak_t.tflops(8192, 8192, 8192, peak_t.burst_ms), "TFLOP/s", -1, ""});
+       peak_t.tflops(S.gemm, S.gemm, S.gemm, peak_t.burst_ms), "TFLOP/s", -1, ""});
   g_dir = dir;
   g_prop = prop;
   // Kernels the H200 run measured first, kernels written since last: a fault on the device
@@ -621,7 +650,7 @@ int main(int argc, char** argv) {
   bench_prefill_matmul();
   bench_gemv(copy, true);  // the f32-activation kernel for every type, for comparison
   bench_tc_decode(copy);
-  write_outputs();
+  write_outputs(/*last=*/true);
   std::printf("wrote %s/gpu-check.md and gpu-check.json\n", dir.c_str());
   for (const auto& f : failures) std::fprintf(stderr, "FAILED: %s\n", f.c_str());
   return failures.empty() ? 0 : 1;
@@ -629,7 +658,7 @@ int main(int argc, char** argv) {
 
 namespace gpu_bench {
 // OUT_DIR/gpu-check.md and .json: the rows so far, the Targets table and the failures.
-void write_outputs() {
+void write_outputs(bool last) {
   if (g_dir.empty()) return;
   const std::string& dir = g_dir;
   const cudaDeviceProp& prop = g_prop;
@@ -647,7 +676,7 @@ void write_outputs() {
   }
   out["rows"] = jr;
   const double parts_ms = out.contains("decode_parts_ms") ? out["decode_parts_ms"].get<double>() : -1;
-  out["targets"] = gpu_bench::targets_table(rows, parts_ms, md);
+  out["targets"] = gpu_bench::targets_table(rows, parts_ms, md, /*print=*/last);
   out["failures"] = failures;
   for (const auto& f : failures) md << "\nFAILED: " << f << "\n";
   std::ofstream(dir + "/gpu-check.json") << out.dump(2) << "\n";

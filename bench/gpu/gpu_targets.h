@@ -21,7 +21,8 @@ struct Row {
 
 // The targets (docs/gpu.md) from a run's rows: for each, the best row that
 // measures it beside its goal, so a run's table says at once what is met and what is not.
-inline nlohmann::json targets_table(const std::vector<Row>& rows, double decode_parts_ms, std::ostream& md) {
+inline nlohmann::json targets_table(const std::vector<Row>& rows, double decode_parts_ms, std::ostream& md,
+                                    bool print = true) {
   struct Target {
     std::string name, row;
     double got = -1, goal;
@@ -69,7 +70,7 @@ inline nlohmann::json targets_table(const std::vector<Row>& rows, double decode_
     }
   ts.push_back(gap);
   md << "\n## Targets\n\n| target | measured | goal | met | from |\n|---|---:|---:|---|---|\n";
-  std::printf("\ntargets:\n");
+  if (print) std::printf("\ntargets:\n");
   nlohmann::json jt = nlohmann::json::array();
   for (const auto& t : ts) {
     const bool measured = t.got >= 0;
@@ -78,7 +79,7 @@ inline nlohmann::json targets_table(const std::vector<Row>& rows, double decode_
     std::snprintf(got, sizeof got, measured ? "%.1f%%" : "not measured", t.got);
     std::snprintf(goal, sizeof goal, "%s %.0f%%", t.at_most ? "<=" : ">=", t.goal);
     md << "| " << t.name << " | " << got << " | " << goal << " | " << (met ? "yes" : "no") << " | " << t.row << " |\n";
-    std::printf("  %-80s %12s  goal %-6s %s\n", t.name.c_str(), got, goal, met ? "met" : "MISSED");
+    if (print) std::printf("  %-80s %12s  goal %-6s %s\n", t.name.c_str(), got, goal, met ? "met" : "MISSED");
     jt.push_back({{"target", t.name}, {"measured_pct", t.got}, {"goal_pct", t.goal}, {"at_most", t.at_most},
                   {"met", met}, {"from", t.row}});
   }

@@ -1,6 +1,7 @@
 // troupe_gpu_bench's end-to-end sections (bench/gpu/bench_util.h): Llama-3-8B-shaped dummy
 // bf16 weights, each op of a batch-1 decode step alone, and decode and prefill in each
 // matmul mode.
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <map>
@@ -87,7 +88,7 @@ void bench_decode_parts(const ModelConfig& cfg, double copy_gbs) {
   std::mt19937 rng(6);
   const int64_t H = cfg.hidden, hd = cfg.head_dim, nh = cfg.num_heads, nkv = cfg.num_kv_heads, ffn = cfg.ffn;
   const int64_t qkv_rows = (nh + 2 * nkv) * hd;
-  const int32_t ctx = 1024, bs = 16, bps = ctx / bs;
+  const int32_t ctx = S.e2e_ctx, bs = 16, bps = ctx / bs;
   auto cache = (*be)->make_kv_cache(KvCacheShape{1, bps, bs, int32_t(nkv), int32_t(hd)});
   need(cache);
   std::vector<int32_t> ids = {7}, pos = {ctx - 1}, qs = {0, 1}, cl = {ctx}, slots = {ctx - 1}, bt(bps);
@@ -116,7 +117,7 @@ void bench_decode_parts(const ModelConfig& cfg, double copy_gbs) {
   auto gemv_part = [&](const std::string& what, int64_t rows, int64_t cols, int per_layer, auto call) {
     auto v = random_bf16(size_t(rows) * cols, 0.02f);
     const size_t bytes = v.size() * 2;
-    const size_t copies = std::max<size_t>(1, (size_t{512} << 20) / bytes + 1);
+    const size_t copies = std::max<size_t>(1, S.stream_bytes / bytes + 1);
     std::vector<std::unique_ptr<Weight>> ws;
     for (size_t i = 0; i < copies; ++i) {
       auto w = (*be)->make_weight(DType::BF16, cols, {{v.data(), rows}});
@@ -148,6 +149,7 @@ void bench_decode_parts(const ModelConfig& cfg, double copy_gbs) {
 }
 
 void bench_end_to_end(const ModelConfig& cfg, double copy_gbs) {
+  const int32_t max_b = *std::max_element(S.e2e_batches.begin(), S.e2e_batches.end());
   std::printf("building Llama-3-8B-shaped dummy bf16 weights...\n");
   std::fflush(stdout);
   SharedDummySource src(cfg);
@@ -169,10 +171,10 @@ void bench_end_to_end(const ModelConfig& cfg, double copy_gbs) {
     unsetenv("TROUPE_CUDA_FUSE");
     need(be);
     const double t0 = now();
-    auto model = Model::build(cfg, src, **be, 2048);
+    auto model = Model::build(cfg, src, **be, std::max(S.e2e_prefill, max_b));
     if (!model) { std::fprintf(stderr, "%s\n", model.error().message.c_str()); std::exit(1); }
     std::printf("  model on %s in %.1f s\n", (*be)->name().c_str(), now() - t0);
-    const int32_t ctx = 1024, bs = 16, bps = ctx / bs, max_b = 256;
+    const int32_t ctx = S.e2e_ctx, bs = 16, bps = ctx / bs;
     KvCacheShape ks{cfg.num_layers, max_b * bps + 128, bs, cfg.num_kv_heads, cfg.head_dim};
     auto cache = (*be)->make_kv_cache(ks);
     if (!cache) { std::fprintf(stderr, "%s\n", cache.error().message.c_str()); std::exit(1); }
@@ -182,7 +184,7 @@ void bench_end_to_end(const ModelConfig& cfg, double copy_gbs) {
                                   : mode == 3 ? "batch-invariant tensor cores, CUDA graphs"
                                               : "batch-invariant GEMV, CUDA graphs, unfused epilogues";
     std::vector<float> logits;
-    for (int32_t B : {1, 8, 64, 256}) {
+    for (int32_t B : S.e2e_batches) {
       if ((mode == 2 || mode == 4) && B > 8) break;
       std::vector<int32_t> ids(B, 7), pos(B, ctx - 1), slots, qs, cl(B, ctx), bt, rows_;
       for (int32_t s = 0; s < B; ++s) {
@@ -211,7 +213,7 @@ void bench_end_to_end(const ModelConfig& cfg, double copy_gbs) {
     }
     std::printf("  %s\n", (*be)->stats().c_str());
     if (mode != 2 && mode != 4) {
-      const int32_t n = 2048, pb = n / bs;
+      const int32_t n = S.e2e_prefill, pb = n / bs;
       std::vector<int32_t> ids(n, 7), pos(n), slots(n), qs = {0, n}, cl = {n}, bt, row = {n - 1};
       for (int32_t b = 0; b < pb; ++b) bt.push_back(b);
       for (int32_t p = 0; p < n; ++p) {

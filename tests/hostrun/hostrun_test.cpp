@@ -10,6 +10,7 @@
 #include <cmath>
 #include <functional>
 #include <numeric>
+#include <set>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -17,6 +18,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "bench/gpu/bench_util.h"
 #include "bench/gpu/gemv_alone.h"
 #include "kernels/backend.h"
 #include "kernels/cuda/prepared.h"
@@ -550,6 +552,42 @@ TEST_CASE("host-run: --cuda-cublas prefill attention on tensor cores (mma.sync, 
     CHECK(g.max_diff <= 0.03 * g.max_abs);
     CHECK(g.agree == g.decisive);
   }
+}
+
+TEST_CASE("host-run: troupe_gpu_bench --smoke runs every section, row and check of the GPU bench", "[hostrun]") {
+  // bench/gpu's bench at small sizes over this fake (its code runs on a GPU only in a lent
+  // machine's one check.sh run, where a crash or a check that cannot pass costs that run):
+  // every section runs, no check fails, the table and JSON are written with every target.
+  const auto dir = std::filesystem::temp_directory_path() / ("troupe-gpu-bench-smoke-" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  const std::string cfg = test::source_dir() + "/configs/tiny-llama.json";
+  std::vector<std::string> args = {"troupe_gpu_bench", dir.string(), "--smoke", "--config", cfg};
+  std::vector<char*> argv;
+  for (auto& a : args) argv.push_back(a.data());
+  const int rc = gpu_bench::run(static_cast<int>(argv.size()), argv.data());
+  std::ifstream in(dir / "gpu-check.json");
+  REQUIRE(in.good());
+  const auto j = nlohmann::json::parse(in);
+  INFO(j.dump(1).substr(0, 4000));
+  CHECK(rc == 0);
+  CHECK(j["failures"].empty());
+  std::set<std::string> what;
+  for (const auto& r : j["rows"]) {
+    what.insert(r["what"].get<std::string>());
+    CHECK(r["ms"].get<double>() > 0);
+  }
+  for (const std::string w : {"ceiling: device-to-device copy", "rms_norm, bf16 copy for cuBLAS too",
+                              "gate/up GEMV + silu_mul bf16 (fused epilogue)", "decode part: attention",
+                              "prefill matmul bf16 (x->bf16 + cuBLAS)",
+                              "prefill matmul bf16 (x in bf16 from the norm + cuBLAS; the norm's extra store counted)",
+                              "decode attention (tensor cores, batch-invariant, mma.sync, TROUPE_CUDA_ATTN=tc)",
+                              "decode Llama-3-8B dummy bf16, batch-invariant GEMV, CUDA graphs",
+                              "prefill Llama-3-8B dummy bf16, cuBLAS above 8 tokens, CUDA graphs",
+                              "matmul bf16 (batch-invariant tensor cores)"})
+    CHECK(what.count(w) == 1);
+  CHECK(what.size() >= 60);
+  CHECK(j["targets"].size() >= 6);
+  std::filesystem::remove_all(dir);
 }
 
 TEST_CASE("host-run: a matmul takes prepared activations only from the op just before, on the same buffer, shape and rounding", "[hostrun]") {

@@ -10,6 +10,14 @@
 #define cuda_unavailable_reason hostrun_cuda_unavailable_reason
 
 #define cudaDeviceGetAttribute hostrun_cudaDeviceGetAttribute
+#define cudaDeviceSynchronize hostrun_cudaDeviceSynchronize
+#define cudaDriverGetVersion hostrun_cudaDriverGetVersion
+#define cudaRuntimeGetVersion hostrun_cudaRuntimeGetVersion
+#define cudaEventCreate hostrun_cudaEventCreate
+#define cudaEventDestroy hostrun_cudaEventDestroy
+#define cudaEventElapsedTime hostrun_cudaEventElapsedTime
+#define cudaEventRecord hostrun_cudaEventRecord
+#define cudaEventSynchronize hostrun_cudaEventSynchronize
 #define cudaFree hostrun_cudaFree
 #define cudaFreeHost hostrun_cudaFreeHost
 #define cudaFuncSetAttribute hostrun_cudaFuncSetAttribute

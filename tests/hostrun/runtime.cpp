@@ -24,6 +24,7 @@
 #include <atomic>
 #include <cstdio>
 #include <cstdlib>
+#include <chrono>
 #include <cstring>
 #include <map>
 #include <memory>
@@ -479,6 +480,39 @@ cudaError_t CUDARTAPI cudaStreamDestroy(cudaStream_t stream) {
   if (it == v.end()) return fail(cudaErrorInvalidResourceHandle);
   v.erase(it);
   delete stream;
+  return cudaSuccess;
+}
+cudaError_t CUDARTAPI cudaDeviceSynchronize() { return hostrun::drain_device(hostrun::t_device); }
+// Events (troupe_gpu_bench's burst timings): an event is recorded when the work queued on
+// its stream before it has run here, so the time between two spans the work between them.
+struct CUevent_st {
+  double t = 0;
+};
+cudaError_t CUDARTAPI cudaEventCreate(cudaEvent_t* event) {
+  *event = new CUevent_st;
+  return cudaSuccess;
+}
+cudaError_t CUDARTAPI cudaEventDestroy(cudaEvent_t event) {
+  delete event;
+  return cudaSuccess;
+}
+cudaError_t CUDARTAPI cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
+  if (hostrun::refused_in_capture()) return fail(cudaErrorStreamCaptureUnsupported);
+  if (cudaError_t e = hostrun::drain(hostrun::resolve(stream)); e != cudaSuccess) return fail(e);
+  event->t = std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+  return cudaSuccess;
+}
+cudaError_t CUDARTAPI cudaEventSynchronize(cudaEvent_t) { return cudaSuccess; }
+cudaError_t CUDARTAPI cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t end) {
+  *ms = static_cast<float>((end->t - start->t) * 1e3);
+  return cudaSuccess;
+}
+cudaError_t CUDARTAPI cudaDriverGetVersion(int* v) {
+  *v = 13000;
+  return cudaSuccess;
+}
+cudaError_t CUDARTAPI cudaRuntimeGetVersion(int* v) {
+  *v = 13000;
   return cudaSuccess;
 }
 cudaError_t CUDARTAPI cudaStreamSynchronize(cudaStream_t stream) {
