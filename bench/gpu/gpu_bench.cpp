@@ -219,7 +219,7 @@ void bench_gemv(double copy_gbs, bool simple) {
   if (simple) setenv("TROUPE_CUDA_GEMV", "simple", 1);
   auto be = make_cuda_backend({});
   unsetenv("TROUPE_CUDA_GEMV");
-  if (!be) { std::fprintf(stderr, "%s\n", be.error().message.c_str()); std::exit(1); }
+  need(be);
   std::mt19937 rng(1);
   const int64_t rows = S.rows, cols = S.cols;
   for (DType t : {DType::BF16, DType::Q8_0, DType::Q4_0, DType::Q4_1, DType::Q4_K, DType::Q6_K}) {
@@ -234,7 +234,7 @@ void bench_gemv(double copy_gbs, bool simple) {
     std::vector<std::unique_ptr<Weight>> ws;
     for (size_t i = 0; i < copies; ++i) {
       auto w = (*be)->make_weight(t, cols, {{data.data(), rows}});
-      if (!w) { std::fprintf(stderr, "%s\n", w.error().message.c_str()); std::exit(1); }
+      need(w);
       ws.push_back(std::move(*w));
     }
     float* x = (*be)->upload(test::random_floats(size_t(cols) * 8, rng));
@@ -422,7 +422,7 @@ void bench_tc_decode(double copy_gbs) {
   std::vector<std::unique_ptr<Weight>> ws;
   for (size_t i = 0; i < copies; ++i) {
     auto w = (*be)->make_weight(DType::BF16, cols, {{v.data(), rows}});
-    if (!w) { std::fprintf(stderr, "%s\n", w.error().message.c_str()); std::exit(1); }
+    need(w);
     ws.push_back(std::move(*w));
   }
   float* x = (*be)->upload(test::random_floats(size_t(cols) * 64, rng));

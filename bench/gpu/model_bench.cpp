@@ -172,12 +172,12 @@ void bench_end_to_end(const ModelConfig& cfg, double copy_gbs) {
     need(be);
     const double t0 = now();
     auto model = Model::build(cfg, src, **be, std::max(S.e2e_prefill, max_b));
-    if (!model) { std::fprintf(stderr, "%s\n", model.error().message.c_str()); std::exit(1); }
+    need(model);
     std::printf("  model on %s in %.1f s\n", (*be)->name().c_str(), now() - t0);
     const int32_t ctx = S.e2e_ctx, bs = 16, bps = ctx / bs;
     KvCacheShape ks{cfg.num_layers, max_b * bps + 128, bs, cfg.num_kv_heads, cfg.head_dim};
     auto cache = (*be)->make_kv_cache(ks);
-    if (!cache) { std::fprintf(stderr, "%s\n", cache.error().message.c_str()); std::exit(1); }
+    need(cache);
     const std::string mode_name = mode == 0   ? "batch-invariant GEMV, CUDA graphs"
                                   : mode == 1 ? "cuBLAS above 8 tokens, CUDA graphs"
                                   : mode == 2 ? "batch-invariant GEMV, no CUDA graphs"
