@@ -37,9 +37,9 @@ void Backend::rope_kv_write(KvCache& cache, int32_t layer, float* qkv, int64_t l
 }
 
 void Backend::matmul_silu(const Weight& gate_up, const float* x, int64_t n, int64_t ffn, float* gu, float* out,
-                          const Weight* /*next*/) {
+                          const Weight* next) {
   matmul(gate_up, x, n, gu, 2 * ffn);
-  silu_mul(gu, n, ffn, out);
+  silu_mul(gu, n, ffn, out, next);
 }
 
 void Backend::matmul_rope_kv_write(const Weight& wqkv, const float* x, KvCache& cache, int32_t layer, float* qkv,

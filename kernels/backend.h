@@ -113,7 +113,9 @@ class Backend {
   // prepare its input on the way out; the result is the same).
   virtual void attention(KvCache& cache, int32_t layer, const float* q, int64_t ld_q, int32_t num_heads,
                          float scale, float* out, const Weight* next = nullptr) = 0;
-  virtual void silu_mul(const float* gate_up, int64_t n, int64_t ffn, float* out) = 0;
+  // out[r, j] = silu(gate_up[r, j]) * gate_up[r, ffn + j]  gate_up: [n, 2 ffn], out: [n, ffn].
+  // next: the matmul that reads out next, if known (a hint, as for rms_norm).
+  virtual void silu_mul(const float* gate_up, int64_t n, int64_t ffn, float* out, const Weight* next = nullptr) = 0;
   virtual void add(float* x, const float* y, int64_t count) = 0;
 
   // Fused ops. Each default is the composition of the ops above, so a backend that does

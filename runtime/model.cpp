@@ -275,7 +275,7 @@ Status Model::forward_stage(const StepInputs& s, KvCache& cache, const float* hi
     } else {
       be.matmul(*L.gate, h_, n, gu_, 2 * cfg_.ffn);
       be.matmul(*L.up, h_, n, gu_ + cfg_.ffn, 2 * cfg_.ffn);
-      be.silu_mul(gu_, n, cfg_.ffn, act_);
+      be.silu_mul(gu_, n, cfg_.ffn, act_, L.down.get());
     }
     be.matmul(*L.down, act_, n, h_, H);
   }

@@ -180,7 +180,7 @@ class CpuBackend final : public Backend {
     });
   }
 
-  void silu_mul(const float* gate_up, int64_t n, int64_t ffn, float* out) override {
+  void silu_mul(const float* gate_up, int64_t n, int64_t ffn, float* out, const Weight* /*next*/ = nullptr) override {
     pool_.parallel_for(n, [&](int64_t a, int64_t b) { cpu::silu_mul_rows(gate_up, a, b, ffn, out); });
   }
 

@@ -372,9 +372,8 @@ class CudaBackend final : public Backend {
         [=](cudaStream_t st) { return cuda::attention(ds, q, ld_q, num_heads, nkv, hd, bs, scale, kc, vc, out, partials, st, tc, direct, xq, nq, xh); });
     prepared(out, dstep_.num_tokens, dim, nq, xq, xh);
   }
-  void silu_mul(const float* gate_up, int64_t n, int64_t ffn, float* out) override { silu(gate_up, n, ffn, out); }
   // (next: the matmul that reads out, which may take it in half from here: cuBLAS)
-  void silu(const float* gate_up, int64_t n, int64_t ffn, float* out, const Weight* next = nullptr) {
+  void silu_mul(const float* gate_up, int64_t n, int64_t ffn, float* out, const Weight* next = nullptr) override {
     const cuda::HalfOut xh = half_for(next, n, ffn);
     run("silu_mul", __LINE__, {P(gate_up), U(n), U(ffn), P(out), P(xh.p), U(xh.bf16)},
         [=](cudaStream_t st) { return cuda::silu_mul(gate_up, n, ffn, out, st, xh); });
@@ -447,8 +446,7 @@ class CudaBackend final : public Backend {
     if (failed() || n <= 0) return;
     const auto& w = static_cast<const CudaWeight&>(gate_up);
     if (!fused_gemv(w.type, n) || w.rows != 2 * ffn) {
-      matmul(gate_up, x, n, gu, 2 * ffn);
-      silu(gu, n, ffn, out, next);
+      Backend::matmul_silu(gate_up, x, n, ffn, gu, out, next);
       return;
     }
     const auto f = fused_weight(w, x, n);

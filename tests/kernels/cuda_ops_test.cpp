@@ -580,20 +580,23 @@ TEST_CASE("cuda: --cuda-cublas matmuls taking x in half from the norm or SiLU be
     for (const int64_t n : {9L, 20L}) {
       const auto x = test::random_floats(static_cast<size_t>(n * cols), rng, 3.0f);
       const auto y = test::random_floats(static_cast<size_t>(n * cols), rng);
-      // op 0: rms_norm, 1: add_rms_norm, 2: gate/up matmul + SiLU; then the matmul that reads
-      // the op's output. hint: the op names that matmul; alter: another op writes the output
-      // before the matmul (what was prepared must not be used then).
+      const auto g = test::random_floats(static_cast<size_t>(n * 2 * ffn), rng, 3.0f);
+      // op 0: rms_norm, 1: add_rms_norm, 2: gate/up matmul + SiLU, 3: SiLU alone (separate
+      // gate and up weights); then the matmul that reads the op's output. hint: the op names
+      // that matmul; alter: another op writes the output before the matmul (what was
+      // prepared must not be used then).
       auto run = [&](int op, bool hint, bool alter) {
         float* px = put(*gpu, x);
         float* py = put(*gpu, y);
-        const bool silu = op == 2;
+        const bool silu = op >= 2;
         float* act = silu ? gpu->alloc(static_cast<size_t>(n * ffn)) : py;
         float* gu = silu ? gpu->alloc(static_cast<size_t>(n * 2 * ffn)) : nullptr;
         float* out = gpu->alloc(static_cast<size_t>(n * rows));
         const Weight* next = hint ? (silu ? dw->get() : w->get()) : nullptr;
         if (op == 0) gpu->rms_norm(px, pw, 1e-5f, n, cols, py, next);
         if (op == 1) gpu->add_rms_norm(px, py, pw, 1e-5f, n, cols, py, next);
-        if (silu) gpu->matmul_silu(**gw, px, n, ffn, gu, act, next);
+        if (op == 2) gpu->matmul_silu(**gw, px, n, ffn, gu, act, next);
+        if (op == 3) gpu->silu_mul(put(*gpu, g), n, ffn, act, next);
         if (alter) gpu->add(act, act, n * (silu ? ffn : cols));
         gpu->matmul(silu ? **dw : **w, act, n, out, rows);
         auto r = get(*gpu, out, static_cast<size_t>(n * rows));
@@ -601,9 +604,9 @@ TEST_CASE("cuda: --cuda-cublas matmuls taking x in half from the norm or SiLU be
         r.insert(r.end(), a.begin(), a.end());
         return r;
       };
-      for (int op = 0; op < 3; ++op) {
+      for (int op = 0; op < 4; ++op) {
         const std::string what = std::string(dtype_traits(t).name) + " n " + std::to_string(n) + " " +
-                                 (op == 0 ? "rms_norm" : op == 1 ? "add_rms_norm" : "gate/up + SiLU");
+                                 (op == 0 ? "rms_norm" : op == 1 ? "add_rms_norm" : op == 2 ? "gate/up + SiLU" : "SiLU");
         INFO(what << "; " << gpu->stats());
         const auto taken0 = taken(), converted0 = converted();
         const auto hinted = run(op, true, false);
