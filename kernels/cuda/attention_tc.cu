@@ -74,6 +74,7 @@ struct TcArgs {
   float* out;
   float* partials;  // kSplit: [num_tokens, num_heads, max_segments, HD + 2]
   int max_segments;
+  HalfOut xh;  // kUniform, p non-null: the output in half too, for cuBLAS (ops.h)
 };
 
 // This warp's segment state (s.m, s.l, s.o) emptied, for a new online softmax.
@@ -229,7 +230,10 @@ __global__ void __launch_bounds__(kTcWarps * 32) attention_tc_kernel(TcArgs a) {
     if (!active) return;
     for (int i = lane; i < rows * HD; i += 32) {
       const int r = i / HD, d = i % HD;
-      a.out[(static_cast<int64_t>(t0 + r) * a.num_heads + h) * HD + d] = s.o[warp][r][d] / s.l[warp][r];
+      const int64_t o = (static_cast<int64_t>(t0 + r) * a.num_heads + h) * HD + d;
+      const float v = s.o[warp][r][d] / s.l[warp][r];
+      a.out[o] = v;
+      if (a.xh.p) store_half(a.xh, o, v);
     }
   } else if constexpr (kMode == kSplit) {
     const int kb = blockIdx.z * kAttentionSegment;
@@ -339,11 +343,11 @@ cudaError_t launch_tc_mode(const dim3& grid, const TcArgs& a, int head_dim, cuda
 
 cudaError_t attention_tc(const DeviceStep& step, const float* q, int64_t ld_q, int32_t num_heads, int32_t num_kv_heads,
                          int32_t head_dim, int32_t block_size, float scale, const uint16_t* k_cache,
-                         const uint16_t* v_cache, float* out, cudaStream_t stream) {
+                         const uint16_t* v_cache, float* out, cudaStream_t stream, HalfOut xh) {
   if (step.num_tokens <= 0) return cudaSuccess;
   if (num_kv_heads <= 0 || num_heads % num_kv_heads != 0) return cudaErrorInvalidValue;
   const TcArgs a{step, q, ld_q, num_heads, num_kv_heads, block_size, scale, reinterpret_cast<const __half*>(k_cache),
-                 reinterpret_cast<const __half*>(v_cache), out, nullptr, 0};
+                 reinterpret_cast<const __half*>(v_cache), out, nullptr, 0, xh};
   const dim3 grid(static_cast<unsigned>((step.num_tokens + kT - 1) / kT), gqa_head_blocks(num_heads, num_kv_heads, kTcWarps));
   return launch_tc_mode<kUniform>(grid, a, head_dim, stream);
 }
@@ -358,7 +362,7 @@ cudaError_t attention_tc_invariant(const DeviceStep& step, const float* q, int64
     return cudaErrorInvalidValue;
   const int segs = attention_segments(step.max_context);
   const TcArgs a{step, q, ld_q, num_heads, num_kv_heads, block_size, scale, reinterpret_cast<const __half*>(k_cache),
-                 reinterpret_cast<const __half*>(v_cache), out, partials, segs};
+                 reinterpret_cast<const __half*>(v_cache), out, partials, segs, {}};
   // A block per token bounds the tiles (a tile holds at least one): those past the last
   // tile return at once. The grid thus depends on the step's shape alone.
   const unsigned tiles = static_cast<unsigned>(step.num_tokens), ys = gqa_head_blocks(num_heads, num_kv_heads, kTcWarps);

@@ -356,14 +356,14 @@ class CudaBackend final : public Backend {
     mma_attention_calls_ += mma;
     // The O projection reads out next. Its int8 GEMV: the kernel quantizes out on the way
     // (not with a tensor-core kernel, which writes some of the tokens); cuBLAS: the kernels
-    // write it in half too (not with the WMMA one).
+    // write it in half too.
     const int64_t dim = int64_t{num_heads} * hd;
-    const cuda::HalfOut xh = tc && !mma ? cuda::HalfOut{} : half_for(next, dstep_.num_tokens, dim);
+    const cuda::HalfOut xh = half_for(next, dstep_.num_tokens, dim);
     if (tc)
       run(mma ? "attention_mma" : "attention_tc", __LINE__, {step_key(), P(q), U(ld_q), U(num_heads), U(nkv), U(hd), U(bs), F(scale), P(kc), P(vc), P(out), U(mma), P(xh.p), U(xh.bf16)},
           [=](cudaStream_t st) {
             return mma ? cuda::attention_mma(ds, q, ld_q, num_heads, nkv, hd, bs, scale, kc, vc, out, st, xh)
-                       : cuda::attention_tc(ds, q, ld_q, num_heads, nkv, hd, bs, scale, kc, vc, out, st);
+                       : cuda::attention_tc(ds, q, ld_q, num_heads, nkv, hd, bs, scale, kc, vc, out, st, xh);
           });
     const bool direct = direct_k_;
     cuda::Q8Numerics nq;

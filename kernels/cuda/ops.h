@@ -166,10 +166,11 @@ cudaError_t attention(const DeviceStep& step, const float* q, int64_t ld_q, int3
 // KV head, over the same cache and with the same output layout as attention(). Tokens in
 // other tiles are not written: run attention() with skip_tc_tiles for them. Its dynamic
 // shared memory per block is attention_tc_shared_bytes(head_dim) (0: unsupported width);
-// the device must allow that much (cudaDevAttrMaxSharedMemoryPerBlockOptin).
+// the device must allow that much (cudaDevAttrMaxSharedMemoryPerBlockOptin). xh: as
+// attention()'s, for its tiles' tokens.
 cudaError_t attention_tc(const DeviceStep& step, const float* q, int64_t ld_q, int32_t num_heads, int32_t num_kv_heads,
                          int32_t head_dim, int32_t block_size, float scale, const uint16_t* k_cache,
-                         const uint16_t* v_cache, float* out, cudaStream_t stream);
+                         const uint16_t* v_cache, float* out, cudaStream_t stream, HalfOut xh = {});
 // attention_tc's tiles and grouping, flash-attention-2 style (attention_mma.cu: mma.sync,
 // S, P and O in registers, K/V tiles double-buffered by cp.async); not batch-invariant.
 // head_dim: 32, 64, 96 or 128; its dynamic shared memory per block is

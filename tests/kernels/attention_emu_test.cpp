@@ -76,7 +76,7 @@ struct Fixture {
   }
   float scale() const { return 1.0f / std::sqrt(static_cast<float>(c.hd)); }
   cuda::TcArgs tc_args(float* out, float* partials = nullptr, int max_segments = 0) const {
-    return cuda::TcArgs{st, q.data(), ldq, c.nh, c.nkv, bs, scale(), kc.data(), vc.data(), out, partials, max_segments};
+    return cuda::TcArgs{st, q.data(), ldq, c.nh, c.nkv, bs, scale(), kc.data(), vc.data(), out, partials, max_segments, {}};
   }
   cuda::MmaArgs mma_args(float* out, float* partials = nullptr, int max_segments = 0) const {
     return cuda::MmaArgs{st, q.data(), ldq, c.nh, c.nkv, bs, scale(), kc.data(), vc.data(), out, partials, max_segments, {}};
@@ -239,6 +239,21 @@ void check_tc(const Case& c, std::mt19937& g) {
   INFO("heads " << c.nh << "/" << c.nkv << " hd " << HD << ": tensor-core tiles max |diff| " << w << ", all " << w_all);
   CHECK(w < 2e-3);  // (P is rounded to f16 before P V: about 3e-4 here)
   CHECK(w_all < 2e-3);
+  // With a half copy for cuBLAS: the tile kernel writes its tokens', the per-token kernel the
+  // rest, every value as to_half_rows rounds the output; the output's bits unchanged.
+  for (const bool bf16 : {false, true}) {
+    std::vector<float> again(mixed.size(), -7.0f);
+    std::vector<uint16_t> h(mixed.size(), 0xEEEE);
+    cuda::TcArgs ta = f.tc_args(again.data());
+    ta.xh = {h.data(), bf16};
+    cuda::Args la = f.args(true);
+    la.xh = {h.data(), bf16};
+    cuda_emu::launch3(tiles, head_groups(c), 1, cuda::kTcWarps * 32, cuda::attention_tc_kernel<HD, cuda::kUniform>, ta);
+    cuda_emu::launch3(f.n, head_groups(c), 1, cuda::kThreads, cuda::attention_loop_kernel<DPL>, la, again.data());
+    INFO((bf16 ? "bf16" : "f16"));
+    CHECK(std::memcmp(again.data(), mixed.data(), mixed.size() * 4) == 0);
+    CHECK(halves_of(mixed, h, bf16));
+  }
 }
 
 // The mma.sync prefill attention (attention_mma.cu) as the backend runs it: its kernel over
