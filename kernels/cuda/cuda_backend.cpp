@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "kernels/backend.h"
+#include "kernels/cuda/attention_path.h"
 #include "kernels/cuda/device_memory.h"
 #include "kernels/cuda/layout.h"
 #include "kernels/cuda/ops.h"
@@ -37,9 +38,6 @@ using cuda::CudaWeight;
 // Decode batches up to this many tokens use the fused GEMV; larger ones cuBLAS unless the
 // backend is batch-invariant.
 constexpr int64_t kGemvMaxTokens = 8;
-// Steps of at least this many tokens use the tensor-core prefill attention when the backend
-// is not batch-invariant.
-constexpr int32_t kTcMinTokens = 64;
 constexpr int kMaxGridZ = 65535;  // split-KV: a block per segment in the grid's z
 // Split-KV partials needed by a step, at most (64 MB for the exact segment count, times
 // attention_segments()'s 1.5); the buffer itself may be half as large again (ensure()).
@@ -315,19 +313,13 @@ class CudaBackend final : public Backend {
     // multiprocessor fewer than four and the context spans several segments: the same bits.
     // The partials (written and read once: about 1/32 of the KV bytes for four query heads
     // per KV head) are capped at kMaxPartialBytes; where refused, the looped path runs.
-    // Not batch-invariant (--cuda-cublas) and a prefill-sized step: tiles of 16 tokens of one
-    // sequence go to a tensor-core kernel (attention_mma; attention_tc's WMMA for heads over
-    // 128 or with TROUPE_CUDA_ATTN=wmma), the rest to the per-token kernel.
+    // Tensor-core kernels where attention_path() says: --cuda-cublas prefill tiles, or every
+    // token in the batch-invariant mode with TROUPE_CUDA_ATTN=tc or wmma (split-KV as below,
+    // the same bits either way; every step takes the same kernel).
     const int32_t hd = c.shape_.head_dim;
-    const size_t tc_bytes = cuda::attention_tc_shared_bytes(hd);
-    auto fits = [&](size_t bytes) { return bytes > 0 && bytes <= static_cast<size_t>(max_shared_optin_); };
-    const bool prefill_tc = !batch_invariant_ && dstep_.num_tokens >= kTcMinTokens;
-    const bool mma_fits = !wmma_attention_ && fits(cuda::attention_mma_shared_bytes(hd, batch_invariant_));
-    const bool mma = prefill_tc && mma_fits, tc = mma || (prefill_tc && fits(tc_bytes));
-    // Batch-invariant with TROUPE_CUDA_ATTN=tc (mma.sync) or wmma: every token on tensor cores, split-KV as
-    // below (the same bits either way), where head size and device allow: every step takes the same kernel.
-    const bool tc_all = tc_attention_ && batch_invariant_ &&
-                        (mma_fits || (cuda::attention_tc_invariant_supported(hd) && fits(tc_bytes)));
+    const cuda::AttentionPath path = cuda::attention_path(
+        {batch_invariant_, tc_attention_, wmma_attention_, dstep_.num_tokens, hd, max_shared_optin_});
+    const bool tc = path.tiles, mma = path.tiles && path.mma, tc_all = path.every_token;
     float* partials = nullptr;
     const int segs = cuda::attention_segments(dstep_.max_context);
     const size_t floats = size_t(dstep_.num_tokens) * num_heads * segs * (hd + 2);
@@ -345,10 +337,11 @@ class CudaBackend final : public Backend {
     const uint16_t* vc = c.v + c.layer_elems * layer;
     if (tc_all) {
       ++tc_attention_calls_;
-      run(mma_fits ? "attention_mma_invariant" : "attention_tc_invariant", __LINE__,
-          {step_key(), P(q), U(ld_q), U(num_heads), U(nkv), U(hd), U(bs), F(scale), P(kc), P(vc), P(out), P(partials), U(mma_fits)},
+      const bool mma_all = path.mma;
+      run(mma_all ? "attention_mma_invariant" : "attention_tc_invariant", __LINE__,
+          {step_key(), P(q), U(ld_q), U(num_heads), U(nkv), U(hd), U(bs), F(scale), P(kc), P(vc), P(out), P(partials), U(mma_all)},
           [=](cudaStream_t st) {
-            return (mma_fits ? cuda::attention_mma_invariant : cuda::attention_tc_invariant)(ds, q, ld_q, num_heads, nkv, hd, bs,
+            return (mma_all ? cuda::attention_mma_invariant : cuda::attention_tc_invariant)(ds, q, ld_q, num_heads, nkv, hd, bs,
                                                                                              scale, kc, vc, out, partials, st);
           });
       return;
