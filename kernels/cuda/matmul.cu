@@ -203,6 +203,14 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
 // batch-invariant. The rows are R / E::kRows items of the epilogue E (gemv_epilogue.cuh:
 // plain rows, or a fused SiLU or RoPE + KV write); items past the end re-read the warp's
 // first item and are not stored.
+// For 2+ tokens the block stages each tile of 32 U vectors of its tokens' x in shared
+// memory, each vector's two halves in separate arrays: read straight from global memory,
+// lane l's two 16-byte loads 32 bytes apart touched twice the sectors they used (a warp's
+// load, 8 cache lines), and each of the block's warps read all of x again (from L2 where x
+// outgrew L1: 8 tokens of 14336 columns are 458 KB). Staged, a lane's read of a half is
+// one of 32 contiguous 16-byte reads, and the block reads x from global memory once, with
+// contiguous 16-byte loads. The values are the same, so are the bits. (One token keeps the
+// direct loads: there x is no more bytes than the weights a lane reads.)
 template <bool BF16, int NT, int R, class E = RowsOut>
 __global__ void __launch_bounds__(kWarpsPerBlock * 32)
     gemv_half_rows_kernel(const uint8_t* __restrict__ w, size_t row_bytes, int64_t cols,
@@ -210,32 +218,60 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
   constexpr int U = 2;  // vectors per row in flight
   constexpr int K = E::kRows, P = R / K;
   static_assert(R % K == 0, "whole items per warp");
+  constexpr bool kStage = NT > 1;
+  constexpr int V = 32 * U;  // vectors of a staged tile
+  // [token][half][vector]; a half's array padded by four vectors, so that the 8 threads of a
+  // quarter-warp storing 4 vectors' two halves hit distinct banks
+  __shared__ float4 xs[kStage ? NT : 1][2][V + 4];
   const int lane = threadIdx.x & 31;
   const int64_t item0 = (int64_t{blockIdx.x} * kWarpsPerBlock + (threadIdx.x >> 5)) * P;
   const int64_t items = out.items();
-  if (item0 >= items) return;
-  const int np = items - item0 < P ? static_cast<int>(items - item0) : P;
+  const bool active = item0 < items;  // (warps past the end still stage their share of x)
+  if (!kStage && !active) return;
+  const int np = !active ? 0 : items - item0 < P ? static_cast<int>(items - item0) : P;
   const int64_t t0 = int64_t{blockIdx.y} * NT;
   const int nt = n - t0 < NT ? static_cast<int>(n - t0) : NT;
   x += t0 * ldx;
   const uint4* wr[R];
 #pragma unroll
   for (int i = 0; i < R; ++i)
-    wr[i] = reinterpret_cast<const uint4*>(w + static_cast<size_t>(out.row(item0 + (i / K < np ? i / K : 0), i % K)) *
-                                               row_bytes);
+    wr[i] = reinterpret_cast<const uint4*>(
+        w + static_cast<size_t>(out.row(active ? item0 + (i / K < np ? i / K : 0) : 0, i % K)) * row_bytes);
   float acc[R][NT];
 #pragma unroll
   for (int i = 0; i < R; ++i)
 #pragma unroll
     for (int t = 0; t < NT; ++t) acc[i][t] = 0.f;
   const int64_t num_vecs = (cols + 7) / 8;  // rows are padded to 32 columns with zeros
-  for (int64_t v0 = lane; v0 < num_vecs; v0 += 32 * U) {
+  for (int64_t tile = 0; tile < num_vecs; tile += V) {
+    const int64_t v0 = tile + lane;
     uint4 raw[U][R];
+    if (active)
 #pragma unroll
-    for (int u = 0; u < U; ++u)
-      if (v0 + 32 * u < num_vecs)
+      for (int u = 0; u < U; ++u)
+        if (v0 + 32 * u < num_vecs)
 #pragma unroll
-        for (int i = 0; i < R; ++i) raw[u][i] = __ldcs(wr[i] + v0 + 32 * u);
+          for (int i = 0; i < R; ++i) raw[u][i] = __ldcs(wr[i] + v0 + 32 * u);
+    if constexpr (kStage) {
+      __syncthreads();  // (every warp has read the last tile)
+      for (int e = threadIdx.x; e < nt * 2 * V; e += kWarpsPerBlock * 32) {
+        const int t = e / (2 * V), k = e % (2 * V);  // k: half k & 1 of vector k >> 1
+        const int64_t base = tile * 8 + 4 * k;
+        const float* xt = x + t * ldx + base;
+        float4 h;
+        if (vec && base + 4 <= cols) {
+          h = *reinterpret_cast<const float4*>(xt);
+        } else {
+          h.x = base < cols ? xt[0] : 0.f;
+          h.y = base + 1 < cols ? xt[1] : 0.f;
+          h.z = base + 2 < cols ? xt[2] : 0.f;
+          h.w = base + 3 < cols ? xt[3] : 0.f;
+        }
+        xs[t][k & 1][k >> 1] = h;
+      }
+      __syncthreads();
+      if (!active) continue;
+    }
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       const int64_t v = v0 + 32 * u;
@@ -248,7 +284,12 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
       for (int t = 0; t < NT; ++t) {
         if (t >= nt) break;
         float xv[8];
-        load_x8(x + t * ldx + base, base, cols, vec, xv);
+        if constexpr (kStage) {
+          const float4 a = xs[t][0][lane + 32 * u], b = xs[t][1][lane + 32 * u];
+          xv[0] = a.x; xv[1] = a.y; xv[2] = a.z; xv[3] = a.w; xv[4] = b.x; xv[5] = b.y; xv[6] = b.z; xv[7] = b.w;
+        } else {
+          load_x8(x + t * ldx + base, base, cols, vec, xv);
+        }
 #pragma unroll
         for (int i = 0; i < R; ++i) {
           float s = 0.f;
@@ -259,6 +300,7 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
       }
     }
   }
+  if (!active) return;
 #pragma unroll
   for (int p = 0; p < P; ++p) {
     if (p >= np) break;
