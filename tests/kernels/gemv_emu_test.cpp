@@ -9,6 +9,7 @@
 #include "kernels/cuda/matmul.cu"
 
 #include <catch2/catch.hpp>
+#include <cmath>
 #include <cstring>
 #include <random>
 
@@ -51,7 +52,8 @@ void check_group(const std::vector<uint8_t>& w, size_t row_bytes, int64_t rows, 
 TEST_CASE("the several-rows-per-warp f16/bf16 GEMV kernel's source gives the one-row kernel's bits", "[kernels][cuda-emulation]") {
   std::mt19937 g(8);
   std::normal_distribution<float> nd(0.0f, 1.0f);
-  for (int64_t cols : {45, 1000}) {
+  // (44: aligned x whose last vector has one whole 16-byte half: the staged kernels load it as one)
+  for (int64_t cols : {44, 45, 1000}) {
     for (int64_t rows : {5, 33}) {  // ragged for both kernels (4 and 16 rows per block)
       const int64_t padded = (cols + 31) / 32 * 32;
       const size_t row_bytes = static_cast<size_t>(padded) * 2;
@@ -63,12 +65,20 @@ TEST_CASE("the several-rows-per-warp f16/bf16 GEMV kernel's source gives the one
             std::memcpy(w.data() + r * row_bytes + c * 2, &h, 2);
           }
         for (int64_t n : {2, 7, 11}) {
-          // x rows at stride cols + 4 (aligned), and one float off (unaligned: scalar loads).
-          const int64_t ldx = cols + 4;
+          // x rows at a stride of 4 to 7 floats past cols, a multiple of 4 (aligned: vector
+          // loads, also where cols is not a multiple of 4), and one float off (unaligned:
+          // scalar loads).
+          const int64_t ldx = (cols + 7) / 4 * 4;
           std::vector<float> x(static_cast<size_t>(n * ldx + 4));
           for (auto& v : x) v = nd(g);
           for (bool aligned : {true, false}) {
-            const float* xp = x.data() + (aligned ? 0 : 1);
+            // NaN past cols in each row: a kernel that reads it there (its weights are zero)
+            // gives NaN instead of the one-row kernel's value.
+            std::vector<float> xc = x;
+            const int64_t off = aligned ? 0 : 1;
+            for (int64_t t = 0; t < n; ++t)
+              for (int64_t c = cols; c < ldx; ++c) xc[static_cast<size_t>(off + t * ldx + c)] = std::nanf("");
+            const float* xp = xc.data() + off;
             const bool vec = aligned && ldx % 4 == 0;
             INFO("cols " << cols << " rows " << rows << (bf16 ? " bf16" : " f16") << " n " << n
                          << (aligned ? " aligned" : " unaligned"));
@@ -172,6 +182,7 @@ TEST_CASE("the f16/bf16 GEMV's fused SiLU and RoPE + KV-write epilogues give the
   check_half_epilogues<true, 1>(g, 64, 1, true);
   check_half_epilogues<false, 1>(g, 45, 1, false);
   check_half_epilogues<true, 4>(g, 300, 3, false);
+  check_half_epilogues<false, 4>(g, 300, 3, true);  // (300: the last vector's second half is past cols)
   check_half_epilogues<false, 8>(g, 64, 10, true);
   check_half_epilogues<true, 2>(g, 1000, 2, true);
 }
