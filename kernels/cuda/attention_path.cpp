@@ -1,6 +1,8 @@
 // CudaBackend's choice of attention kernel (attention_path.h).
 #include "kernels/cuda/attention_path.h"
 
+#include <cstddef>
+
 #include "kernels/cuda/ops.h"
 
 namespace troupe::cuda {

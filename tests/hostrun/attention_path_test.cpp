@@ -3,6 +3,8 @@
 // the host here).
 #include <catch2/catch.hpp>
 
+#include <string>
+
 #include "kernels/cuda/attention_path.h"
 #include "kernels/cuda/ops.h"
 
