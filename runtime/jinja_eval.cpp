@@ -473,6 +473,7 @@ class Renderer {
       if (times.kind != Kind::kInt && times.kind != Kind::kBool) return make_error(op_error(op, a, b));
       int64_t n = std::max<int64_t>(0, int_of(times));
       size_t unit = seq.is_string() ? seq.s.size() : seq.list->size();
+      if (unit == 0) n = 0;  // (empty either way: not n passes over nothing, 10**10 of them)
       if (unit && static_cast<uint64_t>(n) > budget_.max_output_bytes / unit) return budget_error();
       if (seq.is_string()) {
         std::string out;
