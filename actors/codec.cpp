@@ -4,7 +4,9 @@
 #include <capnp/serialize.h>
 #include <kj/exception.h>
 
+#include <algorithm>
 #include <cstring>
+#include <limits>
 
 #include "troupe.capnp.h"
 
@@ -25,8 +27,14 @@ auto read(const Bytes& b, const char* what, Fn fn) -> decltype(fn(std::declval<t
     return make_error(std::string(what) + ": message of " + std::to_string(b.size()) + " bytes is malformed");
   std::vector<capnp::word> words(b.size() / sizeof(capnp::word));
   std::memcpy(words.data(), b.data(), b.size());
+  // The traversal budget grows with the message: Cap'n Proto charges each element of a
+  // list of empty structs one word although it occupies none, so under a fixed budget a
+  // 56-byte message could decode into millions of elements (hundreds of MB). Our encoders
+  // write every struct whole, so a real message traverses about its own size (a decoder
+  // may read a pointer twice); four times it, plus slack for tiny messages, bounds what a
+  // message decodes into by its size.
   capnp::ReaderOptions opts;
-  opts.traversalLimitInWords = 8u << 20;
+  opts.traversalLimitInWords = 4 * words.size() + 1024;
   opts.nestingLimit = 16;
   try {
     capnp::FlatArrayMessageReader reader(kj::ArrayPtr<const capnp::word>(words.data(), words.size()), opts);
@@ -47,12 +55,14 @@ void write_sampling(schema::SamplingParams::Builder s, const SamplingParams& sp)
   s.setSeed(sp.seed);
   s.setLogprobs(sp.logprobs);
   s.setReportLogprob(sp.report_logprob);
-  auto lb = s.initLogitBias(static_cast<unsigned>(sp.logit_bias.size()));
-  unsigned i = 0;
-  for (const auto& [tok, bias] : sp.logit_bias) {
-    lb[i].setToken(tok);
-    lb[i].setBias(bias);
-    ++i;
+  // In token order: the map's own order depends on its history, and the same parameters
+  // must always encode to the same bytes.
+  std::vector<std::pair<int32_t, float>> bias(sp.logit_bias.begin(), sp.logit_bias.end());
+  std::sort(bias.begin(), bias.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+  auto lb = s.initLogitBias(static_cast<unsigned>(bias.size()));
+  for (unsigned i = 0; i < bias.size(); ++i) {
+    lb[i].setToken(bias[i].first);
+    lb[i].setBias(bias[i].second);
   }
 }
 
@@ -101,6 +111,11 @@ std::vector<TokenLogprob> get_top(L list) {
 }
 
 unsigned n(size_t x) { return static_cast<unsigned>(x); }
+
+// A text field as sent, all its bytes: through a C string it would end at an embedded NUL
+// (an error text "\0..." read as no error at all).
+std::string text(capnp::Text::Reader t) { return std::string(t.begin(), t.size()); }
+capnp::Text::Reader wire_text(const std::string& s) { return capnp::Text::Reader(s.c_str(), s.size()); }
 
 }  // namespace
 
@@ -153,12 +168,17 @@ Bytes encode_step_plan(const StepPlan& p, uint64_t step_id) {
 Result<std::pair<StepPlan, uint64_t>> decode_step_plan(const Bytes& b) {
   return read<schema::StepPlan>(b, "StepPlan", [](schema::StepPlan::Reader msg) -> Result<std::pair<StepPlan, uint64_t>> {
     StepPlan p;
+    int64_t tokens = 0;  // (summed wide: the sequences' counts may add up past int32)
     for (auto s : msg.getSeqs()) {
       if (s.getNumComputed() < 0 || s.getNumNew() < 0)
         return make_error("StepPlan: negative token counts for sequence " + std::to_string(s.getId()));
+      tokens += s.getNumNew();
+      if (tokens > std::numeric_limits<int32_t>::max())
+        return make_error("StepPlan: the sequences' new tokens add up to more than " +
+                          std::to_string(std::numeric_limits<int32_t>::max()));
       p.seqs.push_back({s.getId(), s.getNumComputed(), s.getNumNew(), s.getSamples()});
-      p.num_tokens += s.getNumNew();
     }
+    p.num_tokens = static_cast<int32_t>(tokens);
     for (int64_t id : msg.getPreempted()) p.preempted.push_back(id);
     for (auto c : msg.getCopies()) p.copies.push_back({c.getSrc(), c.getDst()});
     return std::make_pair(std::move(p), msg.getStepId());
@@ -224,7 +244,7 @@ Bytes encode(const actors::SeqEvent& x) {
   msg.setFinished(x.finished);
   msg.setHitStop(x.hit_stop);
   msg.setQueueSeconds(x.queue_seconds);
-  msg.setError(x.error);
+  msg.setError(wire_text(x.error));
   return to_bytes(m);
 }
 
@@ -238,7 +258,7 @@ Result<actors::SeqEvent> decode_seq_event(const Bytes& b) {
     x.finished = msg.getFinished();
     x.hit_stop = msg.getHitStop();
     x.queue_seconds = msg.getQueueSeconds();
-    x.error = msg.getError();
+    x.error = text(msg.getError());
     return x;
   });
 }
@@ -326,7 +346,7 @@ Bytes encode(const actors::LayersDone& x) {
   write_stage_step(msg.initStep(), x.step);
   put(msg.initLogits(n(x.logits.size())), x.logits);
   msg.setComputeSeconds(x.compute_seconds);
-  msg.setError(x.error);
+  msg.setError(wire_text(x.error));
   put(msg.initDeviceTokens(n(x.device_tokens.size())), x.device_tokens);
   put(msg.initDeviceLogprobs(n(x.device_logprobs.size())), x.device_logprobs);
   return to_bytes(m);
@@ -338,7 +358,7 @@ Result<actors::LayersDone> decode_layers_done(const Bytes& b) {
     x.step = read_stage_step(msg.getStep());
     x.logits = get<float>(msg.getLogits());
     x.compute_seconds = msg.getComputeSeconds();
-    x.error = msg.getError();
+    x.error = text(msg.getError());
     x.device_tokens = get<int32_t>(msg.getDeviceTokens());
     x.device_logprobs = get<float>(msg.getDeviceLogprobs());
     return x;
@@ -364,14 +384,14 @@ Bytes encode(const actors::StepFailed& x) {
   capnp::MallocMessageBuilder m;
   auto msg = m.initRoot<schema::StepResult>();
   msg.setStepId(x.step_no);
-  msg.setError(x.error.empty() ? std::string("unknown step failure") : x.error);
+  msg.setError(x.error.empty() ? capnp::Text::Reader("unknown step failure") : wire_text(x.error));
   return to_bytes(m);
 }
 
 Result<std::variant<actors::StepDone, actors::StepFailed>> decode_step_result(const Bytes& b) {
   using R = std::variant<actors::StepDone, actors::StepFailed>;
   return read<schema::StepResult>(b, "StepResult", [](schema::StepResult::Reader msg) -> Result<R> {
-    if (msg.hasError() && msg.getError().size() > 0) return R{actors::StepFailed{msg.getStepId(), msg.getError()}};
+    if (msg.hasError() && msg.getError().size() > 0) return R{actors::StepFailed{msg.getStepId(), text(msg.getError())}};
     actors::StepDone x;
     x.step_no = msg.getStepId();
     x.compute_seconds = msg.getComputeSeconds();
@@ -402,7 +422,7 @@ Bytes encode(const actors::EngineStats& x) {
   msg.setMostPlansInFlight(x.most_plans_in_flight);
   msg.setSteps(x.steps);
   msg.setHeartbeatAgeSeconds(x.heartbeat_age_seconds);
-  msg.setFailure(x.failure);
+  msg.setFailure(wire_text(x.failure));
   msg.setStepSeconds(x.step_seconds);
   msg.setComputeSeconds(x.compute_seconds);
   msg.setKvSeconds(x.kv_seconds);
@@ -425,7 +445,7 @@ Result<actors::EngineStats> decode_engine_stats(const Bytes& b) {
     x.most_plans_in_flight = msg.getMostPlansInFlight();
     x.steps = msg.getSteps();
     x.heartbeat_age_seconds = msg.getHeartbeatAgeSeconds();
-    x.failure = msg.getFailure();
+    x.failure = text(msg.getFailure());
     x.step_seconds = msg.getStepSeconds();
     x.compute_seconds = msg.getComputeSeconds();
     x.kv_seconds = msg.getKvSeconds();

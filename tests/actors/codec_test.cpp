@@ -1,6 +1,7 @@
 // Every schema message type round-trips through the codec, and hostile bytes (empty,
 // unaligned, truncated, random, huge pointers) come back as errors, never crashes.
 #include <catch2/catch.hpp>
+#include <limits>
 #include <random>
 
 #include "actors/codec.h"
@@ -58,6 +59,20 @@ TEST_CASE("StepPlan and Cancel round-trip", "[codec]") {
   auto c = codec::decode_cancel(codec::encode_cancel(-5));
   REQUIRE(c.ok());
   REQUIRE(*c == -5);
+}
+
+TEST_CASE("a StepPlan whose token counts add up past int32 is an error", "[codec][badinput]") {
+  // (codec_fuzz found the sum overflowing: undefined behaviour, then a negative total)
+  const int32_t big = std::numeric_limits<int32_t>::max() - 10;
+  StepPlan p;
+  p.seqs = {{1, 0, big, true}, {2, 0, 5, true}};
+  auto ok = codec::decode_step_plan(codec::encode_step_plan(p, 1));
+  REQUIRE(ok.ok());
+  REQUIRE(ok->first.num_tokens == big + 5);
+  p.seqs.push_back({3, 0, 6, true});
+  auto over = codec::decode_step_plan(codec::encode_step_plan(p, 1));
+  REQUIRE_FALSE(over.ok());
+  REQUIRE(over.error().message.find("add up to more than") != std::string::npos);
 }
 
 TEST_CASE("hostile bytes are errors, not crashes", "[codec][badinput]") {

@@ -1,6 +1,7 @@
 // Every actor message round-trips through its Cap'n Proto form (schema/troupe.capnp), and
 // truncated or random bytes decode to errors, never crashes.
 #include <catch2/catch.hpp>
+#include <cstring>
 #include <random>
 
 #include "actors/codec.h"
@@ -335,4 +336,78 @@ TEST_CASE("codec: random bytes never crash an actor-message decoder", "[codec][b
     (void)codec::decode_kv_ops_request(junk);
     (void)codec::decode_kv_ops_reply(junk);
   }
+}
+
+namespace {
+
+// A KvOpsRequest whose ops list holds `count` elements of zero size: Cap'n Proto stores
+// them in no words at all (an INLINE_COMPOSITE list of 0 words whose tag says `count`), so
+// the message is 56 bytes whatever the count.
+codec::Bytes empty_struct_list(uint32_t count) {
+  const uint64_t words[7] = {
+      uint64_t{6} << 32,                 // segment table: one segment of 6 words
+      uint64_t{0x00030001} << 32,        // root: struct at +0, 1 data word, 3 pointers
+      0,                                 // batch
+      (uint64_t{7} << 32) | (2u << 2) | 1u,  // ops: list at +2, INLINE_COMPOSITE, 0 words
+      0, 0,                              // probes, tables: null
+      uint64_t{count} << 2,              // the list's tag: `count` structs of 0 + 0 words
+  };
+  codec::Bytes b(sizeof(words));
+  std::memcpy(b.data(), words, sizeof(words));
+  return b;
+}
+
+}  // namespace
+
+TEST_CASE("codec: a small message cannot decode into a huge one (lists of empty structs)", "[codec][badinput]") {
+  // A few such elements are a valid message: each decodes to a default operation.
+  auto few = codec::decode_kv_ops_request(empty_struct_list(3));
+  REQUIRE(few.ok());
+  REQUIRE(few->ops.size() == 3);
+  REQUIRE(few->ops[0].kind == KvOp::Kind::Admit);
+  // Millions of them from 56 bytes would be hundreds of MB of decoded operations: the
+  // traversal budget grows with the message's size, so the decoder refuses.
+  for (uint32_t count : {100000u, 8000000u, (1u << 29) - 1}) {
+    auto many = codec::decode_kv_ops_request(empty_struct_list(count));
+    INFO("count " << count);
+    REQUIRE_FALSE(many.ok());
+    REQUIRE(many.error().message.find("KvOpsRequest: malformed message") != std::string::npos);
+  }
+}
+
+TEST_CASE("codec: the same sampling parameters always encode to the same bytes", "[codec]") {
+  // The logit-bias map iterates in an order that depends on how it was filled; the wire
+  // form is in token order.
+  SubmitSeq a, b;
+  a.seq_id = b.seq_id = 1;
+  for (int32_t t : {5, 77, 1000, 3, 49151, 64}) a.sampling.logit_bias[t] = static_cast<float>(t) / 8;
+  for (int32_t t : {64, 49151, 3, 1000, 77, 5}) b.sampling.logit_bias[t] = static_cast<float>(t) / 8;
+  b.sampling.logit_bias.rehash(1024);
+  REQUIRE(codec::encode(a) == codec::encode(b));
+  auto d = codec::decode_submit_seq(codec::encode(a));
+  REQUIRE(d.ok());
+  REQUIRE(d->sampling.logit_bias == a.sampling.logit_bias);
+  REQUIRE(codec::encode(*d) == codec::encode(a));
+}
+
+TEST_CASE("codec: texts with embedded NUL bytes keep every byte", "[codec][badinput]") {
+  // (codec_fuzz found a StepFailed whose error began with NUL decoding to an empty error:
+  // through a C string, a failure can turn into no failure)
+  const std::string nul_first("\0worker", 7), nul_inside("out of\0memory", 13);
+  StepFailed f{6, nul_first};
+  auto r = codec::decode_step_result(codec::encode(f));
+  REQUIRE(r.ok());
+  REQUIRE(std::holds_alternative<StepFailed>(*r));
+  REQUIRE(std::get<StepFailed>(*r).error == nul_first);
+  SeqEvent e;
+  e.seq_id = 3;
+  e.error = nul_inside;
+  auto d = codec::decode_seq_event(codec::encode(e));
+  REQUIRE(d.ok());
+  REQUIRE(d->error == nul_inside);
+  EngineStats st;
+  st.failure = nul_first;
+  auto s = codec::decode_engine_stats(codec::encode(st));
+  REQUIRE(s.ok());
+  REQUIRE(s->failure == nul_first);
 }

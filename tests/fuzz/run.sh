@@ -38,8 +38,8 @@ if ! command -v "$CXX" >/dev/null 2>&1; then
 fi
 
 CXXFLAGS=(-O1 -g -std=c++20 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined
-          -fno-omit-frame-pointer "-I$REPO")
-LDLIBS=(-lpcre2-8)
+          -fno-omit-frame-pointer "-I$REPO" "-I$OUT/gen")
+LDLIBS=(-lpcre2-8 -lcapnp -lkj)
 
 # Library sources each target needs (compiled once into shared objects).
 SRC_CORE=(kernels/dtype.cpp runtime/mapped_file.cpp runtime/gguf.cpp)
@@ -47,7 +47,7 @@ SRC_TOKENIZER=(runtime/tokenizer.cpp runtime/tokenizer_bpe.cpp runtime/tokenizer
 SRC_TEMPLATE=(runtime/chat_template.cpp)
 for f in "$REPO"/runtime/jinja_*.cpp; do SRC_TEMPLATE+=("runtime/$(basename "$f")"); done
 
-ALL_TARGETS=(gguf_fuzz safetensors_fuzz chat_template_fuzz tokenizer_fuzz openai_request_fuzz)
+ALL_TARGETS=(gguf_fuzz safetensors_fuzz chat_template_fuzz tokenizer_fuzz openai_request_fuzz codec_fuzz)
 target_sources() {
   case "$1" in
     gguf_fuzz) echo tests/fuzz/gguf_fuzz.cpp "${SRC_CORE[@]}" "${SRC_TOKENIZER[@]}" ;;
@@ -55,6 +55,8 @@ target_sources() {
     chat_template_fuzz) echo tests/fuzz/chat_template_fuzz.cpp "${SRC_TEMPLATE[@]}" ;;
     tokenizer_fuzz) echo tests/fuzz/tokenizer_fuzz.cpp "${SRC_CORE[@]}" "${SRC_TOKENIZER[@]}" ;;
     openai_request_fuzz) echo tests/fuzz/openai_request_fuzz.cpp apps/serve/openai_request.cpp runtime/sampler.cpp runtime/context_fit.cpp ;;
+    # (gen/: generated under $OUT from schema/troupe.capnp, below)
+    codec_fuzz) echo tests/fuzz/codec_fuzz.cpp actors/codec.cpp gen/troupe.capnp.c++ ;;
     *) return 1 ;;
   esac
 }
@@ -74,13 +76,28 @@ if [ "$(cat "$OUT/flags" 2>/dev/null)" != "$FLAGS_ID" ]; then
 fi
 
 obj_of() { local s="${1//\//_}"; echo "$OUT/obj/${s%.cpp}.o"; }
+# A source's path: gen/... is generated under $OUT, everything else is in the repository.
+src_path() { case "$1" in gen/*) echo "$OUT/$1" ;; *) echo "$REPO/$1" ;; esac; }
+
+# The Cap'n Proto code of the wire schema (codec_fuzz), regenerated when the schema changes.
+mkdir -p "$OUT/gen"
+if [ "$REPO/schema/troupe.capnp" -nt "$OUT/gen/troupe.capnp.h" ]; then
+  if ! command -v capnp >/dev/null 2>&1; then
+    echo "fuzz: capnp not found; install capnproto to generate the schema for codec_fuzz" >&2
+    exit 1
+  fi
+  capnp compile "-oc++:$OUT/gen" "--src-prefix=$REPO/schema" "$REPO/schema/troupe.capnp" || {
+    echo "fuzz: capnp compile of schema/troupe.capnp failed" >&2
+    exit 1
+  }
+fi
 
 # An object is stale when it is missing or any file in its dependency list (the source and
 # every header it included, from -MMD) is newer.
 stale() {
   local src="$1" obj="$2" dep="${2%.o}.d"
   [ -f "$obj" ] && [ -f "$dep" ] || return 0
-  [ "$REPO/$src" -nt "$obj" ] && return 0
+  [ "$(src_path "$src")" -nt "$obj" ] && return 0
   local f
   for f in $(sed -e 's/\\$//' -e 's/^[^:]*://' "$dep"); do
     [ -e "$f" ] || return 0
@@ -110,7 +127,7 @@ for s in "${NEEDED[@]}"; do
   o="$(obj_of "$s")"
   if stale "$s" "$o"; then
     echo "fuzz: compiling $s"
-    "$CXX" "${CXXFLAGS[@]}" -MMD -MF "${o%.o}.d" -c "$REPO/$s" -o "$o.tmp" && mv "$o.tmp" "$o" &
+    "$CXX" "${CXXFLAGS[@]}" -MMD -MF "${o%.o}.d" -c "$(src_path "$s")" -o "$o.tmp" && mv "$o.tmp" "$o" &
     PIDS+=("$!")
     [ ${#PIDS[@]} -ge "$JOBS" ] && wait_one
   fi
