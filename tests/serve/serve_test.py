@@ -17,6 +17,9 @@ Checks:
                     queue cap (429 + Retry-After); the server keeps answering normal requests
   drain             SIGTERM: /health turns 503, new requests 503, in-flight streams finish, exit 0
   metrics_health    /health, and the Prometheus series and histograms of /metrics
+  soak              eight clients on ten slots for --soak-seconds (default 45): normal requests,
+                    early disconnects and malformed requests mixed; all answered right, KV back to
+                    baseline at idle, resident memory flat after the warm-up, greedy output unchanged
 
 Each server runs under `nice -n 5` with `-t 2` on a port in 18000-18100 and is killed (its
 process group) when its check ends. Prints one PASS/FAIL line per check with measured figures
@@ -1486,6 +1489,191 @@ def t_metrics_health():
 
 # ----------------------------------------------------------------------------------------------
 
+SOAK = {"seconds": 45.0, "report": None}  # --soak-seconds, --soak-report
+
+# Malformed requests of the soak: (label, method, path, raw body). Each must get a 4xx answer
+# (the exact statuses are bad_requests' business) and leave the server as it was.
+SOAK_BAD = [
+    ("invalid JSON", "POST", "/v1/completions", b'{"prompt": "hi", '),
+    ("body is a list", "POST", "/v1/completions", b'[1, 2, 3]'),
+    ("temperature of the wrong type", "POST", "/v1/completions", b'{"prompt": "hi", "temperature": "hot"}'),
+    ("NaN literal", "POST", "/v1/completions", b'{"prompt": "hi", "temperature": NaN}'),
+    ("top_p 7", "POST", "/v1/completions", b'{"prompt": "hi", "top_p": 7}'),
+    ("token id out of vocabulary", "POST", "/v1/completions", b'{"prompt": [1, 2, 99999999], "max_tokens": 2}'),
+    ("max_tokens -1", "POST", "/v1/completions", b'{"prompt": "hi", "max_tokens": -1}'),
+    ("n 0", "POST", "/v1/completions", b'{"prompt": "hi", "n": 0}'),
+    ("logit_bias key out of vocabulary", "POST", "/v1/completions",
+     b'{"prompt": "hi", "max_tokens": 2, "logit_bias": {"4000000": 5}}'),
+    ("invalid UTF-8", "POST", "/v1/completions", b'{"prompt": "\xff\xfe\xc3", "max_tokens": 2}'),
+    ("nesting 5000 deep", "POST", "/v1/completions", b'{"prompt": ' + b"[" * 5000 + b"]" * 5000 + b"}"),
+    ("prompt over the context", "POST", "/v1/completions",
+     json.dumps({"prompt": " ".join(["hello"] * 3000), "max_tokens": 2}).encode()),
+    ("empty messages", "POST", "/v1/chat/completions", b'{"messages": []}'),
+    ("unknown model", "POST", "/v1/completions", b'{"model": "../../etc/passwd", "prompt": "hi"}'),
+    ("GET on a POST route", "GET", "/v1/completions", b""),
+    ("unknown route", "POST", "/v1/nothing", b"{}"),
+]
+
+
+def rss_kb(pid):
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    raise CheckFailed(f"no VmRSS for pid {pid}")
+
+
+def slope_mb_per_hour(samples):
+    """Least-squares slope of (seconds, kB) samples, in MB per hour."""
+    n = len(samples)
+    if n < 3:
+        return 0.0
+    mt = sum(t for t, _ in samples) / n
+    mr = sum(r for _, r in samples) / n
+    den = sum((t - mt) ** 2 for t, _ in samples)
+    return 0.0 if den == 0 else sum((t - mt) * (r - mr) for t, r in samples) / den * 3600 / 1024
+
+
+@register("soak")
+def t_soak():
+    """Eight clients against ten sequence slots (80% of capacity) for --soak-seconds: normal
+    requests of every shape read to the end, random early disconnects (FIN or RST) and
+    malformed requests, mixed. Every normal request must succeed, every malformed one get a
+    4xx; at idle the KV pool is back to its baseline, resident memory has not grown past the
+    warm-up's peak (by more than 16 MB + 5%), and a fixed greedy completion gives the same
+    tokens as before the soak."""
+    seconds = SOAK["seconds"]
+    workers = 8
+    # A small KV pool (4096 tokens, 256 blocks) is touched whole during the warm-up, so its
+    # pages do not read as growth; with prompts up to 300 words it also forces preemption.
+    with Server("--max-num-seqs", 10, "--kv-cache-tokens", 4096, "-c", 2048, "--max-queue", 64, name="soak") as s:
+        port = s.port
+        pid = s.proc.pid
+        m0, _ = wait_idle(port)
+        baseline = m0["troupe:kv_cache_free_blocks"]
+        probe = "The soak test asks: what is the capital of France? The answer"
+        ref = outcome(complete(port, probe, 16))
+        stop = threading.Event()
+        lock = threading.Lock()
+        counts = {"normal": 0, "streamed": 0, "disconnect": 0, "malformed": 0}
+        failures = []
+        samples = []  # (seconds since start, VmRSS kB)
+        t_start = time.time()
+
+        def fail(msg):
+            with lock:
+                if len(failures) < 20:
+                    failures.append(msg)
+
+        def sampler():
+            while not stop.is_set():
+                try:
+                    samples.append((time.time() - t_start, rss_kb(pid)))
+                except (OSError, CheckFailed):
+                    return
+                stop.wait(1.0)
+
+        def normal(r):
+            n = 1 if r.random() < 0.8 else 2
+            chat = r.random() < 0.4
+            stream = r.random() < 0.5
+            body = gen_body(words(r, r.randint(3, 300)), n, stream, r.randint(4, 48), chat=chat)
+            path = "/v1/chat/completions" if chat else "/v1/completions"
+            st, _, data = request(port, "POST", path, body, timeout=300)
+            if st != 200:
+                fail(f"normal {path} n={n} stream={stream}: status {st} {data[:160]!r}")
+                return
+            try:
+                texts = choice_texts(data)
+            except (ValueError, KeyError) as e:
+                fail(f"normal {path}: unreadable answer ({e!r}): {data[:160]!r}")
+                return
+            if sorted(texts) != list(range(n)):
+                fail(f"normal {path}: choices {sorted(texts)} for n={n}")
+            if stream and not data.rstrip().endswith(b"data: [DONE]"):
+                fail(f"normal {path}: the stream did not end with [DONE]: {data[-80:]!r}")
+            with lock:
+                counts["normal"] += 1
+                counts["streamed"] += stream
+
+        def disconnect(r):
+            c = new_counters()
+            random_disconnects(port, r.randrange(1 << 30), 1, 2, c, prompt_len=(3, 300), delay=(0.0, 0.5))
+            with lock:
+                counts["disconnect"] += 1
+
+        def malformed(r):
+            label, method, path, body = r.choice(SOAK_BAD)
+            if r.random() < 0.1:  # not HTTP at all
+                label, raw = "garbage bytes", bytes(r.randrange(256) for _ in range(r.randint(1, 400))) + b"\r\n\r\n"
+                try:
+                    c = Raw(port, timeout=10)
+                    c.send(raw)
+                    c.closed_by_peer(timeout=3.0)
+                    c.close()
+                except OSError:
+                    pass
+            else:
+                st, _, data = request(port, method, path, body if method == "POST" else None, timeout=60)
+                if not 400 <= st < 500:
+                    fail(f"malformed ({label}): status {st}, expected 4xx: {data[:160]!r}")
+            with lock:
+                counts["malformed"] += 1
+
+        def worker(i):
+            r = random.Random(1000 + i)
+            while not stop.is_set():
+                x = r.random()
+                try:
+                    if x < 0.7:
+                        normal(r)
+                    elif x < 0.85:
+                        disconnect(r)
+                    else:
+                        malformed(r)
+                except OSError as e:
+                    fail(f"worker {i}: connection error {e!r}")
+
+        threads = [threading.Thread(target=sampler, daemon=True)]
+        threads += [threading.Thread(target=worker, args=(i,), daemon=True) for i in range(workers)]
+        for t in threads:
+            t.start()
+        stop.wait(seconds)
+        stop.set()
+        for t in threads:
+            t.join(timeout=330)
+        elapsed = time.time() - t_start
+        check(all(not t.is_alive() for t in threads), "a soak client did not finish within 330 s of the stop")
+        m, waited = wait_idle(port, timeout=60)
+        free = m["troupe:kv_cache_free_blocks"]
+        after = outcome(complete(port, probe, 16))
+        samples.append((time.time() - t_start, rss_kb(pid)))
+        warm_end = max(10.0, 0.25 * seconds)
+        warm = [r_ for t, r_ in samples if t <= warm_end]
+        tail = sorted(r_ for t, r_ in samples if t >= elapsed - max(5.0, 0.1 * seconds))
+        check(warm and tail, f"too few memory samples ({len(samples)})")
+        warm_peak, end = max(warm), tail[len(tail) // 2]
+        growth_mb = (end - warm_peak) / 1024
+        slope = slope_mb_per_hour([(t, r_) for t, r_ in samples if t > warm_end])
+        summary = (f"{elapsed:.0f} s, {counts['normal']} normal requests ({counts['streamed']} streamed), "
+                   f"{counts['disconnect']} early disconnects, {counts['malformed']} malformed; RSS "
+                   f"{samples[0][1] / 1024:.0f} MB at start, {warm_peak / 1024:.0f} MB warm-up peak "
+                   f"(first {warm_end:.0f} s), {end / 1024:.0f} MB at the end ({growth_mb:+.1f} MB, slope after the "
+                   f"warm-up {slope:+.1f} MB/h), {max(r_ for _, r_ in samples) / 1024:.0f} MB peak; KV free "
+                   f"{free:.0f}/{baseline:.0f} {waited:.1f} s after the last client")
+        if SOAK["report"]:
+            with open(SOAK["report"], "w") as f:
+                json.dump({"seconds": elapsed, "counts": counts, "failures": failures, "kv_free": free,
+                           "kv_baseline": baseline, "rss_kb": samples, "warm_end_s": warm_end,
+                           "slope_mb_per_hour": slope, "summary": summary}, f)
+        check(not failures, f"{len(failures)} failure(s), first: " + "; ".join(failures[:5]) + f" ({summary})")
+        check(counts["normal"] >= workers, f"only {counts['normal']} normal requests finished ({summary})")
+        check(free == baseline, f"{baseline - free:.0f} KV blocks not back at idle ({summary})")
+        check(after == ref, f"the probe's greedy output changed after the soak: {after} != {ref}")
+        check(growth_mb <= 16 + 0.05 * warm_peak / 1024, f"resident memory grew {growth_mb:.1f} MB ({summary})")
+        return summary
+
+
 def split_names(values):
     out = []
     for v in values or []:
@@ -1501,8 +1689,12 @@ def main():
     p.add_argument("--skip", action="append", help="checks to skip", nargs="+")
     p.add_argument("--list", action="store_true", help="list the checks and exit")
     p.add_argument("-v", "--verbose", action="store_true", help="sub-case lines, tracebacks, keep server logs")
+    p.add_argument("--soak-seconds", type=float, default=SOAK["seconds"],
+                   help="how long the soak check runs its clients (default %(default)s; the checklist's soak is 3600)")
+    p.add_argument("--soak-report", help="write the soak's figures and memory samples to this JSON file")
     a = p.parse_args()
     VERBOSE = a.verbose
+    SOAK["seconds"], SOAK["report"] = a.soak_seconds, a.soak_report
     names = [n for n, _ in CHECKS]
     if a.list:
         print("\n".join(names))
