@@ -38,6 +38,7 @@ struct ServeFlags {
   size_t max_body_bytes = 8u << 20;
   size_t max_header_bytes = 16u << 10;
   int read_timeout = 30;
+  int max_connections = 1024;
   api::Limits limits;
 };
 
@@ -51,6 +52,7 @@ Status validate(const ServeFlags& f) {
   if (!(f.drain_timeout >= 0 && f.drain_timeout <= 3600)) return make_error("--drain-timeout must be 0..3600 seconds");
   if (f.read_timeout < 1 || f.read_timeout > 3600) return make_error("--read-timeout must be 1..3600 seconds");
   if (f.http_threads < 1 || f.http_threads > 64) return make_error("--http-threads must be 1..64");
+  if (f.max_connections < 1 || f.max_connections > 1000000) return make_error("--max-connections must be 1..1000000");
   if (f.max_body_bytes < 1024 || f.max_header_bytes < 1024) return make_error("body and header limits must be at least 1024 bytes");
   if (f.limits.max_n < 1 || f.limits.max_n > 256) return make_error("--max-n must be 1..256");
   if (f.limits.max_top_logprobs < 0 || f.limits.max_top_logprobs > 100) return make_error("--max-top-logprobs must be 0..100");
@@ -92,6 +94,19 @@ int serve(ServeFlags f) {
   so.limits = f.limits;
   serve::OpenAiServer server(sys, so);
   serve::HttpLimits hl{f.max_body_bytes, f.max_header_bytes, f.read_timeout};
+  // Every connection holds a descriptor: the open-file limit must leave room for them all
+  // (raised where the hard limit allows), or accepting would fail once it is reached.
+  long nofile = 0;
+  constexpr int kReservedFds = 64;
+  hl.max_connections = serve::fit_connections(f.max_connections, kReservedFds, &nofile);
+  if (hl.max_connections < 1) {
+    spdlog::error("the open-file limit ({}) leaves no room for connections beside {} other descriptors; raise it "
+                  "(ulimit -n)", nofile, kReservedFds);
+    return 1;
+  }
+  if (hl.max_connections < f.max_connections)
+    spdlog::warn("--max-connections {} lowered to {}: the open-file limit is {} (hard limit reached; raise it with ulimit -Hn)",
+                 f.max_connections, hl.max_connections, nofile);
   serve::HttpServer http(io, hl, [&server](std::shared_ptr<serve::Exchange> ex) { server.handle(ex); });
   unsigned short port = 0;
   try {
@@ -207,6 +222,9 @@ void add_serve_command(CLI::App& app) {
   cmd->add_option("--max-body-bytes", f->max_body_bytes, "largest request body (413 above)")->capture_default_str();
   cmd->add_option("--max-header-bytes", f->max_header_bytes, "largest request header block (431 above)")->capture_default_str();
   cmd->add_option("--read-timeout", f->read_timeout, "seconds a request's headers and body may take to arrive (408)")->capture_default_str();
+  cmd->add_option("--max-connections", f->max_connections,
+                  "most open HTTP connections; one more is answered 503 and closed (the open-file limit is raised to fit, "
+                  "or this lowered)")->capture_default_str();
   cmd->add_option("--max-n", f->limits.max_n, "largest 'n' (choices per prompt)")->capture_default_str();
   cmd->add_option("--max-top-logprobs", f->limits.max_top_logprobs, "largest 'top_logprobs'")->capture_default_str();
   cmd->add_option("--max-stop", f->limits.max_stop, "most stop strings per request")->capture_default_str();

@@ -4,6 +4,9 @@
 
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
+#include <sys/resource.h>
+
+#include <algorithm>
 #include <deque>
 #include <optional>
 
@@ -54,8 +57,12 @@ class ExchangeImpl : public Exchange {
 
 class Session : public std::enable_shared_from_this<Session> {
  public:
-  Session(tcp::socket sock, const HttpLimits& lim, const Handler& h)
-      : stream_(std::move(sock)), timer_(stream_.get_executor()), lim_(lim), handler_(h) {}
+  // `open` counts the server's open connections: this one until its socket is closed.
+  Session(tcp::socket sock, const HttpLimits& lim, const Handler& h, std::shared_ptr<std::atomic<int>> open)
+      : stream_(std::move(sock)), timer_(stream_.get_executor()), lim_(lim), handler_(h), open_(std::move(open)) {
+    open_->fetch_add(1);
+  }
+  ~Session() { release(); }
   void start() { read(); }
 
   // All of these run on the session's strand.
@@ -167,6 +174,12 @@ class Session : public std::enable_shared_from_this<Session> {
     beast::error_code ec;
     stream_.socket().shutdown(tcp::socket::shutdown_both, ec);
     stream_.socket().close(ec);
+    release();  // (the session may live on in an exchange; its descriptor does not)
+  }
+
+  void release() {
+    if (open_) open_->fetch_sub(1);
+    open_.reset();
   }
 
   beast::tcp_stream stream_;
@@ -181,6 +194,7 @@ class Session : public std::enable_shared_from_this<Session> {
   bool writing_ = false, closed_ = false, response_ended_ = true, close_after_ = false;
   uint64_t exchange_id_ = 0;
   std::function<void()> on_gone_;
+  std::shared_ptr<std::atomic<int>> open_;
 };
 
 void ExchangeImpl::respond(int status, std::string content_type, std::string body, std::map<std::string, std::string> extra) {
@@ -216,7 +230,7 @@ void ExchangeImpl::on_disconnect(std::function<void()> fn) {
 }  // namespace
 
 HttpServer::HttpServer(net::io_context& io, HttpLimits limits, Handler handler)
-    : io_(io), limits_(limits), handler_(std::move(handler)), acceptor_(io) {}
+    : io_(io), limits_(limits), handler_(std::move(handler)), acceptor_(io), retry_(io) {}
 
 unsigned short HttpServer::listen(const std::string& host, unsigned short port) {
   tcp::endpoint ep(net::ip::make_address(host), port);
@@ -231,14 +245,64 @@ unsigned short HttpServer::listen(const std::string& host, unsigned short port) 
 void HttpServer::stop_accepting() {
   beast::error_code ec;
   acceptor_.close(ec);
+  retry_.cancel();
 }
 
 void HttpServer::accept() {
   acceptor_.async_accept(net::make_strand(io_), [this](beast::error_code ec, tcp::socket sock) {
-    if (ec == net::error::operation_aborted) return;
-    if (!ec) std::make_shared<Session>(std::move(sock), limits_, handler_)->start();
-    if (acceptor_.is_open()) accept();
+    if (ec == net::error::operation_aborted || !acceptor_.is_open()) return;
+    if (ec) {
+      // Out of descriptors (EMFILE, ENFILE) or memory: the pending connection stays queued,
+      // so accepting again at once would fail again at once, a loop that spins a core.
+      if (accept_failures_++ % 1000 == 0)
+        spdlog::warn("accepting a connection failed: {} ({} time(s)); trying again every 100 ms", ec.message(),
+                     accept_failures_);
+      retry_.expires_after(std::chrono::milliseconds(100));
+      retry_.async_wait([this](beast::error_code e) {
+        if (!e && acceptor_.is_open()) accept();
+      });
+      return;
+    }
+    if (open_->load() >= limits_.max_connections)
+      refuse(std::move(sock));
+    else
+      std::make_shared<Session>(std::move(sock), limits_, handler_, open_)->start();
+    accept();
   });
+}
+
+// A connection over --max-connections: a 503 written without waiting (a few hundred bytes
+// into a new socket's empty send buffer), then closed, so it holds no descriptor.
+void HttpServer::refuse(tcp::socket sock) {
+  if (refused_++ % 1000 == 0)
+    spdlog::warn("{} connections open (--max-connections): refusing new ones with 503 ({} so far)", limits_.max_connections,
+                 refused_);
+  const std::string body = R"({"error":{"message":"too many open connections (limit )" + std::to_string(limits_.max_connections) +
+                           R"(); try again later","type":"server_error","param":null,"code":null}})";
+  const std::string resp = status_line(503) + "Content-Type: application/json\r\nRetry-After: 1\r\nContent-Length: " +
+                           std::to_string(body.size()) + "\r\nConnection: close\r\n\r\n" + body;
+  beast::error_code ec;
+  sock.non_blocking(true, ec);
+  sock.write_some(net::buffer(resp), ec);
+  sock.shutdown(tcp::socket::shutdown_both, ec);
+  sock.close(ec);
+}
+
+int fit_connections(int wanted, int reserve, long* limit_out) {
+  rlimit rl{};
+  if (getrlimit(RLIMIT_NOFILE, &rl) != 0) {
+    if (limit_out) *limit_out = -1;
+    return wanted;  // (unknown: nothing to fit against)
+  }
+  const rlim_t need = static_cast<rlim_t>(wanted) + static_cast<rlim_t>(reserve);
+  if (rl.rlim_cur != RLIM_INFINITY && rl.rlim_cur < need) {
+    rlimit raised = rl;
+    raised.rlim_cur = rl.rlim_max == RLIM_INFINITY ? need : std::min(need, rl.rlim_max);
+    if (setrlimit(RLIMIT_NOFILE, &raised) == 0) rl = raised;
+  }
+  if (limit_out) *limit_out = rl.rlim_cur == RLIM_INFINITY ? -1 : static_cast<long>(rl.rlim_cur);
+  if (rl.rlim_cur == RLIM_INFINITY || rl.rlim_cur >= need) return wanted;
+  return static_cast<int>(static_cast<long>(rl.rlim_cur) - reserve);
 }
 
 }  // namespace troupe::serve

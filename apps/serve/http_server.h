@@ -9,6 +9,7 @@
 #include <utility>  // before Asio: Boost 1.74's awaitable.hpp uses std::exchange under C++20
 
 #include <boost/asio.hpp>
+#include <atomic>
 #include <functional>
 #include <map>
 #include <memory>
@@ -21,6 +22,7 @@ struct HttpLimits {
   size_t max_header_bytes = 16u << 10;
   int read_timeout_seconds = 30;    // a request's headers and body must arrive within this
   int idle_timeout_seconds = 120;   // keep-alive connections idle longer are closed
+  int max_connections = 1024;       // open connections; one more gets a 503 and is closed at once
 };
 
 class Exchange {
@@ -50,13 +52,24 @@ class HttpServer {
   // Binds and starts accepting; returns the bound port (port 0: any free port).
   unsigned short listen(const std::string& host, unsigned short port);
   void stop_accepting();
+  int open_connections() const { return open_->load(); }
 
  private:
   void accept();
+  void refuse(boost::asio::ip::tcp::socket sock);
   boost::asio::io_context& io_;
   HttpLimits limits_;
   Handler handler_;
   boost::asio::ip::tcp::acceptor acceptor_;
+  boost::asio::steady_timer retry_;  // after a failed accept (out of descriptors): try again later
+  std::shared_ptr<std::atomic<int>> open_ = std::make_shared<std::atomic<int>>(0);
+  uint64_t accept_failures_ = 0, refused_ = 0;
 };
+
+// How many of `wanted` connections fit under the process's limit on open files, keeping
+// `reserve` descriptors for everything else (model files, logs, event loops); the soft limit
+// is first raised toward the hard one as far as needed. Returns at most `wanted`; 0 or less
+// when not even one fits. `limit_out` receives the soft limit in force afterwards.
+int fit_connections(int wanted, int reserve, long* limit_out = nullptr);
 
 }  // namespace troupe::serve

@@ -17,6 +17,8 @@ Checks:
                     queue cap (429 + Retry-After); the server keeps answering normal requests
   drain             SIGTERM: /health turns 503, new requests 503, in-flight streams finish, exit 0
   metrics_health    /health, and the Prometheus series and histograms of /metrics
+  connections       --max-connections: one connection over the cap gets a 503 and is closed; a low
+                    open-file limit lowers the cap instead of exhausting descriptors; no busy loop
   soak              eight clients on ten slots for --soak-seconds (default 45): normal requests,
                     early disconnects and malformed requests mixed; all answered right, KV back to
                     baseline at idle, resident memory flat after the warm-up, greedy output unchanged
@@ -30,6 +32,7 @@ import http.client
 import json
 import os
 import random
+import resource
 import signal
 import socket
 import struct
@@ -106,9 +109,10 @@ class Server:
     """`troupe serve` in its own process group; `with Server(...) as s:` starts it and waits for
     /health 200, and always kills it at the end. Dying on its own is reported as a failure."""
 
-    def __init__(self, *args, name="server"):
+    def __init__(self, *args, name="server", nofile=None):
         self.args = [str(a) for a in args]
         self.name = name
+        self.nofile = nofile  # an open-file limit (soft and hard) for the server process
         self.port = None
         self.proc = None
         self.log_file = None
@@ -119,8 +123,10 @@ class Server:
         self.log_file = tempfile.NamedTemporaryFile(prefix=f"serve_test_{self.port}_", suffix=".log", delete=False)
         cmd = ["nice", "-n", "5", TROUPE, "serve", "-t", "2", "--port", str(self.port)] + self.args
         log(f"start {self.name}: {' '.join(cmd[3:])} (log {self.log_file.name})")
+        limit = self.nofile
+        pre = (lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (limit, limit))) if limit else None
         self.proc = subprocess.Popen(cmd, stdout=self.log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                     start_new_session=True)
+                                     start_new_session=True, preexec_fn=pre)
         LIVE.add(self)
         deadline = time.time() + timeout
         while time.time() < deadline:
@@ -1446,6 +1452,84 @@ def check_histogram(m, name):
     inf = [v for k, v in buckets if 'le="+Inf"' in k]
     check(inf and inf[0] == m[name + "_count"], f"{name}: +Inf bucket {inf} != count {m[name + '_count']}")
     check(f"# TYPE {name} histogram" in m.text, f"{name}: no TYPE line")
+
+
+def cpu_seconds(pid):
+    with open(f"/proc/{pid}/stat") as f:
+        x = f.read().rsplit(")", 1)[1].split()
+    return (int(x[11]) + int(x[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def read_some(sock, timeout):
+    """What the server sends on a connection within `timeout` (until it closes it)."""
+    sock.settimeout(timeout)
+    data = b""
+    try:
+        while True:
+            d = sock.recv(4096)
+            if not d:
+                break
+            data += d
+    except (socket.timeout, ConnectionResetError):
+        pass
+    return data
+
+
+@register("connections")
+def t_connections():
+    """--max-connections: with the cap's worth of idle connections open, one more is answered
+    503 (JSON error, Retry-After) and closed, the open ones still work, and the server sits
+    idle; after they close, requests are served again. Under an open-file limit of 100 the
+    server lowers the cap to fit (100 - 64 reserved = 36) instead of running out of
+    descriptors, where accepting would fail -- and, before the fix, spin a core retrying."""
+    notes = []
+    for label, args, nofile, cap in (("--max-connections 8", ("--max-connections", 8), None, 8),
+                                     ("open-file limit 100", (), 100, 36)):
+        with Server(*args, name=label, nofile=nofile) as s:
+            port = s.port
+            ref = complete(port, "Hello there", 2)
+            if nofile:
+                with open(s.log_file.name, "rb") as f:
+                    logtext = f.read().decode("utf-8", "replace")
+                check(f"--max-connections 1024 lowered to {cap}" in logtext,
+                      f"{label}: no warning that the cap was lowered to {cap}:\n{s.log_tail()}")
+            held = []
+            try:
+                for _ in range(cap):
+                    held.append(socket.create_connection((HOST, port), timeout=10))
+                time.sleep(0.3)
+                refused, extra = 0, 30 if nofile else 4
+                for _ in range(extra):
+                    c = socket.create_connection((HOST, port), timeout=10)
+                    data = read_some(c, 5.0)
+                    c.close()
+                    if data.startswith(b"HTTP/1.1 503"):
+                        head, _, body = data.partition(b"\r\n\r\n")
+                        check(b"Retry-After: 1" in head, f"{label}: 503 without Retry-After: {head!r}")
+                        err = json.loads(body)["error"]
+                        check("too many open connections" in err["message"], f"{label}: 503 body {body!r}")
+                        refused += 1
+                check(refused == extra, f"{label}: {refused} of {extra} connections over the cap got a 503")
+                c0 = cpu_seconds(s.proc.pid)
+                time.sleep(2.0)
+                idle_cpu = cpu_seconds(s.proc.pid) - c0
+                check(idle_cpu < 0.5, f"{label}: the server used {idle_cpu:.2f} s of CPU in 2 s with {cap} idle connections")
+                # a held connection still works
+                h = held.pop()
+                h.sendall(build_request(port, "POST", "/v1/completions",
+                                        {"prompt": "Hello there", "max_tokens": 2, "temperature": 0}))
+                h.settimeout(30)
+                reply = h.recv(65536)  # (keep-alive: the status line comes first)
+                check(reply.startswith(b"HTTP/1.1 200"), f"{label}: a held connection got {reply[:80]!r}")
+                h.close()
+            finally:
+                for h in held:
+                    h.close()
+            time.sleep(0.5)
+            again = outcome(complete(port, "Hello there", 2))
+            check(again == outcome(ref), f"{label}: after closing, {again} != {outcome(ref)}")
+            notes.append(f"{label}: cap {cap}, {extra} over it refused with 503, {idle_cpu:.2f} s CPU in 2 s idle")
+    return "; ".join(notes)
 
 
 @register("metrics_health")
