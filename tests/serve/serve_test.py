@@ -17,6 +17,8 @@ Checks:
                     queue cap (429 + Retry-After); the server keeps answering normal requests
   drain             SIGTERM: /health turns 503, new requests 503, in-flight streams finish, exit 0
   metrics_health    /health, and the Prometheus series and histograms of /metrics
+  overload          bursts at 3x capacity: the excess refused with 429 within 50 ms (p99), the
+                    admitted run as fast as at capacity alone, memory bounded
   connections       --max-connections: one connection over the cap gets a 503 and is closed; a low
                     open-file limit lowers the cap instead of exhausting descriptors; no busy loop
   soak              eight clients on ten slots for --soak-seconds (default 45): normal requests,
@@ -33,6 +35,7 @@ import json
 import os
 import random
 import resource
+import selectors
 import signal
 import socket
 import struct
@@ -1530,6 +1533,109 @@ def t_connections():
             check(again == outcome(ref), f"{label}: after closing, {again} != {outcome(ref)}")
             notes.append(f"{label}: cap {cap}, {extra} over it refused with 503, {idle_cpu:.2f} s CPU in 2 s idle")
     return "; ".join(notes)
+
+
+def burst_requests(port, bodies, path="/v1/completions", timeout=300):
+    """Sends one request per body at once, each on its own connection, from one thread
+    (sockets connected first, requests written back to back, answers read as they come), so
+    that the timings are the server's and not client threads waiting for each other. Returns
+    [(status, seconds from sending to the answer's first byte, seconds to its last byte, body)]."""
+    socks = [socket.create_connection((HOST, port), timeout=30) for _ in bodies]
+    sel = selectors.DefaultSelector()
+    state = []
+    try:
+        for i, (sk, body) in enumerate(zip(socks, bodies)):
+            sk.sendall(build_request(port, "POST", path, body))
+            state.append({"sent": time.perf_counter(), "buf": b"", "first": None, "done": None})
+            sk.setblocking(False)
+            sel.register(sk, selectors.EVENT_READ, i)
+        left, deadline = len(socks), time.time() + timeout
+        while left and time.time() < deadline:
+            for key, _ in sel.select(timeout=1.0):
+                i, st_ = key.data, state[key.data]
+                try:
+                    d = key.fileobj.recv(65536)
+                except BlockingIOError:
+                    continue
+                now = time.perf_counter()
+                if st_["first"] is None and d:
+                    st_["first"] = now
+                st_["buf"] += d
+                head, sep, body = st_["buf"].partition(b"\r\n\r\n")
+                length = None
+                for line in head.split(b"\r\n")[1:]:
+                    k, _, v = line.partition(b":")
+                    if k.strip().lower() == b"content-length":
+                        length = int(v)
+                if not d or (sep and length is not None and len(body) >= length):
+                    st_["done"] = now
+                    sel.unregister(key.fileobj)
+                    left -= 1
+        out = []
+        for st_ in state:
+            check(st_["done"] is not None, f"no complete answer within {timeout} s: {st_['buf'][:120]!r}")
+            status = int(st_["buf"].split(b" ", 2)[1]) if st_["buf"].startswith(b"HTTP/1.1 ") else 0
+            body = st_["buf"].partition(b"\r\n\r\n")[2]
+            out.append((status, st_["first"] - st_["sent"], st_["done"] - st_["sent"], body))
+        return out
+    finally:
+        sel.close()
+        for sk in socks:
+            sk.close()
+
+
+@register("overload")
+def t_overload():
+    """Three times the capacity at once: a server with 4 running slots and a queue of 4 (8
+    sequences) gets bursts of 24 concurrent requests. The 16 over capacity must be refused
+    with 429 within 50 ms (p99, request sent to answer), the 8 admitted ones must take about
+    as long as 8 alone (at most 1.5x), and resident memory stays bounded (64 MB)."""
+    running, queue, burst, rounds = 4, 4, 24, 3
+    with Server("--max-num-seqs", running, "--max-queue", queue, name="overload") as s:
+        port = s.port
+        pid = s.proc.pid
+        rng = random.Random(11)
+
+        def bodies(n):  # fresh prompts each time: no prefix-cache hits between rounds
+            return [{"prompt": words(rng, 40), "max_tokens": 32, "temperature": 0, "ignore_eos": True} for _ in range(n)]
+
+        base = []
+        for _ in range(2):  # capacity's worth at once, nothing refused
+            wait_idle(port, timeout=60)
+            got = burst_requests(port, bodies(running + queue))
+            for st, _, _, data in got:
+                check(st == 200, f"baseline request: status {st}: {data[:160]!r}")
+            base += [t for _, _, t, _ in got]
+        base_mean = sum(base) / len(base)
+        rss0 = rss_kb(pid)
+        refused_lat, admitted_lat, peak = [], [], rss0
+        for _ in range(rounds):
+            wait_idle(port, timeout=60)
+            for st, first, done, data in burst_requests(port, bodies(burst)):
+                if st == 429:
+                    refused_lat.append(done)
+                elif st == 200:
+                    admitted_lat.append(done)
+                else:
+                    raise CheckFailed(f"overload request: status {st}, expected 200 or 429: {data[:160]!r}")
+            peak = max(peak, rss_kb(pid))
+        m, _ = wait_idle(port, timeout=60)
+        n_ref = len(refused_lat)
+        expect_ref = rounds * (burst - running - queue)
+        check(n_ref == expect_ref, f"{n_ref} requests refused over {rounds} bursts, expected {expect_ref} "
+                                   f"({len(admitted_lat)} admitted)")
+        refused_lat.sort()
+        p99 = refused_lat[min(len(refused_lat) - 1, int(0.99 * len(refused_lat)))]
+        adm_mean = sum(admitted_lat) / len(admitted_lat)
+        growth = (peak - rss0) / 1024
+        note = (f"{n_ref} of {rounds * burst} refused with 429 (p50 {refused_lat[len(refused_lat) // 2] * 1000:.1f} ms, "
+                f"p99 {p99 * 1000:.1f} ms); admitted requests {adm_mean:.2f} s each vs {base_mean:.2f} s at capacity "
+                f"alone ({adm_mean / base_mean:.2f}x); RSS {rss0 / 1024:.0f} MB before, peak {peak / 1024:.0f} MB")
+        check(p99 <= 0.050, f"429s too slow: {note}")
+        check(adm_mean <= 1.5 * base_mean, f"admitted requests slowed down: {note}")
+        check(growth <= 64, f"memory grew {growth:.0f} MB under overload: {note}")
+        check(m["troupe:num_requests_running"] == 0, "requests still running at idle")
+        return note
 
 
 @register("metrics_health")
