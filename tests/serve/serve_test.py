@@ -17,6 +17,8 @@ Checks:
                     queue cap (429 + Retry-After); the server keeps answering normal requests
   drain             SIGTERM: /health turns 503, new requests 503, in-flight streams finish, exit 0
   metrics_health    /health, and the Prometheus series and histograms of /metrics
+  neighbours        a greedy request beside neighbours with extreme sampling settings (and refused
+                    ones) gives its solo tokens; the forced neighbour only its forced token
   overload          bursts at 3x capacity: the excess refused with 429 within 50 ms (p99), the
                     admitted run as fast as at capacity alone, memory bounded
   connections       --max-connections: one connection over the cap gets a 503 and is closed; a low
@@ -1636,6 +1638,50 @@ def t_overload():
         check(growth <= 64, f"memory grew {growth:.0f} MB under overload: {note}")
         check(m["troupe:num_requests_running"] == 0, "requests still running at idle")
         return note
+
+
+@register("neighbours")
+def t_neighbours():
+    """Adversarial batch neighbours (RELIABILITY.md, determinism): a greedy request runs beside
+    requests with extreme sampling settings -- +100 on one token, -100 on 1,000 tokens,
+    penalties at their limits, temperature 2 with top_k 1, n = 3 with seeds, 20 top logprobs
+    -- and beside refused ones (a logit_bias id outside the vocabulary, a NaN temperature).
+    Its tokens must equal its solo run's; the forced neighbour must produce only its forced
+    token (the bias lands on its own row, nowhere else)."""
+    with Server("--max-num-seqs", 16, name="neighbours") as s:
+        port = s.port
+        prompt = "Write a short list of three fruits and their colours:"
+        ref = outcome(complete(port, prompt, 40))
+        forced = tokenize(port, " banana")[-1]
+        bias_many = {str(t): -100 for t in range(1000, 2000)}
+        neighbours = [
+            {"prompt": "Tell me about the sea.", "max_tokens": 40, "logit_bias": {str(forced): 100}, "temperature": 0},
+            {"prompt": "Tell me about the sea.", "max_tokens": 40, "logit_bias": bias_many, "temperature": 0.9, "seed": 3},
+            {"prompt": "Once upon a time", "max_tokens": 40, "presence_penalty": 2, "frequency_penalty": 2,
+             "repetition_penalty": 2, "temperature": 1, "seed": 4},
+            {"prompt": "Once upon a time", "max_tokens": 40, "temperature": 2, "top_k": 1},
+            {"prompt": "List some numbers:", "max_tokens": 40, "n": 3, "temperature": 1.5, "top_p": 0.5, "seed": 5},
+            {"prompt": "The weather today", "max_tokens": 40, "logprobs": 20, "temperature": 0.7, "seed": 6},
+        ]
+        bad = [b'{"prompt": "x", "max_tokens": 4, "logit_bias": {"999999": 5}}',
+               b'{"prompt": "x", "max_tokens": 4, "temperature": NaN}']
+        for round_ in range(2):
+            fns = [lambda: complete(port, prompt, 40)]
+            fns += [lambda b=b: call(port, "/v1/completions", b) for b in neighbours]
+            fns += [lambda b=b: request(port, "POST", "/v1/completions", b) for b in bad]
+            res = run_threads(fns)
+            for r in res:
+                check(not isinstance(r, BaseException), f"round {round_}: a request failed: {r!r}")
+            check(outcome(res[0]) == ref, f"round {round_}: the greedy request changed beside its neighbours: "
+                                          f"{outcome(res[0])} != {ref}")
+            for i, r in enumerate(res[1:1 + len(neighbours)]):
+                check(r[0] == 200, f"round {round_}: neighbour {i}: status {r[0]}: {r[3][:160]!r}")
+            forced_tokens = tokenize(port, res[1][1]["choices"][0]["text"])
+            check(forced_tokens and all(t == forced for t in forced_tokens),
+                  f"round {round_}: the forced neighbour produced {res[1][1]['choices'][0]['text'][:80]!r}")
+            for r in res[1 + len(neighbours):]:
+                check(r[0] == 400, f"round {round_}: a bad neighbour got {r[0]}, expected 400")
+        return f"greedy output unchanged beside {len(neighbours)} extreme and {len(bad)} refused neighbours, 2 rounds"
 
 
 @register("metrics_health")
