@@ -26,6 +26,7 @@ struct NodeOptions {
   int32_t num_tokenizers = 1;
   bool detached_workers = true;  // workers on their own threads (false: deterministic tests)
   bool check_kv_invariants = false;  // the KV-block-manager actor checks its invariants after every request
+  uint64_t fail_step = 0;  // fault injection: the last stage's worker fails this step (0: never)
   SchedulerActorConfig scheduler;  // vocab, context and end-of-generation filled in from the model
 };
 

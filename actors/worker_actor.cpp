@@ -91,7 +91,10 @@ worker_actor::behavior_type worker_fn(worker_actor::stateful_pointer<WorkerState
         LayersDone done;
         Status ok;
         try {
-          ok = run_layers(st, s, done);
+          if (st.device->fail_step != 0 && s.step_no == st.device->fail_step)
+            ok = make_error("injected fault: step " + std::to_string(s.step_no) + " fails (--debug-fail-step)");
+          else
+            ok = run_layers(st, s, done);
         } catch (const std::exception& e) {  // (bad_alloc, ...): this step fails, the worker lives on
           ok = make_error(std::string("worker: ") + e.what());
         }

@@ -20,6 +20,9 @@ struct StageWorker {
   std::unique_ptr<Backend> backend;
   std::unique_ptr<Model> model;
   std::unique_ptr<KvCache> cache;
+  // Fault injection (tests; `troupe serve --debug-fail-step`): the step with this number
+  // fails with an error instead of running (0: never).
+  uint64_t fail_step = 0;
   // Makes the stage's KV cache (its layers only) for the block pool the scheduler manages.
   static Result<std::shared_ptr<StageWorker>> create(std::unique_ptr<Backend> backend, std::unique_ptr<Model> model,
                                                      const KvBlockConfig& kv);

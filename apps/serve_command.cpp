@@ -39,6 +39,7 @@ struct ServeFlags {
   size_t max_header_bytes = 16u << 10;
   int read_timeout = 30;
   int max_connections = 1024;
+  uint64_t debug_fail_step = 0;
   api::Limits limits;
 };
 
@@ -141,6 +142,9 @@ int serve(ServeFlags f) {
   no.cuda = f.model.cuda_options();
   no.max_batch_tokens = f.model.batch;
   no.num_tokenizers = f.tokenizer_actors;
+  no.fail_step = f.debug_fail_step;
+  if (f.debug_fail_step != 0)
+    spdlog::warn("--debug-fail-step {}: that engine step will fail on purpose (fault injection for tests)", f.debug_fail_step);
   no.scheduler.scheduler.max_batched_tokens = f.max_num_batched_tokens > 0 ? f.max_num_batched_tokens : f.model.batch;
   no.scheduler.scheduler.max_running = f.max_num_seqs;
   no.scheduler.scheduler.chunked_prefill = !f.no_chunked_prefill;
@@ -225,6 +229,9 @@ void add_serve_command(CLI::App& app) {
   cmd->add_option("--max-connections", f->max_connections,
                   "most open HTTP connections; one more is answered 503 and closed (the open-file limit is raised to fit, "
                   "or this lowered)")->capture_default_str();
+  cmd->add_option("--debug-fail-step", f->debug_fail_step,
+                  "fault injection for tests: engine step N fails as a broken device would (every running request "
+                  "ends with an error, /health turns 503); 0: off")->capture_default_str();
   cmd->add_option("--max-n", f->limits.max_n, "largest 'n' (choices per prompt)")->capture_default_str();
   cmd->add_option("--max-top-logprobs", f->limits.max_top_logprobs, "largest 'top_logprobs'")->capture_default_str();
   cmd->add_option("--max-stop", f->limits.max_stop, "most stop strings per request")->capture_default_str();

@@ -17,6 +17,8 @@ Checks:
                     queue cap (429 + Retry-After); the server keeps answering normal requests
   drain             SIGTERM: /health turns 503, new requests 503, in-flight streams finish, exit 0
   metrics_health    /health, and the Prometheus series and histograms of /metrics
+  step_failure      a failing engine step (--debug-fail-step): running requests end with a typed
+                    error, /health 503, new requests 503, KV at baseline, SIGTERM exits 0
   neighbours        a greedy request beside neighbours with extreme sampling settings (and refused
                     ones) gives its solo tokens; the forced neighbour only its forced token
   overload          bursts at 3x capacity: the excess refused with 429 within 50 ms (p99), the
@@ -1682,6 +1684,62 @@ def t_neighbours():
             for r in res[1 + len(neighbours):]:
                 check(r[0] == 400, f"round {round_}: a bad neighbour got {r[0]}, expected 400")
         return f"greedy output unchanged beside {len(neighbours)} extreme and {len(bad)} refused neighbours, 2 rounds"
+
+
+@register("step_failure")
+def t_step_failure():
+    """A failing engine step (RELIABILITY.md: injected with --debug-fail-step, as a broken
+    device would fail): every running request ends with a typed error -- a 503 with an
+    OpenAI error body, or an error event in a stream that then ends -- within seconds;
+    /health turns 503 and names the cause; new requests get 503; the KV pool is back at its
+    baseline; SIGTERM still exits 0. With one pipeline stage and with two (a plan in flight
+    per stage)."""
+    notes = []
+    for stages in (1, 2):
+        with Server("--debug-fail-step", 25, "--pipeline-stages", stages, name=f"fail-step-{stages}") as s:
+            port = s.port
+            m0, _ = wait_idle(port)
+
+            def one(i):
+                chat = i % 2 == 1
+                body = gen_body(f"Tell me story number {i}.", 1, i >= 2, 120, chat=chat)
+                return request(port, "POST", "/v1/chat/completions" if chat else "/v1/completions", body, timeout=60)
+
+            t0 = time.time()
+            res = run_threads([lambda i=i: one(i) for i in range(4)])
+            took = time.time() - t0
+            for i, r in enumerate(res):
+                check(not isinstance(r, BaseException), f"{stages} stage(s): request {i} failed on the client: {r!r}")
+                st, _, data = r
+                if i < 2:  # not streamed: the error is the response
+                    check(st == 503, f"{stages} stage(s): request {i}: status {st}, expected 503: {data[:160]!r}")
+                    e = error_shape(data)
+                    check(not isinstance(e, str) and "injected fault" in e["message"],
+                          f"{stages} stage(s): request {i}: error body {data[:200]!r}")
+                else:  # streamed: an error event, then the stream ends
+                    check(st == 200, f"{stages} stage(s): stream {i}: status {st}")
+                    check(b'"error"' in data and b"injected fault" in data,
+                          f"{stages} stage(s): stream {i} has no error event: {data[-300:]!r}")
+            check(took < 30, f"{stages} stage(s): the failed requests took {took:.1f} s to end")
+            st, _, data = request(port, "GET", "/health")
+            h = json.loads(data)
+            check(st == 503 and h.get("status") == "failed" and "injected fault" in h.get("error", ""),
+                  f"{stages} stage(s): /health after the failure: {st} {data[:200]!r}")
+            st, _, data = request(port, "POST", "/v1/completions", {"prompt": "hi", "max_tokens": 3})
+            check(st == 503 and b"engine has failed" in data, f"{stages} stage(s): a new request got {st} {data[:160]!r}")
+            m, _ = wait_idle(port)
+            check(m["troupe:kv_cache_free_blocks"] == m0["troupe:kv_cache_free_blocks"],
+                  f"{stages} stage(s): {m0['troupe:kv_cache_free_blocks'] - m['troupe:kv_cache_free_blocks']:.0f} KV "
+                  f"blocks not freed after the failure")
+            s.signal(signal.SIGTERM)
+            try:
+                rc = s.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                raise CheckFailed(f"{stages} stage(s): no exit within 30 s of SIGTERM after the failure")
+            check(rc == 0, f"{stages} stage(s): exit code {rc} after SIGTERM")
+            notes.append(f"{stages} stage(s): 4 requests ended with the error in {took:.1f} s, /health 503, new requests 503, "
+                         f"KV at baseline, exit 0")
+    return "; ".join(notes)
 
 
 @register("metrics_health")
