@@ -426,6 +426,7 @@ Bytes encode(const actors::EngineStats& x) {
   msg.setStepSeconds(x.step_seconds);
   msg.setComputeSeconds(x.compute_seconds);
   msg.setKvSeconds(x.kv_seconds);
+  msg.setOldestStepSeconds(x.oldest_step_seconds);
   return to_bytes(m);
 }
 
@@ -449,6 +450,7 @@ Result<actors::EngineStats> decode_engine_stats(const Bytes& b) {
     x.step_seconds = msg.getStepSeconds();
     x.compute_seconds = msg.getComputeSeconds();
     x.kv_seconds = msg.getKvSeconds();
+    x.oldest_step_seconds = msg.getOldestStepSeconds();
     return x;
   });
 }

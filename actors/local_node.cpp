@@ -42,6 +42,7 @@ Result<LocalNode> spawn_local_node(caf::actor_system& sys, const ModelFiles& fil
     devices.push_back(std::move(*w));
   }
   if (opt.fail_step != 0) devices.back()->fail_step = opt.fail_step;
+  if (opt.hang_step != 0) devices.back()->hang_step = opt.hang_step;
   LocalNode node;
   for (auto& d : devices)
     node.workers.push_back(opt.detached_workers ? sys.spawn<caf::detached>(worker_fn, d) : sys.spawn(worker_fn, d));

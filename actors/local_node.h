@@ -27,6 +27,7 @@ struct NodeOptions {
   bool detached_workers = true;  // workers on their own threads (false: deterministic tests)
   bool check_kv_invariants = false;  // the KV-block-manager actor checks its invariants after every request
   uint64_t fail_step = 0;  // fault injection: the last stage's worker fails this step (0: never)
+  uint64_t hang_step = 0;  // fault injection: the last stage's worker hangs in this step until released
   SchedulerActorConfig scheduler;  // vocab, context and end-of-generation filled in from the model
 };
 

@@ -114,6 +114,9 @@ struct EngineStats {
   // flight the difference is what the actor hops cost.
   double step_seconds = 0, compute_seconds = 0;
   double kv_seconds = 0;  // KV-block-manager round trips (block operations sent to answer), summed
+  // How long the oldest step in flight has run so far (0: none in flight). A step that never
+  // ends (a hung device) shows here while the scheduler itself keeps beating.
+  double oldest_step_seconds = 0;
 };
 
 struct StatsQuery {};
@@ -217,7 +220,7 @@ TROUPE_INSPECT(StepFailed, x.step_no, x.error)
 TROUPE_INSPECT(EngineStats, x.num_running, x.num_waiting, x.kv_blocks, x.kv_free, x.prefix_queries, x.prefix_hits,
                x.prompt_tokens, x.generation_tokens, x.computed_prompt_tokens, x.preemptions, x.steps,
                x.most_plans_in_flight, x.heartbeat_age_seconds, x.failure, x.step_seconds, x.compute_seconds,
-               x.kv_seconds)
+               x.kv_seconds, x.oldest_step_seconds)
 TROUPE_INSPECT(EncodeText, x.text, x.add_special, x.parse_special)
 TROUPE_INSPECT(EncodeChat, x.roles, x.contents, x.add_generation_prompt)
 TROUPE_INSPECT(DecodeTokens, x.ids)

@@ -24,6 +24,12 @@ void publish(SchedulerState& st) {
   s.prefix_hits = ks.prefix_hits;
   s.preemptions = st.sched->num_preemptions();
   s.most_plans_in_flight = st.most_in_flight;
+  s.oldest_step_seconds = 0;
+  if (!st.sent.empty()) {
+    auto oldest = st.sent.begin()->second;
+    for (const auto& [no, t] : st.sent) oldest = std::min(oldest, t);
+    s.oldest_step_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - oldest).count();
+  }
   if (st.board) st.board->publish(s);
 }
 

@@ -55,6 +55,7 @@ class StatsBoard {
     EngineStats s = stats_;
     s.heartbeat_age_seconds =
         has_beat_ ? std::chrono::duration<double>(std::chrono::steady_clock::now() - beat_).count() : 1e9;
+    if (s.oldest_step_seconds > 0 && has_beat_) s.oldest_step_seconds += s.heartbeat_age_seconds;  // (up to now)
     return s;
   }
 

@@ -1,8 +1,10 @@
 #include "actors/worker_actor.h"
 
+#include <atomic>
 #include <chrono>
 #include <exception>
 #include <string>
+#include <thread>
 
 namespace troupe::actors {
 
@@ -81,6 +83,10 @@ Status run_layers(WorkerState& st, const StageStep& s, LayersDone& done) {
 
 }  // namespace
 
+std::atomic<bool> g_hangs_released{false};
+
+void release_injected_hangs() { g_hangs_released.store(true); }
+
 worker_actor::behavior_type worker_fn(worker_actor::stateful_pointer<WorkerState> self,
                                       std::shared_ptr<StageWorker> device) {
   self->state.device = std::move(device);
@@ -91,9 +97,12 @@ worker_actor::behavior_type worker_fn(worker_actor::stateful_pointer<WorkerState
         LayersDone done;
         Status ok;
         try {
-          if (st.device->fail_step != 0 && s.step_no == st.device->fail_step)
+          if (st.device->fail_step != 0 && s.step_no == st.device->fail_step) {
             ok = make_error("injected fault: step " + std::to_string(s.step_no) + " fails (--debug-fail-step)");
-          else
+          } else if (st.device->hang_step != 0 && s.step_no == st.device->hang_step) {
+            while (!g_hangs_released.load()) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+            ok = make_error("injected hang: step " + std::to_string(s.step_no) + " released at shutdown (--debug-hang-step)");
+          } else
             ok = run_layers(st, s, done);
         } catch (const std::exception& e) {  // (bad_alloc, ...): this step fails, the worker lives on
           ok = make_error(std::string("worker: ") + e.what());

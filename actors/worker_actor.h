@@ -23,6 +23,9 @@ struct StageWorker {
   // Fault injection (tests; `troupe serve --debug-fail-step`): the step with this number
   // fails with an error instead of running (0: never).
   uint64_t fail_step = 0;
+  // Fault injection (`--debug-hang-step`): the step with this number hangs, as a hung device
+  // would, until release_injected_hangs() (shutdown), then fails.
+  uint64_t hang_step = 0;
   // Makes the stage's KV cache (its layers only) for the block pool the scheduler manages.
   static Result<std::shared_ptr<StageWorker>> create(std::unique_ptr<Backend> backend, std::unique_ptr<Model> model,
                                                      const KvBlockConfig& kv);
@@ -37,6 +40,9 @@ struct WorkerState {
 
 worker_actor::behavior_type worker_fn(worker_actor::stateful_pointer<WorkerState> self,
                                       std::shared_ptr<StageWorker> device);
+
+// Lets every worker hung by `hang_step` go (its step then fails); for shutdown.
+void release_injected_hangs();
 
 // Checks that the flat arrays of a step are consistent in size (before any pointer is made
 // from them); the model then checks values (ids, positions, blocks).

@@ -9,6 +9,7 @@
 #include <thread>
 
 #include "actors/local_node.h"
+#include "actors/worker_actor.h"
 #include "apps/common.h"
 #include "apps/serve/openai_server.h"
 #include "apps/subcommands.h"
@@ -39,7 +40,8 @@ struct ServeFlags {
   size_t max_header_bytes = 16u << 10;
   int read_timeout = 30;
   int max_connections = 1024;
-  uint64_t debug_fail_step = 0;
+  uint64_t debug_fail_step = 0, debug_hang_step = 0;
+  double stall_timeout = 120;
   api::Limits limits;
 };
 
@@ -53,6 +55,7 @@ Status validate(const ServeFlags& f) {
   if (!(f.drain_timeout >= 0 && f.drain_timeout <= 3600)) return make_error("--drain-timeout must be 0..3600 seconds");
   if (f.read_timeout < 1 || f.read_timeout > 3600) return make_error("--read-timeout must be 1..3600 seconds");
   if (f.http_threads < 1 || f.http_threads > 64) return make_error("--http-threads must be 1..64");
+  if (!(f.stall_timeout >= 0 && f.stall_timeout <= 86400)) return make_error("--stall-timeout must be 0..86400 seconds");
   if (f.max_connections < 1 || f.max_connections > 1000000) return make_error("--max-connections must be 1..1000000");
   if (f.max_body_bytes < 1024 || f.max_header_bytes < 1024) return make_error("body and header limits must be at least 1024 bytes");
   if (f.limits.max_n < 1 || f.limits.max_n > 256) return make_error("--max-n must be 1..256");
@@ -143,8 +146,12 @@ int serve(ServeFlags f) {
   no.max_batch_tokens = f.model.batch;
   no.num_tokenizers = f.tokenizer_actors;
   no.fail_step = f.debug_fail_step;
+  no.hang_step = f.debug_hang_step;
   if (f.debug_fail_step != 0)
     spdlog::warn("--debug-fail-step {}: that engine step will fail on purpose (fault injection for tests)", f.debug_fail_step);
+  if (f.debug_hang_step != 0)
+    spdlog::warn("--debug-hang-step {}: that engine step will hang until shutdown (fault injection for tests)",
+                 f.debug_hang_step);
   no.scheduler.scheduler.max_batched_tokens = f.max_num_batched_tokens > 0 ? f.max_num_batched_tokens : f.model.batch;
   no.scheduler.scheduler.max_running = f.max_num_seqs;
   no.scheduler.scheduler.chunked_prefill = !f.no_chunked_prefill;
@@ -161,6 +168,7 @@ int serve(ServeFlags f) {
   so.limits.max_context = mf->config.max_context;
   so.limits.model_names = {name, f.model.model};
   so.max_active_seqs = f.max_num_seqs + f.max_queue;
+  so.stall_timeout_seconds = f.stall_timeout;
   auto shared_node = std::make_shared<actors::LocalNode>(std::move(*node));
   server.attach(shared_node, so);
   spdlog::info("serving '{}' ({} layers, {} stage(s), context {}, KV {} blocks of {} tokens) on http://{}:{}", name,
@@ -193,6 +201,7 @@ int serve(ServeFlags f) {
     poll();
   });
   for (auto& t : threads) t.join();
+  actors::release_injected_hangs();  // (--debug-hang-step: the hung worker must let go to exit)
   shared_node->stop();
   spdlog::info("stopped");
   return 0;
@@ -232,6 +241,13 @@ void add_serve_command(CLI::App& app) {
   cmd->add_option("--debug-fail-step", f->debug_fail_step,
                   "fault injection for tests: engine step N fails as a broken device would (every running request "
                   "ends with an error, /health turns 503); 0: off")->capture_default_str();
+  cmd->add_option("--debug-hang-step", f->debug_hang_step,
+                  "fault injection for tests: engine step N hangs, as a hung device would, until shutdown; 0: off")
+      ->capture_default_str();
+  cmd->add_option("--stall-timeout", f->stall_timeout,
+                  "/health answers 503 ('engine stalled') while an engine step has run longer than this many seconds "
+                  "(a hung device or worker; the scheduler's heartbeat alone would not show it); 0: off")
+      ->capture_default_str();
   cmd->add_option("--max-n", f->limits.max_n, "largest 'n' (choices per prompt)")->capture_default_str();
   cmd->add_option("--max-top-logprobs", f->limits.max_top_logprobs, "largest 'top_logprobs'")->capture_default_str();
   cmd->add_option("--max-stop", f->limits.max_stop, "most stop strings per request")->capture_default_str();

@@ -179,6 +179,7 @@ struct EngineStats {
   stepSeconds @14 :Float64;
   computeSeconds @15 :Float64;
   kvSeconds @16 :Float64;
+  oldestStepSeconds @17 :Float64;
 }
 
 struct KvStats {

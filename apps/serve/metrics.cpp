@@ -85,6 +85,8 @@ std::string Metrics::render(const actors::EngineStats& s, const std::string& mod
         s.kv_blocks ? 1.0 - static_cast<double>(s.kv_free) / s.kv_blocks : 0.0);
   gauge("troupe:kv_cache_free_blocks", "KV-cache blocks free (cached or empty).", s.kv_free);
   gauge("troupe:engine_heartbeat_age_seconds", "Seconds since the scheduler actor's last heartbeat.", s.heartbeat_age_seconds);
+  gauge("troupe:engine_oldest_step_seconds", "Seconds the oldest engine step in flight has run (0: none).",
+        s.oldest_step_seconds);
   counter("troupe:prefix_cache_queries_total", "Prompt tokens looked up in the prefix cache (full blocks).",
           static_cast<double>(s.prefix_queries) * block_size);
   counter("troupe:prefix_cache_hits_total", "Prompt tokens found in the prefix cache (full blocks).",

@@ -43,6 +43,7 @@ void OpenAiServer::attach(std::shared_ptr<actors::LocalNode> node, const ServerO
   opt_.limits = loaded.limits;
   opt_.max_active_seqs = loaded.max_active_seqs;
   opt_.block_size = loaded.block_size;
+  opt_.stall_timeout_seconds = loaded.stall_timeout_seconds;
   ready_.store(true, std::memory_order_release);
 }
 
@@ -116,10 +117,19 @@ void OpenAiServer::health(const std::shared_ptr<Exchange>& ex) {
     } else if (s.heartbeat_age_seconds > 10) {
       status = 503;
       j["status"] = "engine heartbeat lost";
+    } else if (opt_.stall_timeout_seconds > 0 && s.oldest_step_seconds > opt_.stall_timeout_seconds) {
+      // The scheduler beats, but a step has not come back: a hung device or worker.
+      status = 503;
+      j["status"] = "engine stalled";
+      char msg[160];
+      std::snprintf(msg, sizeof msg, "a step has run for %.1f s (--stall-timeout %g)", s.oldest_step_seconds,
+                    opt_.stall_timeout_seconds);
+      j["error"] = msg;
     } else {
       j["status"] = "ok";
     }
     j["heartbeat_age_seconds"] = s.heartbeat_age_seconds;
+    j["oldest_step_seconds"] = s.oldest_step_seconds;
   }
   respond(ex, status, api::to_json_text(j));
 }

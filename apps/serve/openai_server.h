@@ -24,6 +24,7 @@ struct ServerOptions {
   std::string api_key;               // "" = no authentication
   int32_t max_active_seqs = 0;       // running + queued sequences before 429 (0: no cap)
   int32_t block_size = 16;
+  double stall_timeout_seconds = 120;  // /health 503 when a step has run longer (0: never)
   api::Limits limits;
 };
 

@@ -208,7 +208,7 @@ TEST_CASE("codec: StepDone, StepFailed and EngineStats round-trip", "[codec]") {
   REQUIRE(std::holds_alternative<StepFailed>(*f));
   REQUIRE(std::get<StepFailed>(*f).error == "KV slot out of range");
   REQUIRE(std::get<StepFailed>(*f).step_no == 6);
-  EngineStats s{3, 4, 100, 55, 1000, 600, 12345, 678, 9000, 2, 77, 3, 0.25, "boom", 12.5, 11.25, 0.75};
+  EngineStats s{3, 4, 100, 55, 1000, 600, 12345, 678, 9000, 2, 77, 3, 0.25, "boom", 12.5, 11.25, 0.75, 4.5};
   auto e = codec::decode_engine_stats(codec::encode(s));
   REQUIRE(e.ok());
   REQUIRE(e->num_running == 3);
@@ -227,6 +227,7 @@ TEST_CASE("codec: StepDone, StepFailed and EngineStats round-trip", "[codec]") {
   REQUIRE(e->step_seconds == 12.5);
   REQUIRE(e->compute_seconds == 11.25);
   REQUIRE(e->kv_seconds == 0.75);
+  REQUIRE(e->oldest_step_seconds == 4.5);
   REQUIRE(e->failure == "boom");
 }
 

@@ -19,6 +19,8 @@ Checks:
   metrics_health    /health, and the Prometheus series and histograms of /metrics
   step_failure      a failing engine step (--debug-fail-step): running requests end with a typed
                     error, /health 503, new requests 503, KV at baseline, SIGTERM exits 0
+  step_hang         a step that never returns (--debug-hang-step): /health 503 'engine stalled' after
+                    --stall-timeout while the heartbeat goes on; SIGTERM still exits 0
   neighbours        a greedy request beside neighbours with extreme sampling settings (and refused
                     ones) gives its solo tokens; the forced neighbour only its forced token
   overload          bursts at 3x capacity: the excess refused with 429 within 50 ms (p99), the
@@ -1640,6 +1642,49 @@ def t_overload():
         check(growth <= 64, f"memory grew {growth:.0f} MB under overload: {note}")
         check(m["troupe:num_requests_running"] == 0, "requests still running at idle")
         return note
+
+
+@register("step_hang")
+def t_step_hang():
+    """A step that never returns (--debug-hang-step, as a hung device would) while the
+    scheduler keeps its heartbeat: /health must turn 503 ('engine stalled') once the step
+    has run longer than --stall-timeout (2 s here) -- before this check, /health answered
+    200 for as long as the scheduler beat -- and /metrics shows the step's age; SIGTERM
+    still ends the process (the drain times out, the hung worker is let go), exit 0."""
+    with Server("--debug-hang-step", 10, "--stall-timeout", 2, "--drain-timeout", 1, name="hang") as s:
+        port = s.port
+        st, _, _ = request(port, "GET", "/health")
+        check(st == 200, f"/health before the hang: {st}")
+        r = Raw(port)
+        r.send(build_request(port, "POST", "/v1/completions", gen_body("Tell me a story.", 1, True, 100)))
+        t0 = time.time()
+        seen_ok, stalled = False, None
+        while time.time() - t0 < 20:
+            st, _, data = request(port, "GET", "/health", timeout=5)
+            h = json.loads(data)
+            if st == 200:
+                seen_ok = True
+            elif h.get("status") == "engine stalled":
+                stalled = (time.time() - t0, h)
+                break
+            time.sleep(0.2)
+        check(stalled is not None, f"/health never reported the stall within 20 s (last: {st} {data[:200]!r})")
+        check(stalled[1]["oldest_step_seconds"] > 2 and "--stall-timeout 2" in stalled[1].get("error", ""),
+              f"/health while stalled: {stalled[1]}")
+        m = metrics(port)
+        check(m["troupe:engine_oldest_step_seconds"] > 2, "/metrics: troupe:engine_oldest_step_seconds "
+                                                          f"{m['troupe:engine_oldest_step_seconds']}")
+        check(m["troupe:engine_heartbeat_age_seconds"] < 5, "the scheduler's heartbeat stopped too (expected it alive)")
+        s.signal(signal.SIGTERM)
+        try:
+            rc = s.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            raise CheckFailed("no exit within 30 s of SIGTERM with a hung step")
+        finally:
+            r.close()
+        check(rc == 0, f"exit code {rc} after SIGTERM with a hung step")
+        return (f"/health 503 'engine stalled' {stalled[0]:.1f} s after the request (step age "
+                f"{stalled[1]['oldest_step_seconds']:.1f} s; 200 before: {seen_ok}); exit 0 on SIGTERM")
 
 
 @register("neighbours")
