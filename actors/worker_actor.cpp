@@ -83,7 +83,9 @@ Status run_layers(WorkerState& st, const StageStep& s, LayersDone& done) {
 
 }  // namespace
 
-std::atomic<bool> g_hangs_released{false};
+namespace {
+std::atomic<bool> g_hangs_released{false};  // (--debug-hang-step: set once, at shutdown)
+}  // namespace
 
 void release_injected_hangs() { g_hangs_released.store(true); }
 
@@ -102,8 +104,9 @@ worker_actor::behavior_type worker_fn(worker_actor::stateful_pointer<WorkerState
           } else if (st.device->hang_step != 0 && s.step_no == st.device->hang_step) {
             while (!g_hangs_released.load()) std::this_thread::sleep_for(std::chrono::milliseconds(10));
             ok = make_error("injected hang: step " + std::to_string(s.step_no) + " released at shutdown (--debug-hang-step)");
-          } else
+          } else {
             ok = run_layers(st, s, done);
+          }
         } catch (const std::exception& e) {  // (bad_alloc, ...): this step fails, the worker lives on
           ok = make_error(std::string("worker: ") + e.what());
         }
