@@ -1469,21 +1469,6 @@ def cpu_seconds(pid):
     return (int(x[11]) + int(x[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def read_some(sock, timeout):
-    """What the server sends on a connection within `timeout` (until it closes it)."""
-    sock.settimeout(timeout)
-    data = b""
-    try:
-        while True:
-            d = sock.recv(4096)
-            if not d:
-                break
-            data += d
-    except (socket.timeout, ConnectionResetError):
-        pass
-    return data
-
-
 @register("connections")
 def t_connections():
     """--max-connections: with the cap's worth of idle connections open, one more is answered
@@ -1505,18 +1490,20 @@ def t_connections():
             held = []
             try:
                 for _ in range(cap):
-                    held.append(socket.create_connection((HOST, port), timeout=10))
+                    held.append(Raw(port, timeout=10))
                 time.sleep(0.3)
                 refused, extra = 0, 30 if nofile else 4
                 for _ in range(extra):
-                    c = socket.create_connection((HOST, port), timeout=10)
-                    data = read_some(c, 5.0)
-                    c.close()
-                    if data.startswith(b"HTTP/1.1 503"):
-                        head, _, body = data.partition(b"\r\n\r\n")
-                        check(b"Retry-After: 1" in head, f"{label}: 503 without Retry-After: {head!r}")
-                        err = json.loads(body)["error"]
-                        check("too many open connections" in err["message"], f"{label}: 503 body {body!r}")
+                    c = Raw(port, timeout=10)
+                    try:
+                        st, hdrs, body = c.read_response(timeout=5)  # (nothing sent: the server speaks first)
+                    finally:
+                        c.close()
+                    if st == 503:
+                        check(hdrs.get("retry-after") == "1", f"{label}: 503 without Retry-After: {hdrs}")
+                        e = error_shape(body)
+                        check(not isinstance(e, str) and "too many open connections" in e["message"],
+                              f"{label}: 503 body {body!r}")
                         refused += 1
                 check(refused == extra, f"{label}: {refused} of {extra} connections over the cap got a 503")
                 c0 = cpu_seconds(s.proc.pid)
@@ -1525,11 +1512,10 @@ def t_connections():
                 check(idle_cpu < 0.5, f"{label}: the server used {idle_cpu:.2f} s of CPU in 2 s with {cap} idle connections")
                 # a held connection still works
                 h = held.pop()
-                h.sendall(build_request(port, "POST", "/v1/completions",
-                                        {"prompt": "Hello there", "max_tokens": 2, "temperature": 0}))
-                h.settimeout(30)
-                reply = h.recv(65536)  # (keep-alive: the status line comes first)
-                check(reply.startswith(b"HTTP/1.1 200"), f"{label}: a held connection got {reply[:80]!r}")
+                h.send(build_request(port, "POST", "/v1/completions",
+                                     {"prompt": "Hello there", "max_tokens": 2, "temperature": 0}))
+                st, _, body = h.read_response(timeout=30)
+                check(st == 200, f"{label}: a held connection got {st}: {body[:80]!r}")
                 h.close()
             finally:
                 for h in held:
