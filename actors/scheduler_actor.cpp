@@ -183,7 +183,9 @@ void on_step_done(self_ptr self, StepDone& done) {
   st.plans.erase(pit);
   ++st.stats.steps;
   if (auto sit = st.sent.find(done.step_no); sit != st.sent.end()) {
-    st.stats.step_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - sit->second).count();
+    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - sit->second).count();
+    st.stats.step_seconds += seconds;
+    st.sched->observe_step(plan, seconds);  // the latency target's step-time model
     st.stats.compute_seconds += done.compute_seconds;
     st.sent.erase(sit);
   }

@@ -74,7 +74,8 @@ Status ServerProcess::start(const ServeSpec& sp, const std::string& log_path, do
       "--max-num-seqs", std::to_string(sp.max_num_seqs),
       "--max-num-batched-tokens", std::to_string(sp.max_num_batched_tokens),
       "--kv-cache-tokens", std::to_string(sp.kv_cache_tokens), "--block-size", std::to_string(sp.block_size),
-      "--scheduling-policy", sp.policy, "--max-queue", std::to_string(sp.max_queue)};
+      "--scheduling-policy", sp.policy, "--max-queue", std::to_string(sp.max_queue),
+      "--itl-target-ms", std::to_string(sp.itl_target_ms)};
   // clang-format on
   if (!sp.prefix_caching) args.push_back("--no-prefix-caching");
   if (!sp.chunked_prefill) args.push_back("--no-chunked-prefill");

@@ -17,6 +17,7 @@ struct ServeSpec {
   ModelFlags model;  // model is the resolved file path
   int max_num_seqs = 64, max_num_batched_tokens = 512, kv_cache_tokens = 32768, block_size = 16, max_queue = 256;
   bool prefix_caching = true, chunked_prefill = true;
+  double itl_target_ms = 100;
   std::string policy = "fcfs";
 };
 

@@ -30,6 +30,7 @@ struct ServeFlags {
   int block_size = 16;
   bool no_prefix_caching = false;
   bool no_chunked_prefill = false;
+  double itl_target_ms = 100;  // 0: off
   std::string policy = "fcfs";
   int pipeline_stages = 1;
   int tokenizer_actors = 1;
@@ -52,6 +53,7 @@ Status validate(const ServeFlags& f) {
   if (f.block_size < 1 || f.block_size > 256) return make_error("--block-size must be 1..256");
   if (f.policy != "fcfs" && f.policy != "priority") return make_error("--scheduling-policy must be fcfs or priority");
   if (f.max_queue < 0) return make_error("--max-queue must be >= 0");
+  if (!(f.itl_target_ms >= 0 && f.itl_target_ms <= 600000)) return make_error("--itl-target-ms must be 0..600000");
   if (!(f.drain_timeout >= 0 && f.drain_timeout <= 3600)) return make_error("--drain-timeout must be 0..3600 seconds");
   if (f.read_timeout < 1 || f.read_timeout > 3600) return make_error("--read-timeout must be 1..3600 seconds");
   if (f.http_threads < 1 || f.http_threads > 64) return make_error("--http-threads must be 1..64");
@@ -155,6 +157,7 @@ int serve(ServeFlags f) {
   no.scheduler.scheduler.max_batched_tokens = f.max_num_batched_tokens > 0 ? f.max_num_batched_tokens : f.model.batch;
   no.scheduler.scheduler.max_running = f.max_num_seqs;
   no.scheduler.scheduler.chunked_prefill = !f.no_chunked_prefill;
+  no.scheduler.scheduler.itl_target_s = f.itl_target_ms / 1000;
   no.scheduler.kv = kv_config_for_tokens(f.kv_cache_tokens, f.block_size, !f.no_prefix_caching);
   no.scheduler.policy = f.policy == "priority" ? SchedulingPolicy::priority() : SchedulingPolicy::fcfs();
   auto node = actors::spawn_local_node(sys, *mf, no, [](size_t d, size_t t) { progress_bar("loading", d, t); });
@@ -226,6 +229,11 @@ void add_serve_command(CLI::App& app) {
   cmd->add_flag("--no-chunked-prefill", f->no_chunked_prefill,
                 "compute each prompt in one step (waiting for room) instead of in chunks mixed with decodes; "
                 "prompts longer than the token budget are refused");
+  cmd->add_option("--itl-target-ms", f->itl_target_ms,
+                  "inter-token latency target: while requests stream, a step's tokens are capped so that its time, as "
+                  "learned from past steps, stays within this or three times a step of the decodes alone (prefill then goes "
+                  "on in smaller chunks); 0: off, every step fills --max-num-batched-tokens; needs chunked prefill")
+      ->capture_default_str();
   cmd->add_option("--scheduling-policy", f->policy, "fcfs, or priority (lower 'priority' runs first)")->capture_default_str();
   cmd->add_option("--pipeline-stages", f->pipeline_stages, "pipeline-stage actors the layers are split over (with --device cuda:N,M,...: in contiguous groups, one group per GPU)")->capture_default_str();
   cmd->add_option("--tokenizer-actors", f->tokenizer_actors, "tokenizer actors in the pool")->capture_default_str();

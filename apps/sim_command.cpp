@@ -31,6 +31,7 @@ struct SimFlags {
   std::string hardware = sim_source_path("sim/profiles/cpu-local.json");
   int max_num_batched_tokens = 512, max_num_seqs = 64, kv_cache_tokens = 32768, block_size = 16;
   bool no_prefix_caching = false, no_chunked_prefill = false, log_decisions = false;
+  double itl_target_ms = 100;           // as troupe serve (0: off)
   std::string param;                    // sweep: a scheduler flag to vary
   std::vector<double> values;           // sweep: its values
   std::string metric = "ttft";          // sweep: ttft | itl | e2el
@@ -57,6 +58,7 @@ Result<Prepared> prepare(const SimFlags& f) {
   if (f.out.empty()) return make_error("--out DIR is required");
   if (f.max_num_batched_tokens < 1 || f.max_num_seqs < 1 || f.block_size < 1 || f.kv_cache_tokens < f.block_size)
     return make_error("--max-num-batched-tokens, --max-num-seqs and --block-size must be >= 1, --kv-cache-tokens >= --block-size");
+  if (!(f.itl_target_ms >= 0 && f.itl_target_ms <= 600000)) return make_error("--itl-target-ms must be 0..600000");
   auto cfg = read_hf_config(f.model_config, true);
   if (!cfg) return cfg.error();
   auto hw = sim::load_profile(f.hardware);
@@ -118,7 +120,7 @@ Result<std::vector<sim::SimRequest>> make_workload(const SimFlags& f, double rat
 
 sim::SimConfig sim_config(const SimFlags& f, const std::string& policy) {
   sim::SimConfig sc;
-  sc.scheduler = {f.max_num_batched_tokens, f.max_num_seqs, !f.no_chunked_prefill};
+  sc.scheduler = {f.max_num_batched_tokens, f.max_num_seqs, !f.no_chunked_prefill, f.itl_target_ms / 1000};
   sc.kv = kv_config_for_tokens(f.kv_cache_tokens, f.block_size, !f.no_prefix_caching);
   sc.policy = policy;
   sc.log_decisions = f.log_decisions;
@@ -178,7 +180,7 @@ int run_sim(const SimFlags& f) {
 // The flags `sim sweep --param` can vary; value 0/1 turns the two switches off/on.
 const char* kSweepParams[] = {"max-num-batched-tokens", "max-num-seqs", "kv-cache-tokens", "block-size",
                               "chunked-prefill", "prefix-caching", "pipeline-stages", "micro-batches", "ep-degree",
-                              "instances", "prefill-instances", "decode-instances"};
+                              "instances", "prefill-instances", "decode-instances", "itl-target-ms"};
 
 Status set_param(SimFlags& f, const std::string& name, double v) {
   if (!(v >= 0 && v <= 1e9)) return make_error("--values for " + name + " must be 0..1000000000");
@@ -194,6 +196,7 @@ Status set_param(SimFlags& f, const std::string& name, double v) {
   else if (name == "instances") f.cluster.instances = i;
   else if (name == "prefill-instances") f.cluster.prefill_instances = i;
   else if (name == "decode-instances") f.cluster.decode_instances = i;
+  else if (name == "itl-target-ms") f.itl_target_ms = i;
   else if (name == "chunked-prefill" || name == "prefix-caching") {
     if (i != 0 && i != 1) return make_error("--values for " + name + " must be 0 (off) or 1 (on)");
     (name == "chunked-prefill" ? f.no_chunked_prefill : f.no_prefix_caching) = i == 0;
@@ -341,6 +344,10 @@ void add_common(CLI::App* cmd, SimFlags& f) {
   cmd->add_flag("--no-prefix-caching", f.no_prefix_caching, "turn automatic prefix caching off (as troupe serve)");
   cmd->add_flag("--no-chunked-prefill", f.no_chunked_prefill,
                 "compute each prompt in one step or wait; refuse prompts over the budget (as troupe serve)");
+  cmd->add_option("--itl-target-ms", f.itl_target_ms,
+                  "inter-token latency target: cap a step with streaming requests so that its time, as learned from "
+                  "the simulated steps, stays within this or three times the decodes' own step (as troupe serve; 0: off)")
+      ->capture_default_str();
   cmd->add_option("--pipeline-stages", f.layout.pipeline_stages,
                   "layout: pipeline stages the layers are split over (cost model; one device per stage)")
       ->capture_default_str();

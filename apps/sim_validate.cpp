@@ -30,6 +30,7 @@ struct ValidateFlags {
   std::vector<double> rates;
   int max_num_seqs = 64, max_num_batched_tokens = 0, kv_cache_tokens = 32768, block_size = 16;
   bool no_prefix_caching = false, no_chunked_prefill = false;
+  double itl_target_ms = 100;
   std::string policy = "fcfs";
   std::string out;
 };
@@ -52,6 +53,10 @@ std::vector<Metric> compare(const json& real, const json& simj) {
 int validate(ValidateFlags f) {
   if (f.out.empty()) {
     spdlog::error("--out DIR is required");
+    return 2;
+  }
+  if (!(f.itl_target_ms >= 0 && f.itl_target_ms <= 600000)) {
+    spdlog::error("--itl-target-ms must be 0..600000");
     return 2;
   }
   if (f.max_num_seqs < 1 || f.kv_cache_tokens < f.block_size || f.block_size < 1 || f.max_num_batched_tokens < 0) {
@@ -98,7 +103,7 @@ int validate(ValidateFlags f) {
   }
   sim::SimConfig sc;
   sc.scheduler = {f.max_num_batched_tokens > 0 ? f.max_num_batched_tokens : f.model.batch, f.max_num_seqs,
-                  !f.no_chunked_prefill};
+                  !f.no_chunked_prefill, f.itl_target_ms / 1000};
   sc.kv = kv_config_for_tokens(f.kv_cache_tokens, f.block_size, !f.no_prefix_caching);
   sc.policy = f.policy;
   const sim::CostModel cost(mc, *hw);
@@ -149,6 +154,7 @@ int validate(ValidateFlags f) {
     spec.block_size = f.block_size;
     spec.prefix_caching = !f.no_prefix_caching;
     spec.chunked_prefill = !f.no_chunked_prefill;
+    spec.itl_target_ms = f.itl_target_ms;
     spec.policy = f.policy;
     spec.max_queue = static_cast<int>(reqs.size());
     ServerProcess server;
@@ -213,6 +219,7 @@ void add_sim_validate(CLI::App& sim) {
   cmd->add_option("--block-size", f->block_size, "as troupe serve")->capture_default_str();
   cmd->add_flag("--no-prefix-caching", f->no_prefix_caching, "as troupe serve");
   cmd->add_flag("--no-chunked-prefill", f->no_chunked_prefill, "as troupe serve");
+  cmd->add_option("--itl-target-ms", f->itl_target_ms, "as troupe serve (0: off)")->capture_default_str();
   cmd->add_option("--scheduling-policy", f->policy, "fcfs or priority (as troupe serve)")->capture_default_str();
   cmd->add_option("--out", f->out, "output folder: validation.md, validation.json, per-level summaries and logs")->required();
   cmd->callback([f] { set_exit_code(validate(*f)); });

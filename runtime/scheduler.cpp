@@ -74,18 +74,53 @@ bool Scheduler::may_split(int32_t left, int32_t n) const {
   return cfg_.chunked_prefill || n == left || left > cfg_.max_batched_tokens;
 }
 
+// The step's token budget: --max-num-batched-tokens, or less under the latency target while
+// a running sequence has sampled a token (its next token waits for this step); never fewer
+// than two tokens per decoding sequence, so that prefill always moves.
+int32_t Scheduler::step_budget(const std::set<int64_t>* busy) const {
+  if (cfg_.itl_target_s <= 0 || !cfg_.chunked_prefill || !step_time_.ready()) return cfg_.max_batched_tokens;
+  int32_t streaming = 0, decoding = 0;
+  for (int64_t id : running_) {
+    const SchedState& s = states_.at(id);
+    if (s.num_generated == 0) continue;
+    ++streaming;
+    if (!(busy && busy->count(id)) && s.num_computed + 1 == static_cast<int32_t>(s.tokens.size())) ++decoding;
+  }
+  if (streaming == 0) return cfg_.max_batched_tokens;
+  const int32_t d = std::max(1, decoding);
+  const double limit = std::max(cfg_.itl_target_s, 3 * step_time_.predict(d, d));
+  // d + 1 sampled rows: the decodes and a prompt that may finish in this step.
+  return std::clamp(step_time_.tokens_within(limit, d + 1), std::min(2 * d, cfg_.max_batched_tokens),
+                    cfg_.max_batched_tokens);
+}
+
+void Scheduler::observe_step(const StepPlan& plan, double seconds) {
+  int32_t rows = 0;
+  for (const ScheduledSeq& q : plan.seqs) rows += q.samples ? 1 : 0;
+  step_time_.observe(plan.num_tokens, rows, seconds);
+}
+
 StepPlan Scheduler::schedule(const std::set<int64_t>* busy) {
   StepPlan plan;
   auto is_busy = [&](int64_t id) { return busy && busy->count(id) > 0; };
-  int32_t budget = cfg_.max_batched_tokens;
   std::sort(running_.begin(), running_.end(), [&](int64_t a, int64_t b) { return policy_.before(states_.at(a), states_.at(b)); });
+  const int32_t step_budget0 = step_budget(busy);
+  const bool capped = step_budget0 < cfg_.max_batched_tokens;
+  int32_t budget = step_budget0;
+  auto is_decoding = [&](int64_t id) {
+    const SchedState& s = states_.at(id);
+    return !is_busy(id) && s.num_computed + 1 == static_cast<int32_t>(s.tokens.size());
+  };
   // Running requests first, in policy order; the last in order is preempted for room.
   for (size_t i = 0; i < running_.size() && budget > 0;) {
     const int64_t id = running_[i];
     if (is_busy(id)) { ++i; continue; }
     SchedState& s = states_.at(id);
     const int32_t left = static_cast<int32_t>(s.tokens.size()) - s.num_computed;
-    const int32_t n = std::min(left, budget);
+    int32_t room = budget;
+    if (capped && left > 1)  // under the cap, a chunk leaves a token for each decode after it
+      room -= static_cast<int32_t>(std::count_if(running_.begin() + static_cast<std::ptrdiff_t>(i) + 1, running_.end(), is_decoding));
+    const int32_t n = std::min(left, room);
     if (n <= 0 || !may_split(left, n)) { ++i; continue; }
     if (kv_.reserve(id, s.num_computed + n, s.tokens, &plan.copies)) {
       plan.seqs.push_back({id, s.num_computed, n, s.num_computed + n == static_cast<int32_t>(s.tokens.size())});
@@ -122,7 +157,7 @@ StepPlan Scheduler::schedule(const std::set<int64_t>* busy) {
     plan.seqs.push_back({id, s.num_computed, n, s.num_computed + n == static_cast<int32_t>(s.tokens.size())});
     budget -= n;
   }
-  plan.num_tokens = cfg_.max_batched_tokens - budget;
+  plan.num_tokens = step_budget0 - budget;
   return plan;
 }
 

@@ -17,6 +17,7 @@
 #include "kernels/result.h"
 #include "runtime/kv_block_manager.h"
 #include "runtime/kv_ledger.h"
+#include "runtime/step_time.h"
 
 namespace troupe {
 
@@ -27,6 +28,12 @@ struct SchedulerConfig {
   // longer than the budget are refused at admission. A preempted sequence whose tokens
   // outgrew the budget is still resumed in chunks, so it cannot starve.
   bool chunked_prefill = true;
+  // Inter-token latency target, seconds (0: off; needs chunked prefill). While any running
+  // sequence has sampled a token, a step's tokens are capped so that its predicted time
+  // (StepTimeModel, fed by observe_step) stays within max(target, three times a step of the
+  // decoding sequences alone): prefill goes on in smaller chunks beside the decodes instead
+  // of stalling them, and always gets at least two thirds of such a step.
+  double itl_target_s = 0;
 };
 
 struct SchedRequest {
@@ -101,11 +108,16 @@ class Scheduler {
   size_t num_running() const { return running_.size(); }
   const SchedState* state(int64_t id) const;
   uint64_t num_preemptions() const { return preemptions_; }
+  // A step planned as `plan` took `seconds` (wall time in serving, the cost model's in the
+  // simulator); teaches the step-time model behind the latency target.
+  void observe_step(const StepPlan& plan, double seconds);
+  const StepTimeModel& step_time() const { return step_time_; }
 
  private:
   void sort_waiting();
   void preempt(int64_t id);
   bool may_split(int32_t left, int32_t n) const;
+  int32_t step_budget(const std::set<int64_t>* busy) const;
 
   SchedulerConfig cfg_;
   KvBlocks& kv_;
@@ -115,6 +127,7 @@ class Scheduler {
   std::vector<int64_t> running_;
   uint64_t next_arrival_ = 0;
   uint64_t preemptions_ = 0;
+  StepTimeModel step_time_;
 };
 
 }  // namespace troupe

@@ -121,6 +121,7 @@ Result<SimResult> simulate_cluster(const std::vector<SimRequest>& reqs, const Si
       out.decisions.push_back(line.str());
     }
     const double dt = shapes.empty() ? cost.hardware().step_overhead_s : cost.step_seconds(shapes);
+    x.sched->observe_step(x.plan, dt);
     const double usage = 1.0 - static_cast<double>(x.kv->num_free_blocks()) / cfg.kv.num_blocks;
     x.usage_time += usage * dt;
     out.peak_kv_usage = std::max(out.peak_kv_usage, usage);

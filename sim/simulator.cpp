@@ -110,6 +110,7 @@ Result<SimResult> simulate(const std::vector<SimRequest>& reqs, const SimConfig&
       out.decisions.push_back(line.str());
     }
     const double dt = cost.step_seconds(shapes);
+    sched.observe_step(plan, dt);
     // O(1): stats() walks the free list.
     const double usage = 1.0 - static_cast<double>(kv.num_free_blocks()) / cfg.kv.num_blocks;
     usage_time += usage * dt;

@@ -3,6 +3,7 @@
 // admission, preemption under KV pressure with outputs identical to solo runs, aborts
 // returning every block, and determinism.
 #include <catch2/catch.hpp>
+#include <limits>
 #include <map>
 #include <random>
 #include <set>
@@ -219,4 +220,148 @@ TEST_CASE("plans in flight: busy sequences are neither scheduled nor preempted",
     if (!st.ok()) FAIL(st.error().message);
   }
   CHECK(preempted > 0);
+}
+
+TEST_CASE("step-time model: least squares over recent steps", "[scheduler][itl]") {
+  StepTimeModel m;
+  CHECK_FALSE(m.ready());
+  for (int i = 0; i < 20; ++i) m.observe(8, 8, 0.034);  // one size only: the slope is unknown
+  CHECK_FALSE(m.ready());
+  CHECK(m.tokens_within(0.1, 1) == std::numeric_limits<int32_t>::max());
+  // One sampled row per step: its price cannot be told apart and folds into the fixed term.
+  StepTimeModel line;
+  for (int n : {64, 512, 8, 100, 8, 300}) line.observe(n, 1, 0.02 + 0.001 * n);
+  REQUIRE(line.ready());
+  CHECK(line.fixed_seconds() == Approx(0.02).epsilon(1e-6));
+  CHECK(line.seconds_per_token() == Approx(0.001).epsilon(1e-6));
+  CHECK(line.seconds_per_row() == 0);
+  CHECK(line.tokens_within(0.1005, 1) == 80);
+  CHECK(line.tokens_within(0.001, 1) == 1);  // never fewer than one
+  // Rows that vary apart from tokens get their own price (the logits and the sampler).
+  for (auto [n, r] : std::vector<std::pair<int, int>>{{8, 8}, {64, 1}, {512, 2}, {100, 10}, {40, 40}, {300, 3}})
+    m.observe(n, r, 0.01 + 0.001 * n + 0.002 * r);
+  REQUIRE(m.ready());
+  CHECK(m.fixed_seconds() == Approx(0.01).epsilon(1e-6));
+  CHECK(m.seconds_per_token() == Approx(0.001).epsilon(1e-6));
+  CHECK(m.seconds_per_row() == Approx(0.002).epsilon(1e-6));
+  CHECK(m.predict(8, 8) == Approx(0.034));
+  CHECK(m.tokens_within(0.1005, 5) == 80);
+  // Nonsense is ignored, not learned.
+  for (double bad : {-1.0, 0.0, std::numeric_limits<double>::quiet_NaN(), std::numeric_limits<double>::infinity()})
+    m.observe(64, 1, bad);
+  m.observe(0, 0, 5.0);
+  m.observe(10, 11, 5.0);
+  m.observe(10, -1, 5.0);
+  CHECK(m.seconds_per_token() == Approx(0.001).epsilon(1e-6));
+  CHECK(m.seconds_per_row() == Approx(0.002).epsilon(1e-6));
+  // Older steps weigh less: after the machine slows to twice the price, the fit follows.
+  for (int i = 0; i < 300; ++i) {
+    const int n = i % 3 == 0 ? 200 : i % 3 == 1 ? 8 : 50, r = i % 3 == 2 ? 2 : 8;
+    m.observe(n, r, 2 * (0.01 + 0.001 * n + 0.002 * r));
+  }
+  CHECK(m.seconds_per_token() == Approx(0.002).epsilon(1e-2));
+  CHECK(m.seconds_per_row() == Approx(0.004).epsilon(1e-2));
+}
+
+namespace {
+
+// A scheduler with the latency target whose model has learned 20.25 ms + 1 ms per token.
+Scheduler itl_scheduler(KvBlockManager& kv, double target_s, bool chunked = true,
+                        SchedulingPolicy policy = SchedulingPolicy::fcfs()) {
+  Scheduler s({512, 128, chunked, target_s}, kv, std::move(policy));
+  for (int n : {8, 512, 64, 300}) {
+    StepPlan p;  // one sampled row each: the rows' price folds into the fixed term
+    p.seqs.push_back({1, 0, n, true});
+    p.num_tokens = n;
+    s.observe_step(p, 0.02025 + 0.001 * n);
+  }
+  return s;
+}
+
+void step_all(Scheduler& s, const StepPlan& p) {
+  std::vector<int32_t> sampled;
+  for (const auto& q : p.seqs)
+    if (q.samples) sampled.push_back(fake_next(s.state(q.id)->tokens));
+  s.update(p, sampled, nullptr);
+}
+
+}  // namespace
+
+TEST_CASE("latency target: streaming steps are capped, decodes keep their token, prefill still moves",
+          "[scheduler][itl]") {
+  KvBlockManager kv({512, 16, false});
+  Scheduler s = itl_scheduler(kv, 0.1);
+  for (int64_t id = 1; id <= 4; ++id) REQUIRE(s.add({id, prompt(10, static_cast<int>(id)), 200, 0}).ok());
+  // Nobody streams yet: the whole budget (here 40 prompt tokens).
+  StepPlan first = s.schedule();
+  CHECK(first.num_tokens == 40);
+  step_all(s, first);
+  REQUIRE(s.add({9, prompt(1000, 9), 4, 0}).ok());
+  // Four streams: max(100 ms, 3 x (20.25 + 4) ms) = 100 ms, i.e. 79 tokens; 75 go to the prompt.
+  int prefilled = 0, steps = 0;
+  while (prefilled < 1000) {
+    StepPlan p = s.schedule();
+    ++steps;
+    REQUIRE(p.num_tokens <= 79);
+    int decodes = 0;
+    for (const auto& q : p.seqs) {
+      if (q.id == 9) prefilled += q.num_new;
+      else decodes += q.num_new == 1;
+    }
+    CHECK(decodes == 4);
+    step_all(s, p);
+    REQUIRE(steps < 100);
+  }
+  CHECK(steps == 14);  // ceil(1000 / 75)
+  // Without a target the same prompt goes in 512-token chunks.
+  KvBlockManager kv2({512, 16, false});
+  Scheduler u = itl_scheduler(kv2, 0);
+  for (int64_t id = 1; id <= 4; ++id) REQUIRE(u.add({id, prompt(10, static_cast<int>(id)), 200, 0}).ok());
+  step_all(u, u.schedule());
+  REQUIRE(u.add({9, prompt(1000, 9), 4, 0}).ok());
+  CHECK(u.schedule().num_tokens == 512);
+}
+
+TEST_CASE("latency target: a floor of three decode-only steps, and off without chunked prefill", "[scheduler][itl]") {
+  {
+    // 100 streams: a decode-only step is predicted at 120.25 ms, so the cap is 3 x that
+    // (340 tokens), not 100 ms.
+    KvBlockManager kv({2048, 16, false});
+    Scheduler s = itl_scheduler(kv, 0.1);
+    for (int64_t id = 1; id <= 100; ++id) REQUIRE(s.add({id, prompt(4, static_cast<int>(id)), 50, 0}).ok());
+    step_all(s, s.schedule());  // 400 prompt tokens: all 100 sample their first token
+    REQUIRE(s.add({500, prompt(2000, 5), 4, 0}).ok());
+    CHECK(s.schedule().num_tokens == 340);
+  }
+  {
+    // Chunked prefill off: a prompt must go whole, so no cap applies (it would never fit).
+    KvBlockManager kv({512, 16, false});
+    Scheduler s = itl_scheduler(kv, 0.1, false);
+    REQUIRE(s.add({1, prompt(10, 1), 50, 0}).ok());
+    step_all(s, s.schedule());
+    REQUIRE(s.add({2, prompt(400, 2), 4, 0}).ok());
+    StepPlan p = s.schedule();
+    CHECK(p.num_tokens == 401);
+  }
+}
+
+TEST_CASE("latency target: a prefill ahead in policy order leaves the decodes after it their tokens",
+          "[scheduler][itl]") {
+  KvBlockManager kv({512, 16, false});
+  Scheduler s = itl_scheduler(kv, 0.1, true, SchedulingPolicy::priority());
+  REQUIRE(s.add({1, prompt(6, 1), 100, 5}).ok());
+  REQUIRE(s.add({2, prompt(6, 2), 100, 5}).ok());
+  step_all(s, s.schedule());
+  REQUIRE(s.add({3, prompt(900, 3), 4, 0}).ok());  // more urgent: first in policy order once running
+  step_all(s, s.schedule());                         // (admitted after the running ones)
+  for (int step = 0; step < 5; ++step) {
+    StepPlan p = s.schedule();
+    REQUIRE(p.seqs.size() == 3);
+    CHECK(p.seqs[0].id == 3);
+    CHECK(p.seqs[0].num_new == p.num_tokens - 2);
+    CHECK(p.num_tokens == 79);
+    CHECK(p.seqs[1].num_new == 1);
+    CHECK(p.seqs[2].num_new == 1);
+    step_all(s, p);
+  }
 }
