@@ -4,8 +4,10 @@
 // min(tokens it still has to compute, budget left) tokens, in policy order; waiting
 // requests are admitted after the running ones while budget and the running cap allow.
 // Prefill, chunked prefill, decode and prefix-cache hits all fall out of that rule. When the
-// KV pool is full the policy's victim is preempted by recompute and later resumes.
-// A plain class: deterministic for the same inputs, no clocks, no I/O.
+// KV pool is full the policy's victim is preempted by recompute and later resumes. Under an
+// inter-token latency target the budget shrinks while requests stream (itl_target_s).
+// A plain class: deterministic for the same inputs (step times come in through
+// observe_step), no clocks, no I/O.
 #pragma once
 #include <cstdint>
 #include <deque>
