@@ -427,6 +427,10 @@ Bytes encode(const actors::EngineStats& x) {
   msg.setComputeSeconds(x.compute_seconds);
   msg.setKvSeconds(x.kv_seconds);
   msg.setOldestStepSeconds(x.oldest_step_seconds);
+  msg.setCappedSteps(x.capped_steps);
+  msg.setStepFixedSeconds(x.step_fixed_seconds);
+  msg.setStepTokenSeconds(x.step_token_seconds);
+  msg.setStepRowSeconds(x.step_row_seconds);
   return to_bytes(m);
 }
 
@@ -451,6 +455,10 @@ Result<actors::EngineStats> decode_engine_stats(const Bytes& b) {
     x.compute_seconds = msg.getComputeSeconds();
     x.kv_seconds = msg.getKvSeconds();
     x.oldest_step_seconds = msg.getOldestStepSeconds();
+    x.capped_steps = msg.getCappedSteps();
+    x.step_fixed_seconds = msg.getStepFixedSeconds();
+    x.step_token_seconds = msg.getStepTokenSeconds();
+    x.step_row_seconds = msg.getStepRowSeconds();
     return x;
   });
 }

@@ -24,6 +24,12 @@ void publish(SchedulerState& st) {
   s.prefix_hits = ks.prefix_hits;
   s.preemptions = st.sched->num_preemptions();
   s.most_plans_in_flight = st.most_in_flight;
+  s.capped_steps = st.sched->num_capped_steps();
+  if (const StepTimeModel& m = st.sched->step_time(); m.ready()) {
+    s.step_fixed_seconds = m.fixed_seconds();
+    s.step_token_seconds = m.seconds_per_token();
+    s.step_row_seconds = m.seconds_per_row();
+  }
   s.oldest_step_seconds = 0;
   if (!st.sent.empty()) {
     auto oldest = st.sent.begin()->second;

@@ -158,6 +158,7 @@ StepPlan Scheduler::schedule(const std::set<int64_t>* busy) {
     budget -= n;
   }
   plan.num_tokens = step_budget0 - budget;
+  if (capped && !plan.seqs.empty()) ++capped_steps_;
   return plan;
 }
 

@@ -114,6 +114,8 @@ class Scheduler {
   // simulator); teaches the step-time model behind the latency target.
   void observe_step(const StepPlan& plan, double seconds);
   const StepTimeModel& step_time() const { return step_time_; }
+  // Plans whose token budget the latency target lowered.
+  uint64_t num_capped_steps() const { return capped_steps_; }
 
  private:
   void sort_waiting();
@@ -130,6 +132,7 @@ class Scheduler {
   uint64_t next_arrival_ = 0;
   uint64_t preemptions_ = 0;
   StepTimeModel step_time_;
+  uint64_t capped_steps_ = 0;
 };
 
 }  // namespace troupe

@@ -180,6 +180,10 @@ struct EngineStats {
   computeSeconds @15 :Float64;
   kvSeconds @16 :Float64;
   oldestStepSeconds @17 :Float64;
+  cappedSteps @18 :UInt64;
+  stepFixedSeconds @19 :Float64;
+  stepTokenSeconds @20 :Float64;
+  stepRowSeconds @21 :Float64;
 }
 
 struct KvStats {

@@ -98,6 +98,14 @@ std::string Metrics::render(const actors::EngineStats& s, const std::string& mod
   counter("troupe:num_preemptions_total", "Sequences preempted (recomputed later) for KV space.",
           static_cast<double>(s.preemptions));
   counter("troupe:engine_steps_total", "Forward steps run.", static_cast<double>(s.steps));
+  counter("troupe:itl_target_capped_steps_total",
+          "Steps whose token budget the inter-token latency target (--itl-target-ms) lowered.",
+          static_cast<double>(s.capped_steps));
+  gauge("troupe:step_time_fixed_seconds", "Learned step time: the fixed part (0 until learned).", s.step_fixed_seconds);
+  gauge("troupe:step_time_per_token_seconds", "Learned step time: seconds per token in the step (0 until learned).",
+        s.step_token_seconds);
+  gauge("troupe:step_time_per_row_seconds", "Learned step time: seconds per sampled row (0 until learned).",
+        s.step_row_seconds);
   counter("troupe:engine_step_seconds_total", "Wall time of finished steps, from sending the plan to its result.",
           s.step_seconds);
   counter("troupe:engine_compute_seconds_total",

@@ -208,7 +208,8 @@ TEST_CASE("codec: StepDone, StepFailed and EngineStats round-trip", "[codec]") {
   REQUIRE(std::holds_alternative<StepFailed>(*f));
   REQUIRE(std::get<StepFailed>(*f).error == "KV slot out of range");
   REQUIRE(std::get<StepFailed>(*f).step_no == 6);
-  EngineStats s{3, 4, 100, 55, 1000, 600, 12345, 678, 9000, 2, 77, 3, 0.25, "boom", 12.5, 11.25, 0.75, 4.5};
+  EngineStats s{3, 4, 100, 55, 1000, 600, 12345, 678, 9000, 2, 77, 3, 0.25, "boom", 12.5, 11.25, 0.75, 4.5,
+                19, 0.0125, 0.0015, 0.0025};
   auto e = codec::decode_engine_stats(codec::encode(s));
   REQUIRE(e.ok());
   REQUIRE(e->num_running == 3);
@@ -228,6 +229,10 @@ TEST_CASE("codec: StepDone, StepFailed and EngineStats round-trip", "[codec]") {
   REQUIRE(e->compute_seconds == 11.25);
   REQUIRE(e->kv_seconds == 0.75);
   REQUIRE(e->oldest_step_seconds == 4.5);
+  REQUIRE(e->capped_steps == 19);
+  REQUIRE(e->step_fixed_seconds == 0.0125);
+  REQUIRE(e->step_token_seconds == 0.0015);
+  REQUIRE(e->step_row_seconds == 0.0025);
   REQUIRE(e->failure == "boom");
 }
 

@@ -313,6 +313,7 @@ TEST_CASE("latency target: streaming steps are capped, decodes keep their token,
     REQUIRE(steps < 100);
   }
   CHECK(steps == 14);  // ceil(1000 / 75)
+  CHECK(s.num_capped_steps() == 14);
   // Without a target the same prompt goes in 512-token chunks.
   KvBlockManager kv2({512, 16, false});
   Scheduler u = itl_scheduler(kv2, 0);
@@ -320,6 +321,7 @@ TEST_CASE("latency target: streaming steps are capped, decodes keep their token,
   step_all(u, u.schedule());
   REQUIRE(u.add({9, prompt(1000, 9), 4, 0}).ok());
   CHECK(u.schedule().num_tokens == 512);
+  CHECK(u.num_capped_steps() == 0);
 }
 
 TEST_CASE("latency target: a floor of three decode-only steps, and off without chunked prefill", "[scheduler][itl]") {

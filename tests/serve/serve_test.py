@@ -1447,7 +1447,9 @@ def _capture(fn, *a):
 
 SERIES = ["troupe:kv_cache_free_blocks", "troupe:num_requests_running", "troupe:num_requests_waiting",
           "troupe:prefix_cache_hits_total", "troupe:prefix_cache_queries_total", "troupe:prompt_tokens_total",
-          "troupe:prompt_tokens_computed_total", "troupe:generation_tokens_total", "troupe:num_preemptions_total"]
+          "troupe:prompt_tokens_computed_total", "troupe:generation_tokens_total", "troupe:num_preemptions_total",
+          "troupe:itl_target_capped_steps_total", "troupe:step_time_fixed_seconds",
+          "troupe:step_time_per_token_seconds", "troupe:step_time_per_row_seconds"]
 HISTOGRAMS = ["troupe:time_to_first_token_seconds", "troupe:inter_token_latency_seconds",
               "troupe:e2e_request_latency_seconds", "troupe:request_queue_time_seconds"]
 
@@ -1671,6 +1673,45 @@ def t_step_hang():
         check(rc == 0, f"exit code {rc} after SIGTERM with a hung step")
         return (f"/health 503 'engine stalled' {stalled[0]:.1f} s after the request (step age "
                 f"{stalled[1]['oldest_step_seconds']:.1f} s; 200 before: {seen_ok}); exit 0 on SIGTERM")
+
+
+@register("itl_target")
+def t_itl_target():
+    """The inter-token latency target end to end (--itl-target-ms, docs/serving.md): with
+    three requests streaming, a 1,200-word prompt arrives. Under the default target the
+    scheduler actor has learned step times (the /metrics gauges) and caps the steps that
+    carry the prompt (troupe:itl_target_capped_steps_total grows); with --itl-target-ms 0
+    no step is capped. Either way the prompt's greedy tokens equal its solo run's: smaller
+    chunks change when tokens are computed, not what they are."""
+    rng = random.Random(23)
+    prompt = "Summarize: " + words(rng, 1200)
+    out = []
+    for flags, capped in ((), True), (("--itl-target-ms", 0), False):
+        # No prefix cache: the prompt beside the streams is computed again, not found.
+        with Server("--max-num-seqs", 8, "--no-prefix-caching", *flags, name="itl-target") as s:
+            port = s.port
+            solo = outcome(complete(port, prompt, 8))
+            blockers = open_blockers(port, random.Random(5), count=3, max_tokens=300)
+            try:
+                m0 = metrics(port)
+                beside = outcome(complete(port, prompt, 8))
+                m1 = metrics(port)
+            finally:
+                for r in blockers:
+                    r.close()
+            check(beside == solo, f"{flags}: the prompt's tokens beside streams {beside} != solo {solo}")
+            grew = m1["troupe:itl_target_capped_steps_total"] - m0["troupe:itl_target_capped_steps_total"]
+            per_token = m1["troupe:step_time_per_token_seconds"]
+            if capped:
+                check(per_token > 0 and m1["troupe:step_time_fixed_seconds"] >= 0,
+                      f"step-time model not learned: per token {per_token}")
+                check(grew > 0, "no step was capped while three requests streamed")
+            else:
+                check(m1["troupe:itl_target_capped_steps_total"] == 0, f"--itl-target-ms 0 capped "
+                                                                      f"{m1['troupe:itl_target_capped_steps_total']} steps")
+            out.append(f"{'target 100 ms' if capped else 'off'}: {grew:.0f} capped steps, "
+                       f"{per_token * 1000:.2f} ms/token learned")
+    return "; ".join(out) + "; greedy tokens equal to the solo run's"
 
 
 @register("neighbours")
