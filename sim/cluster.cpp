@@ -54,8 +54,12 @@ Result<SimResult> simulate_cluster(const std::vector<SimRequest>& reqs, const Si
       Instance x;
       x.role = role;
       x.kv = std::make_unique<KvBlockManager>(cfg.kv);
+      SchedulerConfig sc = cfg.scheduler;
+      // A decode instance's plans carry the prompts that arrived with their KV as tokens it
+      // does not compute: the latency target would chunk that pretend work, so it is off there.
+      if (role == Role::decode) sc.itl_target_s = 0;
       x.sched = std::make_unique<Scheduler>(
-          cfg.scheduler, *x.kv, cfg.policy == "priority" ? SchedulingPolicy::priority() : SchedulingPolicy::fcfs());
+          sc, *x.kv, cfg.policy == "priority" ? SchedulingPolicy::priority() : SchedulingPolicy::fcfs());
       inst.push_back(std::move(x));
     }
   };
