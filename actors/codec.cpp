@@ -431,6 +431,7 @@ Bytes encode(const actors::EngineStats& x) {
   msg.setStepFixedSeconds(x.step_fixed_seconds);
   msg.setStepTokenSeconds(x.step_token_seconds);
   msg.setStepRowSeconds(x.step_row_seconds);
+  msg.setStepPairSeconds(x.step_pair_seconds);
   return to_bytes(m);
 }
 
@@ -459,6 +460,7 @@ Result<actors::EngineStats> decode_engine_stats(const Bytes& b) {
     x.step_fixed_seconds = msg.getStepFixedSeconds();
     x.step_token_seconds = msg.getStepTokenSeconds();
     x.step_row_seconds = msg.getStepRowSeconds();
+    x.step_pair_seconds = msg.getStepPairSeconds();
     return x;
   });
 }

@@ -120,7 +120,7 @@ struct EngineStats {
   // The latency target (--itl-target-ms): steps whose token budget it lowered, and the
   // step-time model behind it (all 0 until the model has seen steps of different sizes).
   uint64_t capped_steps = 0;
-  double step_fixed_seconds = 0, step_token_seconds = 0, step_row_seconds = 0;
+  double step_fixed_seconds = 0, step_token_seconds = 0, step_row_seconds = 0, step_pair_seconds = 0;
 };
 
 struct StatsQuery {};
@@ -225,7 +225,7 @@ TROUPE_INSPECT(EngineStats, x.num_running, x.num_waiting, x.kv_blocks, x.kv_free
                x.prompt_tokens, x.generation_tokens, x.computed_prompt_tokens, x.preemptions, x.steps,
                x.most_plans_in_flight, x.heartbeat_age_seconds, x.failure, x.step_seconds, x.compute_seconds,
                x.kv_seconds, x.oldest_step_seconds, x.capped_steps, x.step_fixed_seconds, x.step_token_seconds,
-               x.step_row_seconds)
+               x.step_row_seconds, x.step_pair_seconds)
 TROUPE_INSPECT(EncodeText, x.text, x.add_special, x.parse_special)
 TROUPE_INSPECT(EncodeChat, x.roles, x.contents, x.add_generation_prompt)
 TROUPE_INSPECT(DecodeTokens, x.ids)

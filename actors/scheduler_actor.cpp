@@ -29,6 +29,7 @@ void publish(SchedulerState& st) {
     s.step_fixed_seconds = m.fixed_seconds();
     s.step_token_seconds = m.seconds_per_token();
     s.step_row_seconds = m.seconds_per_row();
+    s.step_pair_seconds = m.seconds_per_pair();
   }
   s.oldest_step_seconds = 0;
   if (!st.sent.empty()) {

@@ -80,24 +80,46 @@ bool Scheduler::may_split(int32_t left, int32_t n) const {
 int32_t Scheduler::step_budget(const std::set<int64_t>* busy) const {
   if (cfg_.itl_target_s <= 0 || !cfg_.chunked_prefill || !step_time_.ready()) return cfg_.max_batched_tokens;
   int32_t streaming = 0, decoding = 0;
-  for (int64_t id : running_) {
+  double decode_pairs = 0, chunk_context = -1;  // the first prompt in policy order: where its chunk starts
+  for (int64_t id : running_) {  // (in policy order)
     const SchedState& s = states_.at(id);
+    const bool free = !(busy && busy->count(id));
+    const int32_t left = static_cast<int32_t>(s.tokens.size()) - s.num_computed;
+    if (free && left > 1 && chunk_context < 0) chunk_context = s.num_computed;
     if (s.num_generated == 0) continue;
     ++streaming;
-    if (!(busy && busy->count(id)) && s.num_computed + 1 == static_cast<int32_t>(s.tokens.size())) ++decoding;
+    if (free && left == 1) {
+      ++decoding;
+      decode_pairs += s.num_computed + 1;
+    }
   }
   if (streaming == 0) return cfg_.max_batched_tokens;
+  if (chunk_context < 0) chunk_context = 0;  // a waiting prompt (its prefix-cache hit is not known here)
   const int32_t d = std::max(1, decoding);
-  const double limit = std::max(cfg_.itl_target_s, 3 * step_time_.predict(d, d));
-  // d + 1 sampled rows: the decodes and a prompt that may finish in this step.
-  return std::clamp(step_time_.tokens_within(limit, d + 1), std::min(2 * d, cfg_.max_batched_tokens),
-                    cfg_.max_batched_tokens);
+  const double limit = std::max(cfg_.itl_target_s, 3 * step_time_.predict({double(d), double(d), decode_pairs}));
+  // The most prompt tokens p beside the decodes whose step is predicted within the limit
+  // (d + 1 sampled rows: the decodes and a prompt that may finish); the price grows with p.
+  auto fits = [&](int32_t p) {
+    const double pairs = decode_pairs + p * (chunk_context + (p + 1) / 2.0);
+    return step_time_.predict({double(d + p), double(d + 1), pairs}) <= limit;
+  };
+  int32_t lo = 0, hi = std::max(0, cfg_.max_batched_tokens - d);
+  while (lo < hi) {
+    const int32_t mid = lo + (hi - lo + 1) / 2;
+    if (fits(mid)) lo = mid;
+    else hi = mid - 1;
+  }
+  return std::clamp(d + lo, std::min(2 * d, cfg_.max_batched_tokens), cfg_.max_batched_tokens);
 }
 
 void Scheduler::observe_step(const StepPlan& plan, double seconds) {
-  int32_t rows = 0;
-  for (const ScheduledSeq& q : plan.seqs) rows += q.samples ? 1 : 0;
-  step_time_.observe(plan.num_tokens, rows, seconds);
+  StepShape shape;
+  shape.tokens = plan.num_tokens;
+  for (const ScheduledSeq& q : plan.seqs) {
+    shape.rows += q.samples ? 1 : 0;
+    shape.pairs += q.num_new * (q.num_computed + (q.num_new + 1) / 2.0);
+  }
+  step_time_.observe(shape, seconds);
 }
 
 StepPlan Scheduler::schedule(const std::set<int64_t>* busy) {

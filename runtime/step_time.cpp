@@ -2,65 +2,77 @@
 
 #include <algorithm>
 #include <cmath>
-#include <limits>
 
 namespace troupe {
 
-void StepTimeModel::observe(int32_t tokens, int32_t rows, double seconds) {
-  if (tokens < 1 || rows < 0 || rows > tokens || !std::isfinite(seconds) || seconds <= 0) return;
-  const double n = tokens, s = rows;
-  auto add = [&](double& sum, double v) { sum = sum * decay_ + v; };
-  add(w_, 1);
-  add(n_, n);
-  add(s_, s);
-  add(nn_, n * n);
-  add(ns_, n * s);
-  add(ss_, s * s);
-  add(t_, seconds);
-  add(nt_, n * seconds);
-  add(st_, s * seconds);
+void StepTimeModel::observe(const StepShape& shape, double seconds) {
+  if (!(shape.tokens >= 1) || !(shape.rows >= 0) || shape.rows > shape.tokens || !(shape.pairs >= 0) ||
+      !std::isfinite(shape.pairs) || !std::isfinite(shape.tokens) || !std::isfinite(seconds) || seconds <= 0)
+    return;
+  const std::array<double, kTerms> x = {1, shape.tokens, shape.rows, shape.pairs};
+  for (int i = 0; i < kTerms; ++i) {
+    for (int j = 0; j < kTerms; ++j) xx_[i][j] = xx_[i][j] * decay_ + x[i] * x[j];
+    xt_[i] = xt_[i] * decay_ + x[i] * seconds;
+  }
   // Sizes that hardly differ (every step full, at start-up) would extrapolate the fixed
   // term far outside them: the fit waits until they spread by a quarter of their mean.
-  const double mean = n_ / w_;
-  const double var = nn_ / w_ - mean * mean;
+  const double w = xx_[0][0], mean = xx_[0][1] / w;
+  const double var = xx_[1][1] / w - mean * mean;
   if (var < 1.0 || var < 0.0625 * mean * mean) return;
-  if (fit3() || fit2()) ready_ = true;
+  // The fullest fit whose prices are all positive (tokens) or not negative (the others).
+  for (unsigned mask : {0xFu, 0xBu, 0x7u, 0x3u})
+    if (fit(mask)) {
+      ready_ = true;
+      return;
+    }
 }
 
-// Least squares on (1, n, s) through the centred normal equations.
-bool StepTimeModel::fit3() {
-  const double mn = n_ / w_, ms = s_ / w_, mt = t_ / w_;
-  const double cnn = nn_ / w_ - mn * mn, cns = ns_ / w_ - mn * ms, css = ss_ / w_ - ms * ms;
-  const double cnt = nt_ / w_ - mn * mt, cst = st_ / w_ - ms * mt;
-  const double det = cnn * css - cns * cns;
-  // Rows that move (nearly) in step with tokens cannot be priced apart from them.
-  if (!(det > 1e-6 * cnn * css) || !(css >= 1.0)) return false;
-  const double b = (cnt * css - cst * cns) / det, c = (cst * cnn - cnt * cns) / det;
-  if (!(b > 0) || !(c >= 0) || !std::isfinite(b) || !std::isfinite(c)) return false;
-  per_token_ = b;
-  per_row_ = c;
-  fixed_ = std::max(0.0, mt - b * mn - c * ms);
+// Least squares on the terms in `mask` (bit i: term i; the fixed term and tokens always),
+// through the centred normal equations solved by Gaussian elimination with pivoting.
+bool StepTimeModel::fit(unsigned mask) {
+  const double w = xx_[0][0];
+  int idx[kTerms - 1];
+  int m = 0;
+  for (int i = 1; i < kTerms; ++i)
+    if (mask & (1u << i)) idx[m++] = i;
+  double a[kTerms - 1][kTerms] = {};  // m x (m + 1) augmented covariance system
+  for (int r = 0; r < m; ++r) {
+    const int i = idx[r];
+    for (int c = 0; c < m; ++c) {
+      const int j = idx[c];
+      a[r][c] = xx_[i][j] / w - (xx_[0][i] / w) * (xx_[0][j] / w);
+    }
+    a[r][m] = xt_[i] / w - (xx_[0][i] / w) * (xt_[0] / w);
+  }
+  double scale[kTerms - 1];
+  for (int r = 0; r < m; ++r) {
+    scale[r] = a[r][r];
+    if (!(scale[r] > 0)) return false;  // a term that never varies
+  }
+  for (int col = 0; col < m; ++col) {
+    int piv = col;
+    for (int r = col + 1; r < m; ++r)
+      if (std::abs(a[r][col]) > std::abs(a[piv][col])) piv = r;
+    for (int c = 0; c <= m; ++c) std::swap(a[col][c], a[piv][c]);
+    // A pivot that is a tiny part of its term's variance: the term moves with the others.
+    if (!(std::abs(a[col][col]) > 1e-9 * scale[col])) return false;
+    for (int r = 0; r < m; ++r) {
+      if (r == col) continue;
+      const double f = a[r][col] / a[col][col];
+      for (int c = col; c <= m; ++c) a[r][c] -= f * a[col][c];
+    }
+  }
+  std::array<double, kTerms> coef{};
+  double fixed = xt_[0] / w;
+  for (int r = 0; r < m; ++r) {
+    const double c = a[r][m] / a[r][r];
+    if (!std::isfinite(c) || c < 0 || (idx[r] == 1 && !(c > 0))) return false;
+    coef[idx[r]] = c;
+    fixed -= c * (xx_[0][idx[r]] / w);
+  }
+  coef[0] = std::max(0.0, fixed);
+  coef_ = coef;
   return true;
-}
-
-// Least squares on (1, n): the rows' price folded into the others.
-bool StepTimeModel::fit2() {
-  const double mn = n_ / w_, mt = t_ / w_;
-  const double cnn = nn_ / w_ - mn * mn, cnt = nt_ / w_ - mn * mt;
-  const double b = cnt / cnn;
-  if (!(b > 0) || !std::isfinite(b)) return false;  // noise swamped the sizes' effect
-  per_token_ = b;
-  per_row_ = 0;
-  fixed_ = std::max(0.0, mt - b * mn);
-  return true;
-}
-
-int32_t StepTimeModel::tokens_within(double seconds, int32_t rows) const {
-  if (!ready_ || per_token_ <= 0) return std::numeric_limits<int32_t>::max();
-  const double n = std::floor((seconds - fixed_ - per_row_ * rows) / per_token_);
-  if (!(n >= 1)) return 1;
-  return n >= static_cast<double>(std::numeric_limits<int32_t>::max()) ? std::numeric_limits<int32_t>::max()
-                                                                        : static_cast<int32_t>(n);
 }
 
 }  // namespace troupe

@@ -184,6 +184,7 @@ struct EngineStats {
   stepFixedSeconds @19 :Float64;
   stepTokenSeconds @20 :Float64;
   stepRowSeconds @21 :Float64;
+  stepPairSeconds @22 :Float64;
 }
 
 struct KvStats {

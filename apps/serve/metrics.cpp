@@ -106,6 +106,8 @@ std::string Metrics::render(const actors::EngineStats& s, const std::string& mod
         s.step_token_seconds);
   gauge("troupe:step_time_per_row_seconds", "Learned step time: seconds per sampled row (0 until learned).",
         s.step_row_seconds);
+  gauge("troupe:step_time_per_pair_seconds",
+        "Learned step time: seconds per attention (query, key) pair (0 until learned).", s.step_pair_seconds);
   counter("troupe:engine_step_seconds_total", "Wall time of finished steps, from sending the plan to its result.",
           s.step_seconds);
   counter("troupe:engine_compute_seconds_total",

@@ -209,7 +209,7 @@ TEST_CASE("codec: StepDone, StepFailed and EngineStats round-trip", "[codec]") {
   REQUIRE(std::get<StepFailed>(*f).error == "KV slot out of range");
   REQUIRE(std::get<StepFailed>(*f).step_no == 6);
   EngineStats s{3, 4, 100, 55, 1000, 600, 12345, 678, 9000, 2, 77, 3, 0.25, "boom", 12.5, 11.25, 0.75, 4.5,
-                19, 0.0125, 0.0015, 0.0025};
+                19, 0.0125, 0.0015, 0.0025, 1.5e-8};
   auto e = codec::decode_engine_stats(codec::encode(s));
   REQUIRE(e.ok());
   REQUIRE(e->num_running == 3);
@@ -233,6 +233,7 @@ TEST_CASE("codec: StepDone, StepFailed and EngineStats round-trip", "[codec]") {
   REQUIRE(e->step_fixed_seconds == 0.0125);
   REQUIRE(e->step_token_seconds == 0.0015);
   REQUIRE(e->step_row_seconds == 0.0025);
+  REQUIRE(e->step_pair_seconds == 1.5e-8);
   REQUIRE(e->failure == "boom");
 }
 

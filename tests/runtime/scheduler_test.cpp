@@ -223,44 +223,47 @@ TEST_CASE("plans in flight: busy sequences are neither scheduled nor preempted",
 }
 
 TEST_CASE("step-time model: least squares over recent steps", "[scheduler][itl]") {
+  auto t = [](double n, double r, double p) { return 0.01 + 0.001 * n + 0.002 * r + 1e-6 * p; };
   StepTimeModel m;
   CHECK_FALSE(m.ready());
-  for (int i = 0; i < 20; ++i) m.observe(8, 8, 0.034);  // one size only: the slope is unknown
+  for (int i = 0; i < 20; ++i) m.observe({8, 8, 800}, t(8, 8, 800));  // one size only: the slope is unknown
   CHECK_FALSE(m.ready());
-  CHECK(m.tokens_within(0.1, 1) == std::numeric_limits<int32_t>::max());
-  // One sampled row per step: its price cannot be told apart and folds into the fixed term.
+  // One sampled row per step and no attention: those prices cannot be told apart and are 0.
   StepTimeModel line;
-  for (int n : {64, 512, 8, 100, 8, 300}) line.observe(n, 1, 0.02 + 0.001 * n);
+  for (int n : {64, 512, 8, 100, 8, 300}) line.observe({double(n), 1, 0}, 0.02 + 0.001 * n);
   REQUIRE(line.ready());
   CHECK(line.fixed_seconds() == Approx(0.02).epsilon(1e-6));
   CHECK(line.seconds_per_token() == Approx(0.001).epsilon(1e-6));
   CHECK(line.seconds_per_row() == 0);
-  CHECK(line.tokens_within(0.1005, 1) == 80);
-  CHECK(line.tokens_within(0.001, 1) == 1);  // never fewer than one
-  // Rows that vary apart from tokens get their own price (the logits and the sampler).
-  for (auto [n, r] : std::vector<std::pair<int, int>>{{8, 8}, {64, 1}, {512, 2}, {100, 10}, {40, 40}, {300, 3}})
-    m.observe(n, r, 0.01 + 0.001 * n + 0.002 * r);
+  CHECK(line.seconds_per_pair() == 0);
+  // Rows and attention pairs that vary apart from tokens get their own prices.
+  const std::vector<StepShape> shapes = {{8, 8, 4000},  {64, 1, 2080},  {512, 2, 131328}, {100, 10, 9000},
+                                         {40, 40, 800}, {300, 3, 200000}, {16, 16, 32000}, {200, 1, 20100}};
+  for (const auto& sh : shapes) m.observe(sh, t(sh.tokens, sh.rows, sh.pairs));
   REQUIRE(m.ready());
   CHECK(m.fixed_seconds() == Approx(0.01).epsilon(1e-6));
   CHECK(m.seconds_per_token() == Approx(0.001).epsilon(1e-6));
   CHECK(m.seconds_per_row() == Approx(0.002).epsilon(1e-6));
-  CHECK(m.predict(8, 8) == Approx(0.034));
-  CHECK(m.tokens_within(0.1005, 5) == 80);
+  CHECK(m.seconds_per_pair() == Approx(1e-6).epsilon(1e-6));
+  CHECK(m.predict({8, 8, 4000}) == Approx(t(8, 8, 4000)));
   // Nonsense is ignored, not learned.
   for (double bad : {-1.0, 0.0, std::numeric_limits<double>::quiet_NaN(), std::numeric_limits<double>::infinity()})
-    m.observe(64, 1, bad);
-  m.observe(0, 0, 5.0);
-  m.observe(10, 11, 5.0);
-  m.observe(10, -1, 5.0);
+    m.observe({64, 1, 100}, bad);
+  m.observe({0, 0, 0}, 5.0);
+  m.observe({10, 11, 0}, 5.0);
+  m.observe({10, -1, 0}, 5.0);
+  m.observe({10, 1, -5}, 5.0);
+  m.observe({10, 1, std::numeric_limits<double>::quiet_NaN()}, 5.0);
   CHECK(m.seconds_per_token() == Approx(0.001).epsilon(1e-6));
   CHECK(m.seconds_per_row() == Approx(0.002).epsilon(1e-6));
   // Older steps weigh less: after the machine slows to twice the price, the fit follows.
-  for (int i = 0; i < 300; ++i) {
-    const int n = i % 3 == 0 ? 200 : i % 3 == 1 ? 8 : 50, r = i % 3 == 2 ? 2 : 8;
-    m.observe(n, r, 2 * (0.01 + 0.001 * n + 0.002 * r));
+  for (int i = 0; i < 400; ++i) {
+    const StepShape& sh = shapes[static_cast<size_t>(i) % shapes.size()];
+    m.observe(sh, 2 * t(sh.tokens, sh.rows, sh.pairs));
   }
   CHECK(m.seconds_per_token() == Approx(0.002).epsilon(1e-2));
   CHECK(m.seconds_per_row() == Approx(0.004).epsilon(1e-2));
+  CHECK(m.seconds_per_pair() == Approx(2e-6).epsilon(1e-2));
 }
 
 namespace {

@@ -1449,7 +1449,8 @@ SERIES = ["troupe:kv_cache_free_blocks", "troupe:num_requests_running", "troupe:
           "troupe:prefix_cache_hits_total", "troupe:prefix_cache_queries_total", "troupe:prompt_tokens_total",
           "troupe:prompt_tokens_computed_total", "troupe:generation_tokens_total", "troupe:num_preemptions_total",
           "troupe:itl_target_capped_steps_total", "troupe:step_time_fixed_seconds",
-          "troupe:step_time_per_token_seconds", "troupe:step_time_per_row_seconds"]
+          "troupe:step_time_per_token_seconds", "troupe:step_time_per_row_seconds",
+          "troupe:step_time_per_pair_seconds"]
 HISTOGRAMS = ["troupe:time_to_first_token_seconds", "troupe:inter_token_latency_seconds",
               "troupe:e2e_request_latency_seconds", "troupe:request_queue_time_seconds"]
 
