@@ -140,8 +140,10 @@ StepPlan Scheduler::schedule(const std::set<int64_t>* busy) {
     SchedState& s = states_.at(id);
     const int32_t left = static_cast<int32_t>(s.tokens.size()) - s.num_computed;
     int32_t room = budget;
-    if (capped && left > 1)  // under the cap, a chunk leaves a token for each decode after it
-      room -= static_cast<int32_t>(std::count_if(running_.begin() + static_cast<std::ptrdiff_t>(i) + 1, running_.end(), is_decoding));
+    if (capped && left > 1) {  // under the cap, a chunk leaves a token for each decode after it
+      const auto after = running_.begin() + static_cast<std::ptrdiff_t>(i) + 1;
+      room -= static_cast<int32_t>(std::count_if(after, running_.end(), is_decoding));
+    }
     const int32_t n = std::min(left, room);
     if (n <= 0 || !may_split(left, n)) { ++i; continue; }
     if (kv_.reserve(id, s.num_computed + n, s.tokens, &plan.copies)) {
