@@ -406,6 +406,52 @@ Result<std::variant<actors::StepDone, actors::StepFailed>> decode_step_result(co
   });
 }
 
+Bytes encode(const actors::NodeHello& x) {
+  capnp::MallocMessageBuilder m;
+  auto msg = m.initRoot<schema::NodeHello>();
+  msg.setVersion(x.version);
+  msg.setModel(wire_text(x.model));
+  msg.setLayerFirst(x.layer_first);
+  msg.setLayerLast(x.layer_last);
+  msg.setIsLast(x.is_last);
+  msg.setKvBlocks(x.kv_blocks);
+  msg.setBlockSize(x.block_size);
+  msg.setMaxBatchTokens(x.max_batch_tokens);
+  return to_bytes(m);
+}
+
+Result<actors::NodeHello> decode_node_hello(const Bytes& b) {
+  return read<schema::NodeHello>(b, "NodeHello", [](schema::NodeHello::Reader msg) -> Result<actors::NodeHello> {
+    actors::NodeHello x;
+    x.version = msg.getVersion();
+    x.model = text(msg.getModel());
+    x.layer_first = msg.getLayerFirst();
+    x.layer_last = msg.getLayerLast();
+    x.is_last = msg.getIsLast();
+    x.kv_blocks = msg.getKvBlocks();
+    x.block_size = msg.getBlockSize();
+    x.max_batch_tokens = msg.getMaxBatchTokens();
+    return x;
+  });
+}
+
+Bytes encode(const actors::NodeHelloReply& x) {
+  capnp::MallocMessageBuilder m;
+  auto msg = m.initRoot<schema::NodeHelloReply>();
+  msg.setError(wire_text(x.error));
+  msg.setModel(wire_text(x.model));
+  msg.setDevice(wire_text(x.device));
+  return to_bytes(m);
+}
+
+Result<actors::NodeHelloReply> decode_node_hello_reply(const Bytes& b) {
+  return read<schema::NodeHelloReply>(b, "NodeHelloReply",
+                                      [](schema::NodeHelloReply::Reader msg) -> Result<actors::NodeHelloReply> {
+                                        return actors::NodeHelloReply{text(msg.getError()), text(msg.getModel()),
+                                                                      text(msg.getDevice())};
+                                      });
+}
+
 Bytes encode(const actors::EngineStats& x) {
   capnp::MallocMessageBuilder m;
   auto msg = m.initRoot<schema::EngineStats>();
@@ -508,6 +554,7 @@ Bytes encode(const KvOpsRequest& x) {
     put(probes[i].initTokens(n(x.probes[i].tokens.size())), x.probes[i].tokens);
   }
   put(msg.initTables(n(x.tables.size())), x.tables);
+  msg.setDropCached(x.drop_cached);
   return to_bytes(m);
 }
 
@@ -531,6 +578,7 @@ Result<KvOpsRequest> decode_kv_ops_request(const Bytes& b) {
     }
     for (auto p : msg.getProbes()) x.probes.push_back({p.getSeq(), get<int32_t>(p.getTokens())});
     x.tables = get<int64_t>(msg.getTables());
+    x.drop_cached = msg.getDropCached();
     return x;
   });
 }

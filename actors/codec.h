@@ -43,6 +43,10 @@ Bytes encode(const actors::StepFailed& m);
 Result<std::variant<actors::StepDone, actors::StepFailed>> decode_step_result(const Bytes& b);
 Bytes encode(const actors::EngineStats& m);
 Result<actors::EngineStats> decode_engine_stats(const Bytes& b);
+Bytes encode(const actors::NodeHello& m);
+Result<actors::NodeHello> decode_node_hello(const Bytes& b);
+Bytes encode(const actors::NodeHelloReply& m);
+Result<actors::NodeHelloReply> decode_node_hello_reply(const Bytes& b);
 // Scheduler actor <-> KV-block-manager actor (runtime/kv_ledger.h).
 Bytes encode(const KvOpsRequest& m);
 Result<KvOpsRequest> decode_kv_ops_request(const Bytes& b);

@@ -1,5 +1,7 @@
 #include "actors/local_node.h"
 
+#include <spdlog/spdlog.h>
+
 namespace troupe::actors {
 
 void LocalNode::stop() {
@@ -23,10 +25,17 @@ Result<LocalNode> spawn_local_node(caf::actor_system& sys, const ModelFiles& fil
   // Build every stage's worker first (the slow part), then spawn from the last stage back.
   auto stage_device = stage_devices(opt.device, opt.num_stages);
   if (!stage_device) return stage_device.error();
-  std::vector<std::shared_ptr<StageWorker>> devices;
+  for (const auto& [s, r] : opt.remote_stages)
+    if (s < 1 || s >= opt.num_stages)
+      return make_error("remote stage " + std::to_string(s) + ": must be 1.." + std::to_string(opt.num_stages - 1) +
+                        " (stage 0 embeds the tokens here)");
+  if (opt.remote_stages.count(opt.num_stages - 1) && (opt.fail_step != 0 || opt.hang_step != 0))
+    return make_error("fault injection needs the last stage on this node");
+  std::vector<std::shared_ptr<StageWorker>> devices(static_cast<size_t>(opt.num_stages));
   size_t done_layers = 0;
   for (int32_t s = 0; s < opt.num_stages; ++s) {
     LayerRange r{c.num_layers * s / opt.num_stages, c.num_layers * (s + 1) / opt.num_stages};
+    if (opt.remote_stages.count(s)) continue;
     auto made = make_backend((*stage_device)[static_cast<size_t>(s)], opt.threads, opt.cuda);
     if (!made) return made.error();
     auto backend = std::move(*made);
@@ -39,17 +48,50 @@ Result<LocalNode> spawn_local_node(caf::actor_system& sys, const ModelFiles& fil
     done_layers += static_cast<size_t>(r.last - r.first);
     auto w = StageWorker::create(std::move(backend), std::move(*model), opt.scheduler.kv);
     if (!w) return w.error();
-    devices.push_back(std::move(*w));
+    devices[static_cast<size_t>(s)] = std::move(*w);
   }
   if (opt.fail_step != 0) devices.back()->fail_step = opt.fail_step;
   if (opt.hang_step != 0) devices.back()->hang_step = opt.hang_step;
+  // Remote stages: connect, authenticate and have each node build its stage (before any
+  // actor is spawned, so a refusal leaves nothing behind).
+  std::vector<std::shared_ptr<link::Socket>> links(devices.size());
+  std::vector<NodeHello> hellos(devices.size());
+  const std::string fingerprint = opt.remote_stages.empty() ? std::string() : model_fingerprint(files);
+  for (const auto& [s, ro] : opt.remote_stages) {
+    NodeHello h;
+    h.model = fingerprint;
+    h.layer_first = c.num_layers * s / opt.num_stages;
+    h.layer_last = c.num_layers * (s + 1) / opt.num_stages;
+    h.is_last = s == opt.num_stages - 1;
+    h.kv_blocks = opt.scheduler.kv.num_blocks;
+    h.block_size = opt.scheduler.kv.block_size;
+    h.max_batch_tokens = opt.max_batch_tokens;
+    NodeHelloReply reply;
+    auto sock = connect_stage_node(ro, h, &reply);
+    if (!sock) return sock.error();
+    spdlog::info("stage {} (layers {}..{}) runs on node {}:{} ({})", s, h.layer_first, h.layer_last, ro.host, ro.port,
+                 reply.device);
+    links[static_cast<size_t>(s)] = std::move(*sock);
+    hellos[static_cast<size_t>(s)] = h;
+  }
   LocalNode node;
-  for (auto& d : devices)
-    node.workers.push_back(opt.detached_workers ? sys.spawn<caf::detached>(worker_fn, d) : sys.spawn(worker_fn, d));
+  std::vector<worker_actor> stage_workers(devices.size());
+  for (size_t i = 0; i < devices.size(); ++i) {
+    if (!devices[i]) continue;
+    stage_workers[i] = opt.detached_workers ? sys.spawn<caf::detached>(worker_fn, devices[i]) : sys.spawn(worker_fn, devices[i]);
+    node.workers.push_back(stage_workers[i]);
+  }
   node.stages.resize(devices.size());
   stage_actor next;
   for (size_t i = devices.size(); i-- > 0;) {
-    node.stages[i] = sys.spawn(stage_fn, node.workers[i], next, c.vocab);
+    if (links[i]) {
+      const auto& ro = opt.remote_stages.at(static_cast<int32_t>(i));
+      node.stages[i] = spawn_remote_stage(sys, links[i], next,
+                                          "stage " + std::to_string(i) + " on node " + ro.host + ":" + std::to_string(ro.port),
+                                          ro, hellos[i]);
+    } else {
+      node.stages[i] = sys.spawn(stage_fn, stage_workers[i], next, c.vocab);
+    }
     next = node.stages[i];
   }
   auto tok = std::make_shared<const Tokenizer>(*files.tokenizer);
@@ -60,6 +102,8 @@ Result<LocalNode> spawn_local_node(caf::actor_system& sys, const ModelFiles& fil
   node.board = std::make_shared<StatsBoard>();
   node.kv = sys.spawn(kv_block_fn, KvBlockActorConfig{opt.scheduler.kv, opt.check_kv_invariants});
   node.scheduler = sys.spawn(scheduler_fn, opt.scheduler, node.stages.front(), node.kv, node.board);
+  for (size_t i = 0; i < links.size(); ++i)
+    if (links[i]) caf::anon_send(caf::actor_cast<caf::actor>(node.stages[i]), link_scheduler_atom::value, node.scheduler);
   std::shared_ptr<const ChatTemplate> tmpl;
   if (!files.chat_template.empty()) {
     auto t = ChatTemplate::parse(files.chat_template);

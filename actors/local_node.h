@@ -7,7 +7,10 @@
 #include <memory>
 #include <vector>
 
+#include <map>
+
 #include "actors/kv_block_actor.h"
+#include "actors/remote_stage.h"
 #include "actors/request_actor.h"
 #include "actors/scheduler_actor.h"
 #include "actors/stage_actor.h"
@@ -29,13 +32,16 @@ struct NodeOptions {
   uint64_t fail_step = 0;  // fault injection: the last stage's worker fails this step (0: never)
   uint64_t hang_step = 0;  // fault injection: the last stage's worker hangs in this step until released
   SchedulerActorConfig scheduler;  // vocab, context and end-of-generation filled in from the model
+  // Stages run by `troupe node` processes (stage index -> node): connected, authenticated
+  // and built at spawn time; stage 0 (the embedding) stays here.
+  std::map<int32_t, RemoteStageOptions> remote_stages;
 };
 
 struct LocalNode {
   scheduler_actor scheduler;
   kv_block_actor kv;
   std::vector<stage_actor> stages;
-  std::vector<worker_actor> workers;  // one per stage, in stage order
+  std::vector<worker_actor> workers;  // one per local stage, in stage order
   std::shared_ptr<TokenizerPool> tokenizers;
   std::shared_ptr<StatsBoard> board;
   RequestContext request_context;

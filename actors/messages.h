@@ -93,6 +93,22 @@ struct StepDone {
   double compute_seconds = 0;         // summed over the stages
 };
 
+// Node links (actors/node_link.h): the head's first message to a stage node after both
+// sides authenticated, and the node's answer (schema NodeHello, NodeHelloReply).
+struct NodeHello {
+  uint32_t version = 1;
+  std::string model;  // model_fingerprint() of the head's model
+  int32_t layer_first = 0, layer_last = 0;
+  bool is_last = true;
+  int32_t kv_blocks = 0, block_size = 16, max_batch_tokens = 512;
+};
+
+struct NodeHelloReply {
+  std::string error;  // empty: ready
+  std::string model;
+  std::string device;
+};
+
 struct StepFailed {
   uint64_t step_no = 0;
   std::string error;
@@ -160,10 +176,18 @@ using stage_actor = caf::typed_actor<caf::reacts_to<StageStep, step_sink_actor>>
 
 using worker_actor = caf::typed_actor<caf::replies_to<StageStep>::with<LayersDone>>;
 
+// A remote stage's link is gone (actors/remote_stage.h): the engine fails with the text
+// (running requests end with it, /health says it), also when no step was in flight.
+using stage_down_atom = caf::atom_constant<caf::atom("stagedown")>;
+// The link is back: the engine failure it caused (the same text) ends, and the prefix cache
+// forgets what the lost stage held.
+using stage_rejoined_atom = caf::atom_constant<caf::atom("rejoined")>;
+
 using scheduler_actor =
     caf::typed_actor<caf::reacts_to<SubmitSeq, request_sink_actor>, caf::reacts_to<CancelSeqs>,
                      caf::reacts_to<StepDone>, caf::reacts_to<StepFailed>,
-                     caf::replies_to<StatsQuery>::with<EngineStats>, caf::reacts_to<heartbeat_atom>>;
+                     caf::replies_to<StatsQuery>::with<EngineStats>, caf::reacts_to<heartbeat_atom>,
+                     caf::reacts_to<stage_down_atom, std::string>, caf::reacts_to<stage_rejoined_atom, std::string>>;
 
 // ---- scheduler actor ⇄ KV-block-manager actor: runtime/kv_ledger.h's KvOpsRequest (one
 // step's block operations) answered by a KvOpsReply.
@@ -200,7 +224,7 @@ TROUPE_INSPECT(KvProbe, x.seq, x.tokens)
 TROUPE_INSPECT(KvHint, x.seq, x.cached_blocks, x.free_listed)
 TROUPE_INSPECT(KvTable, x.seq, x.blocks)
 TROUPE_INSPECT(KvSnapshot, x.num_free, x.seqs, x.hints, x.stats)
-TROUPE_INSPECT(KvOpsRequest, x.batch, x.ops, x.probes, x.tables)
+TROUPE_INSPECT(KvOpsRequest, x.batch, x.ops, x.probes, x.tables, x.drop_cached)
 TROUPE_INSPECT(KvOpsReply, x.batch, x.results, x.copies, x.tables, x.snapshot)
 TROUPE_INSPECT(DeviceSampleParams, x.temperature, x.top_k, x.top_p, x.min_p, x.seed, x.counter, x.want_logprob,
                x.on_device)

@@ -1,7 +1,10 @@
 #include "actors/scheduler_actor.h"
 
+#include <spdlog/spdlog.h>
+
 #include <algorithm>
 #include <set>
+#include <utility>
 
 namespace troupe::actors {
 namespace {
@@ -71,6 +74,7 @@ void on_kv_reply(self_ptr self, StepPlan& plan, const std::vector<KvOp>& ops, Kv
 void send_kv(self_ptr self, StepPlan plan) {
   auto& st = self->state;
   KvOpsRequest req = make_kv_request(*st.ledger, *st.sched, plan, ++st.kv_batch);
+  req.drop_cached = std::exchange(st.drop_cached, false);
   auto ops = std::make_shared<std::vector<KvOp>>();
   ops->reserve(req.ops.size());
   for (const KvOp& op : req.ops) {  // what settle() reads, without the token lists
@@ -301,6 +305,17 @@ scheduler_actor::behavior_type scheduler_fn(self_ptr self, SchedulerActorConfig 
       [=](StatsQuery) -> EngineStats {
         publish(self->state);
         return self->state.stats;
+      },
+      [=](stage_down_atom, std::string& cause) {
+        if (self->state.stats.failure.empty()) fail_engine(self, std::move(cause));
+      },
+      [=](stage_rejoined_atom, const std::string& cause) {
+        auto& st = self->state;
+        if (st.stats.failure.empty() || st.stats.failure != cause) return;  // failed for another reason too
+        spdlog::info("engine recovered: the stage that failed it is back; cached prefixes dropped");
+        st.stats.failure.clear();
+        st.drop_cached = true;
+        publish(st);
       },
       [=](heartbeat_atom) {
         publish(self->state);

@@ -93,6 +93,7 @@ struct SchedulerState {
   uint64_t step_no = 0;
   size_t most_in_flight = 0;           // the largest number of plans in flight so far
   EngineStats stats;
+  bool drop_cached = false;            // the next KV request first forgets cached blocks (a stage rejoined)
   static inline const char* name = "scheduler";
 };
 

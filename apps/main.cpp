@@ -17,6 +17,7 @@ int main(int argc, char** argv) {
   troupe::app::add_run_command(app);
   troupe::app::add_bench_command(app);
   troupe::app::add_serve_command(app);
+  troupe::app::add_node_command(app);
   troupe::app::add_sim_command(app);
   try {
     app.parse(argc, argv);

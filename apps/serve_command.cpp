@@ -43,6 +43,9 @@ struct ServeFlags {
   int max_connections = 1024;
   uint64_t debug_fail_step = 0, debug_hang_step = 0;
   double stall_timeout = 120;
+  std::vector<std::string> remote_stages;  // "K=HOST:PORT"
+  std::string node_key_file;
+  double node_timeout = 30;
   api::Limits limits;
 };
 
@@ -60,6 +63,8 @@ Status validate(const ServeFlags& f) {
   if (!(f.stall_timeout >= 0 && f.stall_timeout <= 86400)) return make_error("--stall-timeout must be 0..86400 seconds");
   if (f.max_connections < 1 || f.max_connections > 1000000) return make_error("--max-connections must be 1..1000000");
   if (f.max_body_bytes < 1024 || f.max_header_bytes < 1024) return make_error("body and header limits must be at least 1024 bytes");
+  if (!(f.node_timeout >= 0.5 && f.node_timeout <= 3600)) return make_error("--node-timeout must be 0.5..3600 seconds");
+  if (!f.remote_stages.empty() && f.node_key_file.empty()) return make_error("--remote-stage needs --node-key-file");
   if (f.limits.max_n < 1 || f.limits.max_n > 256) return make_error("--max-n must be 1..256");
   if (f.limits.max_top_logprobs < 0 || f.limits.max_top_logprobs > 100) return make_error("--max-top-logprobs must be 0..100");
   if (f.limits.max_stop < 0 || f.limits.max_stop > 64) return make_error("--max-stop must be 0..64");
@@ -149,6 +154,32 @@ int serve(ServeFlags f) {
   no.num_tokenizers = f.tokenizer_actors;
   no.fail_step = f.debug_fail_step;
   no.hang_step = f.debug_hang_step;
+  if (!f.remote_stages.empty()) {
+    auto key = link::read_key_file(f.node_key_file);
+    if (!key) {
+      spdlog::error("{}", key.error().message);
+      return finish(2);
+    }
+    for (const std::string& spec : f.remote_stages) {
+      const size_t eq = spec.find('=');
+      const std::string k = eq == std::string::npos ? std::string() : spec.substr(0, eq);
+      auto hp = eq == std::string::npos ? Result<std::pair<std::string, int>>(make_error("no '='"))
+                                        : actors::parse_host_port(spec.substr(eq + 1));
+      if (k.empty() || k.size() > 4 || k.find_first_not_of("0123456789") != std::string::npos || !hp) {
+        spdlog::error("--remote-stage {}: expected STAGE=HOST:PORT, for example 1=10.0.0.2:7433", spec);
+        return finish(2);
+      }
+      actors::RemoteStageOptions ro;
+      ro.host = hp->first;
+      ro.port = hp->second;
+      ro.key = *key;
+      ro.step_timeout_s = f.node_timeout;
+      if (!no.remote_stages.emplace(std::stoi(k), ro).second) {
+        spdlog::error("--remote-stage: stage {} named twice", k);
+        return finish(2);
+      }
+    }
+  }
   if (f.debug_fail_step != 0)
     spdlog::warn("--debug-fail-step {}: that engine step will fail on purpose (fault injection for tests)", f.debug_fail_step);
   if (f.debug_hang_step != 0)
@@ -255,6 +286,17 @@ void add_serve_command(CLI::App& app) {
   cmd->add_option("--stall-timeout", f->stall_timeout,
                   "/health answers 503 ('engine stalled') while an engine step has run longer than this many seconds "
                   "(a hung device or worker; the scheduler's heartbeat alone would not show it); 0: off")
+      ->capture_default_str();
+  cmd->add_option("--remote-stage", f->remote_stages,
+                  "run pipeline stage K on a stage node (troupe node) at HOST:PORT, as K=HOST:PORT; repeatable; K is "
+                  "1..--pipeline-stages - 1 (stage 0 embeds here); the node must hold the same model file")
+      ->take_all();
+  cmd->add_option("--node-key-file", f->node_key_file,
+                  "file holding the shared node key (the nodes' --key-file): both sides prove they hold it before any "
+                  "message is decoded");
+  cmd->add_option("--node-timeout", f->node_timeout,
+                  "seconds a remote stage may take to answer a step; past it (or when its link breaks) the steps in "
+                  "flight fail, their requests end with an error naming the node, and /health turns 503")
       ->capture_default_str();
   cmd->add_option("--max-n", f->limits.max_n, "largest 'n' (choices per prompt)")->capture_default_str();
   cmd->add_option("--max-top-logprobs", f->limits.max_top_logprobs, "largest 'top_logprobs'")->capture_default_str();

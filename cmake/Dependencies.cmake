@@ -15,6 +15,8 @@ set_target_properties(caf::io PROPERTIES IMPORTED_LOCATION ${CAF_IO_LIBRARY}
 
 find_package(CapnProto REQUIRED)
 find_package(spdlog REQUIRED)
+# Node links: HMAC-SHA256 and random nonces (Debian libssl-dev).
+find_package(OpenSSL REQUIRED COMPONENTS Crypto)
 find_package(nlohmann_json REQUIRED)
 # Asio and Beast are header-only (Debian libboost1.74-dev).
 find_package(Boost 1.74 REQUIRED)

@@ -143,6 +143,19 @@ void KvBlockManager::commit(int64_t seq, const std::vector<int32_t>& tokens) {
   }
 }
 
+int32_t KvBlockManager::drop_cached_free() {
+  int32_t dropped = 0;
+  for (int32_t b : free_) {
+    Block& blk = blocks_[b];
+    if (!blk.has_hash) continue;
+    auto it = cached_.find(blk.hash);
+    if (it != cached_.end() && it->second == b) cached_.erase(it);
+    blk.has_hash = false;
+    ++dropped;
+  }
+  return dropped;
+}
+
 void KvBlockManager::free_sequence(int64_t seq) {
   auto it = seqs_.find(seq);
   if (it == seqs_.end()) return;

@@ -101,6 +101,9 @@ class KvBlockManager : public KvBlocks {
   bool fork(int64_t parent, int64_t child);
   // Keeps the first n tokens (speculative rollback); frees blocks past them.
   void truncate(int64_t seq, int32_t n);
+  // Forgets the content of every cached block in the free list (a stage's KV was lost: a
+  // stage node restarted); blocks held by sequences keep theirs. Returns how many.
+  int32_t drop_cached_free();
 
   const std::vector<int32_t>* block_table(int64_t seq) const;
   int32_t num_tokens(int64_t seq) const;

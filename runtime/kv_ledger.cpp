@@ -50,6 +50,7 @@ KvSnapshot kv_snapshot(const KvBlockManager& kv, const std::vector<KvProbe>& pro
 KvOpsReply apply_kv_ops(KvBlockManager& kv, const KvOpsRequest& req) {
   KvOpsReply out;
   out.batch = req.batch;
+  if (req.drop_cached) kv.drop_cached_free();
   bool admissions_refused = false;
   for (const KvOp& op : req.ops) {
     KvOpResult r;

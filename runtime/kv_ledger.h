@@ -78,6 +78,7 @@ struct KvOpsRequest {
   std::vector<KvOp> ops;           // applied in order
   std::vector<KvProbe> probes;     // answered after the ops
   std::vector<int64_t> tables;     // sequences whose block tables the reply carries
+  bool drop_cached = false;        // first: forget the free list's cached content (drop_cached_free)
 };
 
 struct KvOpsReply {

@@ -203,6 +203,7 @@ struct KvOpsRequest {
   ops @1 :List(KvOp);
   probes @2 :List(KvProbe);
   tables @3 :List(Int64);
+  dropCached @4 :Bool;   # first forget the free list's cached content (a stage's KV was lost)
 }
 
 struct KvOp {
@@ -262,4 +263,23 @@ struct KvHint {
   seq @0 :Int64;
   cachedBlocks @1 :Int32;
   freeListed @2 :Int32;   # how many of them sit in the free list
+}
+
+# Node links (actors/node_link.h): the head's first message to a stage node after both
+# sides have authenticated, naming what the node must run, and the node's answer.
+struct NodeHello {
+  version @0 :UInt32;
+  model @1 :Text;            # the model's fingerprint (architecture, shape, weight bytes)
+  layerFirst @2 :Int32;      # the stage's layers [layerFirst, layerLast)
+  layerLast @3 :Int32;
+  isLast @4 :Bool;           # the last stage samples and answers with step results
+  kvBlocks @5 :Int32;        # the head's KV pool: blocks and tokens per block
+  blockSize @6 :Int32;
+  maxBatchTokens @7 :Int32;
+}
+
+struct NodeHelloReply {
+  error @0 :Text;            # empty: the stage is ready
+  model @1 :Text;            # the node's fingerprint
+  device @2 :Text;           # what the stage runs on, for the head's log
 }

@@ -6,7 +6,7 @@ BUILD_DIR="${TROUPE_BUILD_DIR:-$ROOT/build}"
 export TROUPE_HOME="${TROUPE_HOME:-$HOME/.cache/troupe}"
 
 PACKAGES=(build-essential cmake ninja-build ccache pkg-config python3 python3-pip python3-venv unzip
-  libcaf-dev capnproto libcapnp-dev libboost1.74-dev libspdlog-dev catch2 nlohmann-json3-dev
+  libcaf-dev libssl-dev capnproto libcapnp-dev libboost1.74-dev libspdlog-dev catch2 nlohmann-json3-dev
   libcli11-dev libpcre2-dev libhwy-dev libxxhash-dev libopenblas-dev
   clang libclang-rt-14-dev)
 

@@ -259,8 +259,11 @@ TEST_CASE("codec: the KV-block-manager messages (block operations, reply and sna
   q.ops = {admit, reserve, release};
   q.probes = {{12, {3, 4, 5}}, {13, {}}};
   q.tables = {-3, 1LL << 40};
+  REQUIRE_FALSE(codec::decode_kv_ops_request(codec::encode(q))->drop_cached);
+  q.drop_cached = true;
   auto d = codec::decode_kv_ops_request(codec::encode(q));
   REQUIRE(d.ok());
+  REQUIRE(d->drop_cached);
   REQUIRE(d->batch == 41);
   REQUIRE(d->ops.size() == 3);
   for (size_t i = 0; i < 3; ++i) {
@@ -342,7 +345,37 @@ TEST_CASE("codec: random bytes never crash an actor-message decoder", "[codec][b
     (void)codec::decode_cancel_seqs(junk);
     (void)codec::decode_kv_ops_request(junk);
     (void)codec::decode_kv_ops_reply(junk);
+    (void)codec::decode_node_hello(junk);
+    (void)codec::decode_node_hello_reply(junk);
   }
+}
+
+TEST_CASE("codec: the node link's hello and its answer round-trip", "[codec]") {
+  actors::NodeHello h;
+  h.version = 7;
+  h.model = "gguf llama layers 30 hidden 576";
+  h.layer_first = 10;
+  h.layer_last = 30;
+  h.is_last = true;
+  h.kv_blocks = 1 << 20;
+  h.block_size = 32;
+  h.max_batch_tokens = 2048;
+  auto d = codec::decode_node_hello(codec::encode(h));
+  REQUIRE(d.ok());
+  REQUIRE(d->version == 7);
+  REQUIRE(d->model == h.model);
+  REQUIRE(d->layer_first == 10);
+  REQUIRE(d->layer_last == 30);
+  REQUIRE(d->is_last);
+  REQUIRE(d->kv_blocks == (1 << 20));
+  REQUIRE(d->block_size == 32);
+  REQUIRE(d->max_batch_tokens == 2048);
+  actors::NodeHelloReply r{"busy", std::string("m\0x", 3), "cpu(avx2, 2 threads)"};
+  auto dr = codec::decode_node_hello_reply(codec::encode(r));
+  REQUIRE(dr.ok());
+  REQUIRE(dr->error == "busy");
+  REQUIRE(dr->model == r.model);
+  REQUIRE(dr->device == r.device);
 }
 
 namespace {

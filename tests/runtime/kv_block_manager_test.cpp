@@ -47,6 +47,32 @@ TEST_CASE("prefix caching reuses full blocks and counts hits", "[kv]") {
   check(m);
 }
 
+// A stage node restarted (actors/remote_stage.h): the free list's cached content is gone
+// from the device, so the manager forgets it; blocks that sequences hold keep theirs.
+TEST_CASE("drop_cached_free forgets the free list's cached content only", "[kv]") {
+  KvBlockManager m({8, 4, true});
+  auto a = seq_tokens(10, 1), b = seq_tokens(9, 2);
+  REQUIRE(m.add_sequence(1, a) == 0);
+  REQUIRE(m.reserve(1, 10, a, nullptr));
+  m.commit(1, a);
+  REQUIRE(m.add_sequence(2, b) == 0);
+  REQUIRE(m.reserve(2, 9, b, nullptr));
+  m.commit(2, b);
+  m.free_sequence(1);  // two cached full blocks in the free list; sequence 2 holds two more
+  REQUIRE(m.stats().num_cached_free == 2);
+  REQUIRE(m.drop_cached_free() == 2);
+  check(m);
+  REQUIRE(m.stats().num_cached_free == 0);
+  REQUIRE(m.num_free_blocks() == 5);
+  REQUIRE(m.add_sequence(3, a) == 0);  // no hit: recomputed
+  std::vector<int32_t> b8(b.begin(), b.begin() + 9);
+  REQUIRE(m.add_sequence(4, b8) == 8);  // sequence 2's blocks are still shared
+  check(m);
+  for (int64_t s : {2, 3, 4}) m.free_sequence(s);
+  REQUIRE(m.num_free_blocks() == 8);
+  check(m);
+}
+
 TEST_CASE("no room is a value and changes nothing", "[kv]") {
   KvBlockManager m({3, 4, false});
   auto t = seq_tokens(12, 2);

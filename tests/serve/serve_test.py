@@ -27,6 +27,11 @@ Checks:
                     admitted run as fast as at capacity alone, memory bounded
   connections       --max-connections: one connection over the cap gets a 503 and is closed; a low
                     open-file limit lowers the cap instead of exhausting descriptors; no busy loop
+  remote_stage      a pipeline stage in a `troupe node` process (--remote-stage): the same greedy
+                    outputs as in one process; wrong keys and garbage refused before any decoding;
+                    a killed node fails its requests with an error naming it, a restarted one
+                    rejoins (prefix cache dropped, outputs unchanged); a frozen node fails its
+                    step at --node-timeout, then rejoins; the node exits 0 on SIGTERM
   soak              eight clients on ten slots for --soak-seconds (default 45): normal requests,
                     early disconnects and malformed requests mixed; all answered right, KV back to
                     baseline at idle, resident memory flat after the warm-up, greedy output unchanged
@@ -36,6 +41,8 @@ process group) when its check ends. Prints one PASS/FAIL line per check with mea
 and exits 1 if any check failed. Takes about 2-3 minutes on an idle 2-core machine.
 """
 import argparse
+import hashlib
+import hmac
 import http.client
 import json
 import os
@@ -1813,6 +1820,189 @@ def t_step_failure():
             notes.append(f"{stages} stage(s): 4 requests ended with the error in {took:.1f} s, /health 503, new requests 503, "
                          f"KV at baseline, exit 0")
     return "; ".join(notes)
+
+
+class Node:
+    """`troupe node` (a stage node for --remote-stage) in its own process group on `port`."""
+
+    def __init__(self, port, key_file, name="node"):
+        self.port, self.key_file, self.name = port, key_file, name
+        self.proc = None
+        self.log_file = tempfile.NamedTemporaryFile(prefix=f"serve_test_node_{port}_", suffix=".log", delete=False)
+
+    def start(self, timeout=60):
+        cmd = ["nice", "-n", "5", TROUPE, "node", "-t", "1", "--port", str(self.port), "--key-file", self.key_file]
+        log(f"start {self.name}: {' '.join(cmd[3:])}")
+        self.proc = subprocess.Popen(cmd, stdout=self.log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                     start_new_session=True)
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            if self.proc.poll() is not None:
+                raise CheckFailed(f"{self.name} exited with {self.proc.returncode} while starting:\n{self.log_tail()}")
+            with open(self.log_file.name, "rb") as f:
+                if b"listening on" in f.read():
+                    return self
+            time.sleep(0.1)
+        raise CheckFailed(f"{self.name} not listening after {timeout} s:\n{self.log_tail()}")
+
+    def log_tail(self, n=25):
+        with open(self.log_file.name, "rb") as f:
+            return "\n".join("      | " + l for l in f.read().decode("utf-8", "replace").splitlines()[-n:])
+
+    def kill(self, sig=signal.SIGKILL):
+        if self.proc is not None and self.proc.poll() is None:
+            try:
+                os.killpg(self.proc.pid, sig)
+            except ProcessLookupError:
+                pass
+            if sig in (signal.SIGKILL, signal.SIGTERM):
+                self.proc.wait(timeout=30)
+
+
+def node_handshake(port, key, magic=b"TRPNODE1"):
+    """The head's side of the node link's handshake (actors/node_link.h) by hand: the node's
+    proof of the key (32 bytes), or b"" when it closed the connection instead."""
+    with socket.create_connection((HOST, port), timeout=10) as c:
+        got = b""
+        while len(got) < 40:
+            chunk = c.recv(40 - len(got))
+            if not chunk:
+                return b""
+            got += chunk
+        check(got[:8] == b"TRPNODE1", f"node greeting {got[:8]!r}")
+        nn, nh = got[8:], os.urandom(32)
+        c.sendall(magic + nh + hmac.new(key, b"head" + nn + nh, hashlib.sha256).digest())
+        try:
+            proof = c.recv(32)
+        except ConnectionResetError:
+            return b""
+        if proof:
+            check(proof == hmac.new(key, b"node" + nn + nh, hashlib.sha256).digest(), "the node's proof is wrong")
+        return proof
+
+
+@register("remote_stage")
+def t_remote_stage():
+    """Pipeline stage 1 of 2 in a `troupe node` process (docs/serving.md, "Stages on other
+    nodes"; RELIABILITY.md's node-link and multi-process items)."""
+    tmp = tempfile.mkdtemp(prefix="serve_test_node_")
+    key_file, wrong_file = os.path.join(tmp, "node.key"), os.path.join(tmp, "wrong.key")
+    key = os.urandom(24).hex().encode()
+    for path, k in ((key_file, key), (wrong_file, os.urandom(24).hex().encode())):
+        with open(path, "wb") as f:
+            f.write(k + b"\n")
+        os.chmod(path, 0o600)
+    rng = random.Random(77)
+    # the long one fills several KV blocks: after the node restarts, the head's prefix cache
+    # must not offer blocks whose stage-1 half died with the node
+    prompts = ["The capital of France is", "Write a haiku about " + words(rng, 6),
+               "Summarize: " + words(rng, 90)]
+    notes = []
+    with Server("--pipeline-stages", 2, name="one-process") as s:
+        ref = [outcome(complete(s.port, p, 16)) for p in prompts]
+    node = Node(free_port(), key_file)
+    head_flags = ("--pipeline-stages", 2, "--remote-stage", f"1=127.0.0.1:{node.port}", "--node-key-file", key_file,
+                  "--node-timeout", 3)
+    try:
+        node.start()
+        with Server(*head_flags, name="head") as s:
+            port = s.port
+            m0, _ = wait_idle(port)
+            got = run_threads([lambda p=p: outcome(complete(port, p, 16)) for p in prompts])
+            for i, g in enumerate(got):
+                check(g == ref[i], f"prompt {i}: over the link {g!r} != in one process {ref[i]!r}")
+            notes.append("3 concurrent greedy outputs equal one process's")
+            # Strangers: a wrong key and garbage are closed before anything is decoded; the
+            # right key gets the node's proof (then the busy node would refuse the hello).
+            check(node_handshake(node.port, b"not the key at all, no") == b"", "a wrong key got a proof")
+            check(node_handshake(node.port, key, magic=b"GARBAGE!") == b"", "a wrong magic got a proof")
+            with socket.create_connection((HOST, node.port), timeout=10) as c:
+                c.recv(40)
+                c.sendall(os.urandom(300))
+                try:
+                    rest = c.recv(100)
+                except ConnectionResetError:
+                    rest = b""
+                check(rest == b"", f"garbage got an answer {rest[:40]!r}")
+            check(len(node_handshake(node.port, key)) == 32, "the right key got no proof")
+            check(outcome(complete(port, prompts[0], 16)) == ref[0], "the head's output changed after the strangers")
+            notes.append("wrong key, wrong magic and garbage closed, the right key proved")
+            # A second head with the wrong key cannot start.
+            bad = subprocess.run([TROUPE, "serve", "--port", str(free_port()), "-t", "1", "--pipeline-stages", "2",
+                                  "--remote-stage", f"1=127.0.0.1:{node.port}", "--node-key-file", wrong_file],
+                                 capture_output=True, timeout=60)
+            check(bad.returncode != 0 and b"did not accept the key" in bad.stderr,
+                  f"a head with the wrong key: exit {bad.returncode}, {bad.stderr[-300:]!r}")
+            # Kill the node under a stream.
+            results = []
+            body = gen_body("Tell me a long story.", 1, True, 400, ignore_eos=True)
+            th = threading.Thread(target=lambda: results.append(request(port, "POST", "/v1/completions", body, timeout=60)))
+            th.start()
+            time.sleep(1.0)
+            t0 = time.time()
+            node.kill(signal.SIGKILL)
+            th.join(timeout=30)
+            took = time.time() - t0
+            check(results and results[0][0] == 200 and b'"error"' in results[0][2] and b"stage 1 on node" in results[0][2],
+                  f"the stream did not end with an error naming the node: {results[0][2][-300:] if results else None!r}")
+            check(took < 10, f"the stream took {took:.1f} s to fail after the node died")
+            st, _, data = request(port, "GET", "/health")
+            check(st == 503 and b"stage 1 on node" in data, f"/health with the node dead: {st} {data[:200]!r}")
+            st, _, data = request(port, "POST", "/v1/completions", {"prompt": "hi", "max_tokens": 3})
+            check(st == 503, f"a request with the node dead: {st} {data[:160]!r}")
+            m, _ = wait_idle(port)
+            check(m["troupe:kv_cache_free_blocks"] == m0["troupe:kv_cache_free_blocks"], "KV blocks not freed after the node died")
+            notes.append(f"killed node: the stream failed in {took:.1f} s naming it, /health 503, KV at baseline")
+            # Restart it: the head reconnects; cached prefixes are gone with the old stage.
+            node = Node(node.port, key_file, name="node (restarted)")
+            node.start()
+            t0 = time.time()
+            while time.time() - t0 < 20 and request(port, "GET", "/health")[0] != 200:
+                time.sleep(0.2)
+            back = time.time() - t0
+            check(back < 20, "the head did not recover within 20 s of the node's restart")
+            for i in (2, 0):
+                g = outcome(complete(port, prompts[i], 16))
+                check(g == ref[i], f"after the rejoin, prompt {i}: {g!r} != {ref[i]!r}")
+            notes.append(f"restarted node rejoined in {back:.1f} s, outputs unchanged")
+            # Killed while idle: /health must not stay 200 with a stage gone.
+            node.kill(signal.SIGKILL)
+            t0 = time.time()
+            while time.time() - t0 < 10 and request(port, "GET", "/health")[0] == 200:
+                time.sleep(0.1)
+            idle_took = time.time() - t0
+            st, _, data = request(port, "GET", "/health")
+            check(st == 503 and b"connection lost" in data, f"/health after an idle node died: {st} {data[:200]!r}")
+            node = Node(node.port, key_file, name="node (restarted again)")
+            node.start()
+            t0 = time.time()
+            while time.time() - t0 < 20 and request(port, "GET", "/health")[0] != 200:
+                time.sleep(0.2)
+            check(time.time() - t0 < 20, "the head did not recover from the idle kill within 20 s")
+            notes.append(f"idle kill: /health 503 after {idle_took:.1f} s, back after the restart")
+            # Freeze it: the step in flight fails at --node-timeout; thawed, it rejoins.
+            results.clear()
+            th = threading.Thread(target=lambda: results.append(request(port, "POST", "/v1/completions", body, timeout=60)))
+            th.start()
+            time.sleep(1.0)
+            t0 = time.time()
+            node.kill(signal.SIGSTOP)
+            th.join(timeout=30)
+            took = time.time() - t0
+            check(results and b"no answer to step" in results[0][2], f"a frozen node: {results[0][2][-300:] if results else None!r}")
+            check(took < 3 + 4, f"the frozen node's stream took {took:.1f} s to fail (timeout 3 s)")
+            node.kill(signal.SIGCONT)
+            t0 = time.time()
+            while time.time() - t0 < 20 and request(port, "GET", "/health")[0] != 200:
+                time.sleep(0.2)
+            check(time.time() - t0 < 20, "the head did not recover within 20 s of the node's thaw")
+            check(outcome(complete(port, prompts[1], 16)) == ref[1], "after the thaw the output changed")
+            notes.append(f"frozen node: the stream failed after {took:.1f} s, rejoined when thawed")
+            node.kill(signal.SIGTERM)
+            check(node.proc.returncode == 0, f"node exit code {node.proc.returncode} after SIGTERM:\n{node.log_tail()}")
+    finally:
+        node.kill()
+    return "; ".join(notes) + "; node exit 0 on SIGTERM"
 
 
 @register("metrics_health")
