@@ -133,6 +133,11 @@ Status Socket::read_exact(void* data, size_t n, int timeout_ms) {
   return {};
 }
 
+void Socket::set_send_timeout(int ms) {
+  timeval tv{ms / 1000, (ms % 1000) * 1000};
+  if (fd_ >= 0) setsockopt(fd_, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
+}
+
 void Socket::shutdown() {
   if (fd_ >= 0) ::shutdown(fd_, SHUT_RDWR);
 }

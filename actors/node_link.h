@@ -54,6 +54,8 @@ class Socket {
   // timeout_ms < 0: wait as long as the connection lives (TCP keepalive notices a dead peer).
   Status read_exact(void* data, size_t n, int timeout_ms);
   void shutdown();
+  // How long one send may block on a peer that stopped reading (30 s after connect/accept).
+  void set_send_timeout(int ms);
 
  private:
   int fd_ = -1;

@@ -2,6 +2,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <chrono>
 #include <deque>
 #include <optional>
@@ -154,6 +155,9 @@ stage_actor spawn_remote_stage(caf::actor_system& sys, std::shared_ptr<link::Soc
     // A (new) link: its reader thread, and the deadline check.
     auto attach = [self](std::shared_ptr<link::Socket> s) {
       auto& st = self->state;
+      // A send blocked on a frozen node must not outlast the step's deadline (this actor
+      // checks deadlines between messages).
+      s->set_send_timeout(static_cast<int>(std::max<int64_t>(500, st.timeout.count())));
       st.reader.reset();  // the old reader (if any) is shut down and joined
       st.reader = std::make_unique<LinkReader>();
       st.reader->socket = s;

@@ -2000,9 +2000,19 @@ def t_remote_stage():
             notes.append(f"frozen node: the stream failed after {took:.1f} s, rejoined when thawed")
             node.kill(signal.SIGTERM)
             check(node.proc.returncode == 0, f"node exit code {node.proc.returncode} after SIGTERM:\n{node.log_tail()}")
+        notes.append("node exit 0 on SIGTERM")
+        # A middle stage on the node: its activations come back to the head's last stage.
+        node = Node(free_port(), key_file, name="node (middle stage)")
+        node.start()
+        with Server("--pipeline-stages", 3, "--remote-stage", f"1=127.0.0.1:{node.port}", "--node-key-file", key_file,
+                    name="head (3 stages)") as s:
+            got = run_threads([lambda p=p: outcome(complete(s.port, p, 16)) for p in prompts])
+            for i, g in enumerate(got):
+                check(g == ref[i], f"middle stage remote, prompt {i}: {g!r} != {ref[i]!r}")
+        notes.append("stage 1 of 3 on the node: outputs equal")
     finally:
         node.kill()
-    return "; ".join(notes) + "; node exit 0 on SIGTERM"
+    return "; ".join(notes)
 
 
 @register("metrics_health")
