@@ -88,7 +88,7 @@ Result<LocalNode> spawn_local_node(caf::actor_system& sys, const ModelFiles& fil
       const auto& ro = opt.remote_stages.at(static_cast<int32_t>(i));
       node.stages[i] = spawn_remote_stage(sys, links[i], next,
                                           "stage " + std::to_string(i) + " on node " + ro.host + ":" + std::to_string(ro.port),
-                                          ro, hellos[i]);
+                                          ro, hellos[i], c.vocab, c.hidden);
     } else {
       node.stages[i] = sys.spawn(stage_fn, stage_workers[i], next, c.vocab);
     }

@@ -214,6 +214,11 @@ Result<int> Listener::listen(const std::string& host, int port) {
   return make_error("cannot listen on " + host + ":" + std::to_string(port) + ": " + last);
 }
 
+void Listener::close() {
+  if (fd_ >= 0) ::close(fd_);
+  fd_ = -1;
+}
+
 Result<Socket> Listener::accept(int timeout_ms) {
   if (fd_ < 0) return make_error("not listening");
   pollfd pf{fd_, POLLIN, 0};

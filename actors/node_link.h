@@ -73,6 +73,7 @@ class Listener {
   Result<int> listen(const std::string& host, int port);
   // The next connection, or an error after timeout_ms (then try again).
   Result<Socket> accept(int timeout_ms);
+  void close();  // stop listening (new connections are refused)
 
  private:
   int fd_ = -1;

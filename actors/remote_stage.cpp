@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <deque>
 #include <optional>
 #include <filesystem>
@@ -72,12 +73,36 @@ struct InFlight {
   uint64_t step_no = 0;
   step_sink_actor sink;
   std::chrono::steady_clock::time_point deadline;
+  StageStep sent;  // the plan as sent, without its activations: what the answer is checked against
 };
+
+// Only validated values cross the link back: a step result must sample exactly the rows
+// the step asked for, in order, with tokens inside the vocabulary; a middle stage's answer
+// contributes nothing but activations of the right size (the plan it travels with is the
+// one sent), so a faulty node cannot make the head write into other sequences' blocks or
+// hand a request actor a token it cannot decode.
+Status check_result(const StageStep& sent, const StepDone& d, int32_t vocab) {
+  if (d.sampled.size() != sent.logit_seq.size())
+    return make_error(std::to_string(d.sampled.size()) + " sampled rows for " + std::to_string(sent.logit_seq.size()));
+  auto bad_token = [vocab](int32_t t) { return t < 0 || t >= vocab; };
+  for (size_t i = 0; i < d.sampled.size(); ++i) {
+    const SampledToken& st = d.sampled[i];
+    if (st.seq_id != sent.logit_seq[i]) return make_error("row " + std::to_string(i) + " names another sequence");
+    if (bad_token(st.result.token) || std::isnan(st.result.logprob))
+      return make_error("row " + std::to_string(i) + ": token " + std::to_string(st.result.token) + " outside the vocabulary");
+    for (const TokenLogprob& t : st.result.top)
+      if (bad_token(t.token) || std::isnan(t.logprob)) return make_error("row " + std::to_string(i) + ": a bad top token");
+  }
+  return {};
+}
+
+double sane_seconds(double s) { return std::isfinite(s) && s >= 0 && s < 1e6 ? s : 0.0; }
 
 struct RemoteState {
   RemoteState() = default;  // not an aggregate: CAF would try to build it from the actor pointer
   std::unique_ptr<LinkReader> reader;
   stage_actor next;
+  int32_t vocab = 0, hidden = 0;  // the model's: what answers are checked against
   std::string node_name;
   std::chrono::milliseconds timeout{30000};
   std::deque<InFlight> in_flight;  // in the order sent (the node answers in that order)
@@ -142,11 +167,14 @@ Result<std::shared_ptr<link::Socket>> connect_stage_node(const RemoteStageOption
 }
 
 stage_actor spawn_remote_stage(caf::actor_system& sys, std::shared_ptr<link::Socket> socket, stage_actor next,
-                               std::string name, const RemoteStageOptions& opts, const NodeHello& hello) {
+                               std::string name, const RemoteStageOptions& opts, const NodeHello& hello, int32_t vocab,
+                               int32_t hidden) {
   using self_ptr = remote_stage_actor::stateful_pointer<RemoteState>;
   auto fn = [](self_ptr self, std::shared_ptr<link::Socket> sock, stage_actor nxt, std::string nm, RemoteStageOptions o,
-               NodeHello h) -> remote_stage_actor::behavior_type {
+               NodeHello h, int32_t vocab_size, int32_t hidden_size) -> remote_stage_actor::behavior_type {
     auto& st = self->state;
+    st.vocab = vocab_size;
+    st.hidden = hidden_size;
     st.next = std::move(nxt);
     st.node_name = std::move(nm);
     st.opts = std::move(o);
@@ -178,38 +206,57 @@ stage_actor spawn_remote_stage(caf::actor_system& sys, std::shared_ptr<link::Soc
       st.retries = 0;
       self->delayed_send(self, std::chrono::seconds(1), link_retry_atom::value);
     };
-    // The answer for `step_no`: its sink, or none when the step already failed (stale).
-    auto take = [self](uint64_t step_no) -> std::optional<step_sink_actor> {
+    // The step an answer is for, or none when the step already failed (stale).
+    auto take = [self](uint64_t step_no) -> std::optional<InFlight> {
       auto& q = self->state.in_flight;
       for (auto it = q.begin(); it != q.end(); ++it)
         if (it->step_no == step_no) {
-          auto sink = it->sink;
+          InFlight f = std::move(*it);
           q.erase(it);
-          return sink;
+          return f;
         }
       return std::nullopt;
+    };
+    // A protocol violation in the answer to `f` (already taken from the steps in flight).
+    auto fail_down = [self, go_down](const InFlight& f, const std::string& why) {
+      go_down(why);
+      self->send(f.sink, StepFailed{f.step_no, self->state.down});
     };
     return {
         [=](StageStep& s, step_sink_actor sink) {
           auto& st = self->state;
           if (!st.down.empty()) return self->send(sink, StepFailed{s.step_no, st.down});
           const uint64_t step_no = s.step_no;
-          st.in_flight.push_back({step_no, sink, std::chrono::steady_clock::now() + st.timeout});
-          if (auto ok = link::write_frame(*st.reader->socket, link::Frame::Step, codec::encode(s)); !ok)
+          const codec::Bytes bytes = codec::encode(s);
+          s.hidden = {};  // (kept without the activations it carried)
+          st.in_flight.push_back({step_no, sink, std::chrono::steady_clock::now() + st.timeout, std::move(s)});
+          if (auto ok = link::write_frame(*st.reader->socket, link::Frame::Step, bytes); !ok)
             go_down("sending step " + std::to_string(step_no) + ": " + ok.error().message);
         },
         [=](StepDone& d) {
-          if (auto sink = take(d.step_no)) self->send(*sink, std::move(d));
+          auto f = take(d.step_no);
+          if (!f) return;
+          if (self->state.next) return fail_down(*f, "a step result from a middle stage");
+          if (auto ok = check_result(f->sent, d, self->state.vocab); !ok)
+            return fail_down(*f, "invalid step result from the node: " + ok.error().message);
+          d.compute_seconds = sane_seconds(d.compute_seconds);
+          self->send(f->sink, std::move(d));
         },
-        [=](StepFailed& f) {
-          if (auto sink = take(f.step_no)) self->send(*sink, StepFailed{f.step_no, self->state.node_name + ": " + f.error});
+        [=](StepFailed& fail) {
+          if (auto f = take(fail.step_no)) self->send(f->sink, StepFailed{fail.step_no, self->state.node_name + ": " + fail.error});
         },
         [=](activations_atom, StageStep& s) {
-          auto sink = take(s.step_no);
-          if (!sink) return;
-          if (!self->state.next)
-            return self->send(*sink, StepFailed{s.step_no, self->state.node_name + ": activations from the last stage"});
-          self->send(self->state.next, std::move(s), *sink);
+          auto f = take(s.step_no);
+          if (!f) return;
+          auto& st = self->state;
+          if (!st.next) return fail_down(*f, "activations from the last stage");
+          if (s.hidden.size() != f->sent.token_ids.size() * static_cast<size_t>(st.hidden))
+            return fail_down(*f, "invalid activations from the node: " + std::to_string(s.hidden.size()) + " values for " +
+                                     std::to_string(f->sent.token_ids.size()) + " tokens");
+          StageStep out = std::move(f->sent);  // the plan as sent; the node adds its activations only
+          out.hidden = std::move(s.hidden);
+          out.compute_seconds = sane_seconds(s.compute_seconds);
+          self->send(st.next, std::move(out), f->sink);
         },
         [=](link_down_atom, uint64_t gen, const std::string& why) {
           if (gen == self->state.gen) go_down(why);
@@ -241,7 +288,7 @@ stage_actor spawn_remote_stage(caf::actor_system& sys, std::shared_ptr<link::Soc
     };
   };
   // Detached: sending a step is a blocking socket write.
-  auto a = sys.spawn<caf::detached>(fn, std::move(socket), std::move(next), std::move(name), opts, hello);
+  auto a = sys.spawn<caf::detached>(fn, std::move(socket), std::move(next), std::move(name), opts, hello, vocab, hidden);
   return caf::actor_cast<stage_actor>(a);
 }
 

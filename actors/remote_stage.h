@@ -45,8 +45,11 @@ Result<std::shared_ptr<link::Socket>> connect_stage_node(const RemoteStageOption
 // When the link goes it tells the scheduler given by (link_scheduler_atom, scheduler)
 // (stage_down_atom: the engine fails, also when idle), reconnects every second with `opts`
 // and `hello`, and once the node is back tells it again (stage_rejoined_atom).
+// Answers are checked against the step sent (`vocab`, `hidden`: the model's sizes): a node
+// that breaks the protocol is treated as lost.
 stage_actor spawn_remote_stage(caf::actor_system& sys, std::shared_ptr<link::Socket> socket, stage_actor next,
-                               std::string name, const RemoteStageOptions& opts, const NodeHello& hello);
+                               std::string name, const RemoteStageOptions& opts, const NodeHello& hello, int32_t vocab,
+                               int32_t hidden);
 using link_scheduler_atom = caf::atom_constant<caf::atom("linksched")>;
 
 struct StageNodeOptions {
