@@ -55,6 +55,7 @@ void write_sampling(schema::SamplingParams::Builder s, const SamplingParams& sp)
   s.setSeed(sp.seed);
   s.setLogprobs(sp.logprobs);
   s.setReportLogprob(sp.report_logprob);
+  s.setJsonObject(sp.json_object);
   // In token order: the map's own order depends on its history, and the same parameters
   // must always encode to the same bytes.
   std::vector<std::pair<int32_t, float>> bias(sp.logit_bias.begin(), sp.logit_bias.end());
@@ -78,6 +79,7 @@ SamplingParams read_sampling(schema::SamplingParams::Reader s) {
   sp.seed = s.getSeed();
   sp.logprobs = s.getLogprobs();
   sp.report_logprob = s.getReportLogprob();
+  sp.json_object = s.getJsonObject();
   for (auto e : s.getLogitBias()) sp.logit_bias[e.getToken()] = e.getBias();
   return sp;
 }

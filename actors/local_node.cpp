@@ -82,6 +82,9 @@ Result<LocalNode> spawn_local_node(caf::actor_system& sys, const ModelFiles& fil
     node.workers.push_back(stage_workers[i]);
   }
   node.stages.resize(devices.size());
+  // JSON mode's vocabulary bytes, for the last stage's samplers (when that stage is here)
+  std::shared_ptr<const TokenBytes> tokens;
+  if (files.tokenizer && !links.back()) tokens = token_bytes(*files.tokenizer);
   stage_actor next;
   for (size_t i = devices.size(); i-- > 0;) {
     if (links[i]) {
@@ -90,7 +93,8 @@ Result<LocalNode> spawn_local_node(caf::actor_system& sys, const ModelFiles& fil
                                           "stage " + std::to_string(i) + " on node " + ro.host + ":" + std::to_string(ro.port),
                                           ro, hellos[i], c.vocab, c.hidden);
     } else {
-      node.stages[i] = sys.spawn(stage_fn, stage_workers[i], next, c.vocab);
+      node.stages[i] = sys.spawn(stage_fn, stage_workers[i], next, c.vocab,
+                                 i + 1 == devices.size() ? tokens : std::shared_ptr<const TokenBytes>());
     }
     next = node.stages[i];
   }

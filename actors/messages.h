@@ -229,7 +229,7 @@ TROUPE_INSPECT(KvOpsReply, x.batch, x.results, x.copies, x.tables, x.snapshot)
 TROUPE_INSPECT(DeviceSampleParams, x.temperature, x.top_k, x.top_p, x.min_p, x.seed, x.counter, x.want_logprob,
                x.on_device)
 TROUPE_INSPECT(SamplingParams, x.temperature, x.top_k, x.top_p, x.min_p, x.repetition_penalty, x.presence_penalty,
-               x.frequency_penalty, x.logit_bias, x.seed, x.logprobs, x.report_logprob)
+               x.frequency_penalty, x.logit_bias, x.seed, x.logprobs, x.report_logprob, x.json_object)
 }  // namespace troupe
 
 namespace troupe::actors {

@@ -363,7 +363,9 @@ Status serve_stage_link(caf::actor_system& sys, link::Socket& socket, const Mode
   auto worker = sys.spawn<caf::detached>(worker_fn, *worker_dev);
   worker_dev->reset();
   stage_actor next = hello->is_last ? stage_actor{} : caf::actor_cast<stage_actor>(writer);
-  auto stage = sys.spawn(stage_fn, worker, next, files.config.vocab);
+  std::shared_ptr<const TokenBytes> tokens;  // JSON mode on this (last) stage's samplers
+  if (hello->is_last && files.tokenizer) tokens = token_bytes(*files.tokenizer);
+  auto stage = sys.spawn(stage_fn, worker, next, files.config.vocab, tokens);
   auto sink = caf::actor_cast<step_sink_actor>(writer);
   spdlog::info("stage ready: layers {}..{} of {} on {}, KV {} blocks of {} tokens", hello->layer_first,
                hello->layer_last, files.config.num_layers, device, kv.num_blocks, kv.block_size);

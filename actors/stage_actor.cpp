@@ -13,6 +13,7 @@ void prepare_sampling(StageState& st, StageStep& s) {
   for (auto& ns : s.new_seqs) {
     Sampler smp(ns.sampling, st.vocab);
     smp.add_prompt(ns.prompt);
+    smp.set_token_bytes(st.token_bytes);
     if (st.samplers.count(ns.seq_id))  // a reused id: the old one's release is still on its way
       st.pending.insert_or_assign(ns.seq_id, std::make_pair(s.step_no, std::move(smp)));
     else
@@ -74,8 +75,9 @@ Result<StepDone> sample_rows(StageState& st, const LayersDone& d) {
 }  // namespace
 
 stage_actor::behavior_type stage_fn(stage_actor::stateful_pointer<StageState> self, worker_actor worker,
-                                    stage_actor next, int32_t vocab) {
+                                    stage_actor next, int32_t vocab, std::shared_ptr<const TokenBytes> token_bytes) {
   self->state.worker = std::move(worker);
+  self->state.token_bytes = std::move(token_bytes);
   self->state.is_last = !next;
   self->state.next = std::move(next);
   self->state.vocab = vocab;

@@ -20,6 +20,7 @@ struct StageState {
   stage_actor next;                       // invalid on the last stage
   bool is_last = true;
   int32_t vocab = 0;                      // last stage: the logits' row length
+  std::shared_ptr<const TokenBytes> token_bytes;  // last stage: for JSON mode (null: none)
   std::map<int64_t, Sampler> samplers;    // last stage only
   // A new sequence whose id still has a sampler (the id was released in a step whose
   // answer has not come back): its sampler waits here, with the step that brought it,
@@ -29,6 +30,7 @@ struct StageState {
 };
 
 stage_actor::behavior_type stage_fn(stage_actor::stateful_pointer<StageState> self, worker_actor worker,
-                                    stage_actor next, int32_t vocab);
+                                    stage_actor next, int32_t vocab,
+                                    std::shared_ptr<const TokenBytes> token_bytes = nullptr);
 
 }  // namespace troupe::actors

@@ -38,8 +38,14 @@ void Sampler::add_prompt(const std::vector<int32_t>& tokens) {
     if (t >= 0 && t < vocab_) seen_[t] = 1;
 }
 
+void Sampler::set_token_bytes(std::shared_ptr<const TokenBytes> tokens) {
+  if (p_.json_object && tokens && static_cast<int32_t>(tokens->bytes.size()) == vocab_)
+    json_.emplace(std::move(tokens));
+}
+
 void Sampler::accept(int32_t token) {
   if (token < 0 || token >= vocab_) return;
+  if (json_) json_->accept(token);
   seen_[token] = 1;
   ++generated_counts_[token];
 }
@@ -73,6 +79,7 @@ SampleResult Sampler::sample(const float* logits) {
   // from writing outside work_.
   for (const auto& [tok, b] : p_.logit_bias)
     if (tok >= 0 && tok < n) work_[tok] += b;
+  if (json_) json_->mask(work_.data(), n);  // after the bias: a bias cannot bring back a banned token
 
   int32_t chosen = 0;
   if (p_.temperature == 0.0f) {
@@ -180,7 +187,7 @@ SampleResult Sampler::sample(const float* logits) {
 
 bool Sampler::device_eligible() const {
   return p_.repetition_penalty == 1.0f && p_.presence_penalty == 0.0f && p_.frequency_penalty == 0.0f &&
-         p_.logit_bias.empty() && p_.logprobs == 0;
+         p_.logit_bias.empty() && p_.logprobs == 0 && !p_.json_object;
 }
 
 DeviceSampleParams Sampler::device_params() const {

@@ -6,12 +6,15 @@
 // (Backend::sample) makes the same draw for the same token.
 #pragma once
 #include <cstdint>
+#include <memory>
+#include <optional>
 #include <string>
 #include <unordered_map>
 #include <vector>
 
 #include "kernels/result.h"
 #include "kernels/sample_params.h"
+#include "runtime/json_constraint.h"
 
 namespace troupe {
 
@@ -29,6 +32,9 @@ struct SamplingParams {
   // The chosen token's log-probability (a log-softmax over the whole vocabulary); off when
   // nobody asked for logprobs: SampleResult::logprob is then 0 and the pass is skipped.
   bool report_logprob = true;
+  // JSON mode: only tokens that keep the output one JSON object (runtime/json_constraint.h);
+  // takes effect once the sampler has the tokens' bytes (Sampler::set_token_bytes).
+  bool json_object = false;
 
   // Range, NaN and vocabulary checks; the error names the parameter.
   Status validate(int32_t vocab_size) const;
@@ -48,6 +54,8 @@ struct SampleResult {
 class Sampler {
  public:
   Sampler(SamplingParams params, int32_t vocab_size);
+  // The vocabulary's bytes, for JSON mode (params.json_object); without them it is off.
+  void set_token_bytes(std::shared_ptr<const TokenBytes> tokens);
   // Tokens that count for penalties (the prompt for repetition, generated for all).
   void add_prompt(const std::vector<int32_t>& tokens);
   void accept(int32_t token);
@@ -72,6 +80,7 @@ class Sampler {
   std::vector<uint8_t> seen_;  // prompt or generated, for the repetition penalty
   std::vector<float> work_;
   std::vector<int32_t> idx_;
+  std::optional<JsonConstraint> json_;  // JSON mode's state
 };
 
 }  // namespace troupe

@@ -17,6 +17,7 @@ struct SamplingParams {
   logprobs @8 :Int32;
   logitBias @9 :List(LogitBias);
   reportLogprob @10 :Bool = true;   # the chosen token's log-probability (off: skipped, reported as 0)
+  jsonObject @11 :Bool;             # JSON mode: the output is one JSON object
   struct LogitBias {
     token @0 :Int32;
     bias @1 :Float32;

@@ -370,6 +370,24 @@ void parse_misc(const json& o, GenerationRequest& r) {
   r.user = opt_string(o, "user").value_or("");
 }
 
+// {"type": "text"} (the default) or {"type": "json_object"} (JSON mode: the output is one
+// JSON object, runtime/json_constraint.h). json_schema is refused by name, not ignored.
+void parse_response_format(const json& o, GenerationRequest& r) {
+  const json* v = field(o, "response_format");
+  if (!v || v->is_null()) return;
+  if (!v->is_object()) reject("response_format", "'response_format' must be an object");
+  const json* t = field(*v, "type");
+  if (!t || !t->is_string()) reject("response_format", "'response_format.type' must be a string");
+  const std::string type = t->get<std::string>();
+  if (type == "text") return;
+  if (type == "json_schema")
+    reject("response_format", "'response_format' type 'json_schema' is not supported (json_object is: the output is one "
+                              "JSON object)");
+  if (type != "json_object") reject("response_format", "'response_format.type' must be 'text' or 'json_object', got '" + clip(type) + "'");
+  if (r.ignore_eos) reject("response_format", "'ignore_eos' cannot be combined with a json_object response_format");
+  r.sampling.json_object = true;
+}
+
 // The sampler's own checks, as a 400 naming the parameter (its message starts with it).
 void validate_sampling(const GenerationRequest& r, const Limits& lim) {
   const Status st = r.sampling.validate(lim.vocab_size);
@@ -415,6 +433,7 @@ std::variant<GenerationRequest, ApiError> parse_generation(std::string_view body
     parse_seed(o, r);
     parse_stream(o, r);
     parse_misc(o, r);
+    parse_response_format(o, r);
     validate_sampling(r, lim);
     return r;
   });

@@ -28,6 +28,7 @@ SamplingParams sampling() {
   sp.seed = 0xfedcba9876543210ull;
   sp.logprobs = 3;
   sp.report_logprob = false;  // not the default: the round trip must carry it
+  sp.json_object = true;      // nor is this
   sp.logit_bias = {{5, -100.0f}, {77, 2.5f}};
   return sp;
 }
@@ -36,7 +37,7 @@ bool same(const SamplingParams& a, const SamplingParams& b) {
   return a.temperature == b.temperature && a.top_k == b.top_k && a.top_p == b.top_p && a.min_p == b.min_p &&
          a.repetition_penalty == b.repetition_penalty && a.presence_penalty == b.presence_penalty &&
          a.frequency_penalty == b.frequency_penalty && a.seed == b.seed && a.logprobs == b.logprobs &&
-         a.report_logprob == b.report_logprob && a.logit_bias == b.logit_bias;
+         a.report_logprob == b.report_logprob && a.logit_bias == b.logit_bias && a.json_object == b.json_object;
 }
 
 bool same(const std::vector<TokenLogprob>& a, const std::vector<TokenLogprob>& b) {

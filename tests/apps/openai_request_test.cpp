@@ -314,6 +314,19 @@ TEST_CASE("stop strings and stop_token_ids", "[api]") {
   bad(comp("\"stop_token_ids\":" + ids + "]"), "stop_token_ids");
 }
 
+TEST_CASE("response_format", "[api]") {
+  CHECK_FALSE(ok(comp("")).sampling.json_object);
+  CHECK_FALSE(ok(comp(R"("response_format":{"type":"text"})")).sampling.json_object);
+  CHECK_FALSE(ok(comp(R"("response_format":null)")).sampling.json_object);
+  CHECK(ok(comp(R"("response_format":{"type":"json_object"})")).sampling.json_object);
+  bad(comp(R"("response_format":{"type":"json_schema","json_schema":{"name":"x","schema":{}}})"), "response_format");
+  bad(comp(R"("response_format":{"type":"yaml"})"), "response_format");
+  bad(comp(R"("response_format":{"type":1})"), "response_format");
+  bad(comp(R"("response_format":{})"), "response_format");
+  bad(comp(R"("response_format":"json_object")"), "response_format");
+  bad(comp(R"("response_format":{"type":"json_object"},"ignore_eos":true)"), "response_format");
+}
+
 TEST_CASE("logit_bias", "[api]") {
   GenerationRequest r = ok(comp(R"("logit_bias":{"5":-100,"999":100,"0":0.5})"));
   REQUIRE(r.sampling.logit_bias.size() == 3);

@@ -27,6 +27,9 @@ Checks:
                     admitted run as fast as at capacity alone, memory bounded
   connections       --max-connections: one connection over the cap gets a 503 and is closed; a low
                     open-file limit lowers the cap instead of exhausting descriptors; no busy loop
+  json_mode         response_format json_object: outputs that end are one JSON object (greedy,
+                    sampled, streamed), a prose prompt's unconstrained answer is not; json_schema,
+                    unknown types and ignore_eos with it are refused with 400
   remote_stage      a pipeline stage in a `troupe node` process (--remote-stage): the same greedy
                     outputs as in one process; wrong keys and garbage refused before any decoding;
                     a killed node fails its requests with an error naming it, a restarted one
@@ -1822,6 +1825,66 @@ def t_step_failure():
     return "; ".join(notes)
 
 
+@register("json_mode")
+def t_json_mode():
+    """JSON mode (docs/serving.md, "JSON mode"): the sampler only draws tokens that keep the
+    output one JSON object, and ends only when it is closed."""
+    prompts = ["What is the capital of France? Answer in JSON.", "Describe a cat with a name and an age, in JSON.",
+               "List three fruits and their colors as JSON.", "Who wrote Hamlet, and when? Reply in JSON."]
+    fmt = {"type": "json_object"}
+    with Server(name="json") as s:
+        port = s.port
+
+        def chat(p, **extra):
+            body = {"messages": [{"role": "user", "content": p}], "max_tokens": 200, "temperature": 0}
+            body.update(extra)
+            st, _, data = request(port, "POST", "/v1/chat/completions", body)
+            check(st == 200, f"{p!r}: status {st} {data[:200]!r}")
+            c = json.loads(data)["choices"][0]
+            return c["message"]["content"], c["finish_reason"]
+
+        done, objects = 0, 0
+        runs = [(p, {}) for p in prompts] + [(prompts[1], {"temperature": 0.9, "seed": 5}),
+                                              (prompts[3], {"temperature": 0.9, "seed": 5})]
+        for p, extra in runs:
+            text, finish = chat(p, response_format=fmt, **extra)
+            if finish != "stop":
+                continue
+            done += 1
+            try:
+                obj = json.loads(text)
+            except ValueError:
+                raise CheckFailed(f"{p!r} {extra}: finished, but not JSON: {text!r}")
+            check(isinstance(obj, dict), f"{p!r}: JSON but not an object: {text!r}")
+            objects += 1
+        check(done >= 4, f"only {done} of {len(runs)} JSON-mode answers ended within 200 tokens")
+        plain, _ = chat(prompts[0])
+        try:
+            json.loads(plain)
+            raise CheckFailed(f"the unconstrained answer is JSON too, so this proves nothing: {plain!r}")
+        except ValueError:
+            pass
+        # streamed: the deltas add up to an object
+        st, events, done_seen = sse_stream(port, "/v1/chat/completions",
+                                           {"messages": [{"role": "user", "content": prompts[0]}], "max_tokens": 200,
+                                            "temperature": 0, "stream": True, "response_format": fmt})
+        text = "".join((e["choices"][0]["delta"].get("content") or "") for e in events if e.get("choices"))
+        check(st == 200 and done_seen and isinstance(json.loads(text), dict), f"streamed JSON mode: {text!r}")
+        bad = [({"type": "json_schema", "json_schema": {"name": "x", "schema": {}}}, "json_schema"),
+               ({"type": "xml"}, "must be 'text' or 'json_object'"), ("json", "must be an object"),
+               ({}, "must be a string")]
+        for rf, words in bad:
+            st, _, data = request(port, "POST", "/v1/completions", {"prompt": "hi", "max_tokens": 3, "response_format": rf})
+            e = error_shape(data)
+            check(st == 400 and not isinstance(e, str) and words in e["message"] and e.get("param") == "response_format",
+                  f"response_format {rf!r}: {st} {data[:200]!r}")
+        st, _, data = request(port, "POST", "/v1/completions",
+                              {"prompt": "hi", "max_tokens": 3, "ignore_eos": True, "response_format": fmt})
+        check(st == 400 and b"ignore_eos" in data, f"json_object with ignore_eos: {st} {data[:200]!r}")
+    return (f"{objects} of {len(runs)} answers ended as JSON objects (the rest hit max_tokens), the streamed one "
+            f"too; the unconstrained answer is not JSON; 5 bad response_formats refused with 400")
+
+
 class Node:
     """`troupe node` (a stage node for --remote-stage) in its own process group on `port`."""
 
@@ -1911,6 +1974,12 @@ def t_remote_stage():
             got = run_threads([lambda p=p: outcome(complete(port, p, 16)) for p in prompts])
             for i, g in enumerate(got):
                 check(g == ref[i], f"prompt {i}: over the link {g!r} != in one process {ref[i]!r}")
+            st, _, data = request(port, "POST", "/v1/chat/completions",
+                                  {"messages": [{"role": "user", "content": "What is the capital of France? Answer in JSON."}],
+                                   "max_tokens": 200, "temperature": 0, "response_format": {"type": "json_object"}})
+            c = json.loads(data)["choices"][0]
+            check(st == 200 and c["finish_reason"] == "stop" and isinstance(json.loads(c["message"]["content"]), dict),
+                  f"JSON mode over the link: {data[:300]!r}")
             notes.append("3 concurrent greedy outputs equal one process's")
             # Strangers: a wrong key and garbage are closed before anything is decoded; the
             # right key gets the node's proof (then the busy node would refuse the hello).
