@@ -12,6 +12,7 @@ gets through it in well under a minute. --skip is for debugging against servers 
 feature (llama-server: no n>1, no legacy completion logprobs, no echo).
 """
 import argparse
+import json
 import math
 import sys
 import time
@@ -99,6 +100,18 @@ def t_chat(ctx):
         check(r.usage.completion_tokens == MAX_TOKENS,
               f"finish_reason length but completion_tokens {r.usage.completion_tokens} != {MAX_TOKENS}")
     check(r.object == "chat.completion", f"object {r.object!r}")
+    return repr(c.message.content[:60])
+
+
+@register("json_mode")
+def t_json_mode(ctx):
+    r = ctx.client.chat.completions.create(
+        model=ctx.model, messages=[{"role": "user", "content": "What is the capital of France? Answer in JSON."}],
+        max_tokens=200, temperature=0, response_format={"type": "json_object"})
+    c = r.choices[0]
+    check(c.finish_reason == "stop", f"finish_reason {c.finish_reason!r}: {c.message.content!r}")
+    obj = json.loads(c.message.content)
+    check(isinstance(obj, dict), f"not an object: {c.message.content!r}")
     return repr(c.message.content[:60])
 
 
