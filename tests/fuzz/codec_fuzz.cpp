@@ -52,7 +52,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   codec::Bytes b(data + 1, data + size);
   if (!(sel & 0x80)) b.resize((b.size() + 7) / 8 * 8, 0);
   const size_t sz = b.size();
-  switch ((sel & 0x0f) % 13) {
+  switch ((sel & 0x0f) % 14) {
     case 0:
       if (auto r = codec::decode_submit(b); r.ok()) {
         bounded(r->first.prompt.size() + elements(r->second), sz);
@@ -144,7 +144,15 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         round_trip(*r, codec::decode_kv_ops_reply, [](const auto& v) { return codec::encode(v); });
       }
       break;
-    default:  // 12: every decoder on the same bytes (none may crash)
+    case 12:  // the node link's hello and its answer (actors/node_link.h)
+      if (auto r = codec::decode_node_hello(b); r.ok()) {
+        bounded(r->model.size() / 8, sz);
+        round_trip(*r, codec::decode_node_hello, [](const auto& v) { return codec::encode(v); });
+      }
+      if (auto r = codec::decode_node_hello_reply(b); r.ok())
+        round_trip(*r, codec::decode_node_hello_reply, [](const auto& v) { return codec::encode(v); });
+      break;
+    default:  // 13: every decoder on the same bytes (none may crash)
       (void)codec::decode_submit(b);
       (void)codec::decode_step_plan(b);
       (void)codec::decode_stage_step(b);
@@ -152,6 +160,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       (void)codec::decode_step_result(b);
       (void)codec::decode_kv_ops_request(b);
       (void)codec::decode_kv_ops_reply(b);
+      (void)codec::decode_node_hello(b);
+      (void)codec::decode_node_hello_reply(b);
       break;
   }
   return 0;

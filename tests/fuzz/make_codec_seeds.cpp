@@ -189,7 +189,14 @@ int main(int argc, char** argv) {
   codec::Bytes amp(sizeof(words));
   std::memcpy(amp.data(), words, sizeof(words));
   seed("empty-structs.bin", 10, amp);
-  seed("all-decoders.bin", 12, codec::encode(stage_step()));
+  actors::NodeHello hello;
+  hello.model = "gguf llama layers 30 hidden 576 heads 9/3 ffn 1536 vocab 49152 bytes 98000000";
+  hello.layer_first = 15;
+  hello.layer_last = 30;
+  hello.kv_blocks = 2048;
+  seed("node-hello.bin", 12, codec::encode(hello));
+  seed("node-hello-reply.bin", 12, codec::encode(actors::NodeHelloReply{"", hello.model, "cpu(avx512-vnni, 2 threads)"}));
+  seed("all-decoders.bin", 13, codec::encode(stage_step()));
   std::printf("make_codec_seeds: wrote %s\n", g_dir.c_str());
   return 0;
 }
