@@ -54,7 +54,7 @@ target_sources() {
     safetensors_fuzz) echo tests/fuzz/safetensors_fuzz.cpp runtime/safetensors.cpp kernels/dtype.cpp runtime/mapped_file.cpp ;;
     chat_template_fuzz) echo tests/fuzz/chat_template_fuzz.cpp "${SRC_TEMPLATE[@]}" ;;
     tokenizer_fuzz) echo tests/fuzz/tokenizer_fuzz.cpp "${SRC_CORE[@]}" "${SRC_TOKENIZER[@]}" ;;
-    openai_request_fuzz) echo tests/fuzz/openai_request_fuzz.cpp apps/serve/openai_request.cpp runtime/sampler.cpp runtime/context_fit.cpp ;;
+    openai_request_fuzz) echo tests/fuzz/openai_request_fuzz.cpp apps/serve/openai_request.cpp runtime/sampler.cpp runtime/json_constraint.cpp runtime/context_fit.cpp ;;
     # (gen/: generated under $OUT from schema/troupe.capnp, below)
     codec_fuzz) echo tests/fuzz/codec_fuzz.cpp actors/codec.cpp gen/troupe.capnp.c++ ;;
     *) return 1 ;;
