@@ -8,6 +8,7 @@
 
 #include <sys/socket.h>
 
+#include <algorithm>
 #include <atomic>
 #include <csignal>
 #include <mutex>
@@ -41,8 +42,8 @@ class Links {
  public:
   void add(std::shared_ptr<link::Socket> s, std::thread t) {
     std::lock_guard<std::mutex> lk(mu_);
-    reap_locked();
     open_.push_back({std::move(s), std::move(t)});
+    reap_locked();
   }
   bool try_claim() { return !busy_.exchange(true); }
   void release() { busy_.store(false); }
@@ -66,15 +67,19 @@ class Links {
     std::shared_ptr<link::Socket> socket;
     std::thread thread;
   };
+  // Joins the finished threads (and closes their sockets). A thread may finish before its
+  // entry is added: its mark then waits for the next call.
   void reap_locked() {
-    for (const link::Socket* d : done_)
-      for (auto it = open_.begin(); it != open_.end(); ++it)
-        if (it->socket.get() == d) {
-          it->thread.join();
-          open_.erase(it);
-          break;
-        }
-    done_.clear();
+    for (auto d = done_.begin(); d != done_.end();) {
+      auto it = std::find_if(open_.begin(), open_.end(), [&](const Entry& e) { return e.socket.get() == *d; });
+      if (it == open_.end()) {
+        ++d;
+        continue;
+      }
+      it->thread.join();
+      open_.erase(it);
+      d = done_.erase(d);
+    }
   }
   std::mutex mu_;
   std::vector<Entry> open_;
