@@ -1994,8 +1994,20 @@ def t_remote_stage():
                     rest = b""
                 check(rest == b"", f"garbage got an answer {rest[:40]!r}")
             check(len(node_handshake(node.port, key)) == 32, "the right key got no proof")
+            fds = lambda: len(os.listdir(f"/proc/{node.proc.pid}/fd"))
+            fd0 = fds()
+            for _ in range(100):  # a scanner: each connection gets closed, none is kept
+                with socket.create_connection((HOST, node.port), timeout=10) as c:
+                    c.recv(40)
+                    c.sendall(os.urandom(72))
+                    try:
+                        c.recv(10)
+                    except ConnectionResetError:
+                        pass
+            time.sleep(0.3)
+            check(fds() <= fd0 + 2, f"100 refused connections left the node with {fds() - fd0} more descriptors")
             check(outcome(complete(port, prompts[0], 16)) == ref[0], "the head's output changed after the strangers")
-            notes.append("wrong key, wrong magic and garbage closed, the right key proved")
+            notes.append("wrong key, wrong magic and garbage closed, the right key proved, 100 more leaked no descriptor")
             # A second head with the wrong key cannot start.
             bad = subprocess.run([TROUPE, "serve", "--port", str(free_port()), "-t", "1", "--pipeline-stages", "2",
                                   "--remote-stage", f"1=127.0.0.1:{node.port}", "--node-key-file", wrong_file],
