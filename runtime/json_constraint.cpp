@@ -253,10 +253,28 @@ bool JsonConstraint::allowed(int32_t t) const {
 
 void JsonConstraint::mask(float* logits, int32_t vocab) const {
   const float neg_inf = -std::numeric_limits<float>::infinity();
+  // Which first bytes can come next at all (256 steps of the reader): a token whose first
+  // byte cannot is banned without running the reader over it -- between values most of
+  // the vocabulary (words, spaces before letters) goes this way.
+  bool first_ok[256];
+  for (int b = 0; b < 256; ++b) {
+    JsonPrefix p = prefix_;
+    first_ok[b] = !prefix_.complete() && p.feed(static_cast<uint8_t>(b));
+  }
   bool any = false;
   for (int32_t t = 0; t < vocab; ++t) {
     if (logits[t] == neg_inf) continue;
-    if (allowed(t))
+    const auto i = static_cast<size_t>(t);
+    bool ok;
+    if (i >= tok_->bytes.size())
+      ok = false;
+    else if (tok_->eog[i])
+      ok = prefix_.complete();
+    else if (tok_->bytes[i].empty() || !first_ok[static_cast<uint8_t>(tok_->bytes[i][0])])
+      ok = false;
+    else
+      ok = allowed(t);
+    if (ok)
       any = true;
     else
       logits[t] = neg_inf;
