@@ -1,5 +1,7 @@
 #include "apps/common.h"
 
+#include <caf/all.hpp>
+
 #include <spdlog/spdlog.h>
 #include <unistd.h>
 
@@ -77,5 +79,17 @@ Result<LoadedEngine> load_engine(const ModelFlags& flags) {
                e.files.format, c.arch, c.num_layers, c.hidden, c.num_heads, c.num_kv_heads, c.vocab, e.backend->name(), secs);
   return e;
 }
+
+void configure_actor_system(caf::actor_system_config& cfg) {
+  cfg.set("scheduler.max-threads", 2);
+  // Idle CAF workers wait on a condition variable at once instead of polling: on a machine
+  // where the stage workers use every core, polling threads would steal their time.
+  cfg.set("work-stealing.aggressive-poll-attempts", 20);
+  cfg.set("work-stealing.moderate-poll-attempts", 0);
+  cfg.set("logger.file-verbosity", caf::atom("quiet"));
+  cfg.set("logger.console-verbosity", caf::atom("quiet"));
+}
+
+bool is_loopback(const std::string& host) { return host == "127.0.0.1" || host == "::1" || host == "localhost"; }
 
 }  // namespace troupe::app

@@ -8,7 +8,17 @@
 #include "runtime/model.h"
 #include "runtime/model_files.h"
 
+namespace caf {
+class actor_system_config;
+}
+
 namespace troupe::app {
+
+// The actor system settings of a serving process (`serve`, `node`): two scheduler threads,
+// idle workers that sleep instead of polling, CAF's own logger quiet.
+void configure_actor_system(caf::actor_system_config& cfg);
+// 127.0.0.1, ::1 or localhost: addresses only this machine can reach.
+bool is_loopback(const std::string& host);
 
 struct ModelFlags {
   std::string model = "default";

@@ -124,11 +124,7 @@ int node(NodeFlags f) {
   sigaction(SIGTERM, &sa, nullptr);
 
   caf::actor_system_config cfg;
-  cfg.set("scheduler.max-threads", 2);
-  cfg.set("work-stealing.aggressive-poll-attempts", 20);
-  cfg.set("work-stealing.moderate-poll-attempts", 0);
-  cfg.set("logger.file-verbosity", caf::atom("quiet"));
-  cfg.set("logger.console-verbosity", caf::atom("quiet"));
+  configure_actor_system(cfg);
   caf::actor_system sys{cfg};
   actors::StageNodeOptions opt;
   opt.device = f.model.device;
@@ -136,7 +132,7 @@ int node(NodeFlags f) {
   opt.cuda = f.model.cuda_options();
   opt.max_batch_tokens = f.model.batch;
   spdlog::info("stage node for '{}' ({} layers) listening on {}:{}", files->path, files->config.num_layers, f.host, *port);
-  if (f.host != "127.0.0.1" && f.host != "::1" && f.host != "localhost")
+  if (!is_loopback(f.host))
     spdlog::warn("the node link authenticates heads but does not encrypt: bind {} only on a trusted network", f.host);
   Links links;
   auto handle = [&](std::shared_ptr<link::Socket> sock) {

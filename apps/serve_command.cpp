@@ -72,8 +72,6 @@ Status validate(const ServeFlags& f) {
   return {};
 }
 
-bool is_loopback(const std::string& host) { return host == "127.0.0.1" || host == "::1" || host == "localhost"; }
-
 std::string default_name(const std::string& path) {
   std::string n = path.substr(path.find_last_of('/') + 1);
   if (n.size() > 5 && n.compare(n.size() - 5, 5, ".gguf") == 0) n.resize(n.size() - 5);
@@ -89,13 +87,7 @@ int serve(ServeFlags f) {
   if (!is_loopback(f.host) && f.api_key.empty())
     spdlog::warn("binding {} without --api-key: anyone who can reach this port can use the model", f.host);
   caf::actor_system_config cfg;
-  cfg.set("scheduler.max-threads", 2);
-  // Idle CAF workers wait on a condition variable at once instead of polling: on a machine
-  // where the stage workers use every core, polling threads would steal their time.
-  cfg.set("work-stealing.aggressive-poll-attempts", 20);
-  cfg.set("work-stealing.moderate-poll-attempts", 0);
-  cfg.set("logger.file-verbosity", caf::atom("quiet"));
-  cfg.set("logger.console-verbosity", caf::atom("quiet"));
+  configure_actor_system(cfg);
   caf::actor_system sys{cfg};
 
   boost::asio::io_context io;
