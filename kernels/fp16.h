@@ -54,6 +54,18 @@ inline uint16_t f32_to_f16(float f) {
   return static_cast<uint16_t>(sign | r);
 }
 
+// A K or V value as the f16 KV cache stores it: f32_to_f16, except that NaN is stored as 0
+// and values beyond the f16 range saturate to +-65504 instead of becoming +-Inf. The cache
+// then never holds a non-finite value, so a kernel that multiplies a masked key's weight
+// (exactly 0) by its V row (the tensor-core attention tiles do, for positions past a row's
+// own) gets 0, never NaN. Identical to f32_to_f16 for every value that fits.
+inline uint16_t f32_to_f16_kv(float f) {
+  if (f != f) return 0;
+  if (f > 65504.0f) f = 65504.0f;
+  if (f < -65504.0f) f = -65504.0f;
+  return f32_to_f16(f);
+}
+
 inline float bf16_to_f32(uint16_t h) {
   uint32_t bits = static_cast<uint32_t>(h) << 16;
   float f;

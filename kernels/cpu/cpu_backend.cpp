@@ -123,8 +123,8 @@ class CpuBackend final : public Backend {
     uint16_t* vb = c.v.data() + c.layer_elems * layer;
     for (int32_t t = 0; t < step_.num_tokens; ++t) {
       const int64_t slot = step_.slot_mapping[t];
-      cpu::f32_to_f16_row(k + t * ld, kb + slot * row, row);
-      cpu::f32_to_f16_row(v + t * ld, vb + slot * row, row);
+      cpu::f32_to_f16_kv_row(k + t * ld, kb + slot * row, row);
+      cpu::f32_to_f16_kv_row(v + t * ld, vb + slot * row, row);
     }
   }
 

@@ -23,6 +23,8 @@ void add_range(float* x, const float* y, int64_t begin, int64_t end);
 
 // Row helpers for the f16 KV cache and attention (runtime-dispatched F16C/FMA when present).
 void f32_to_f16_row(const float* x, uint16_t* y, int64_t n);
+// The KV cache's conversion: f32_to_f16_row held finite (fp16.h: f32_to_f16_kv).
+void f32_to_f16_kv_row(const float* x, uint16_t* y, int64_t n);
 void f16_to_f32_row(const uint16_t* x, float* y, int64_t n);
 float dot_f32(const float* a, const float* b, int64_t n);
 void axpy_f32(float alpha, const float* x, float* y, int64_t n);  // y += alpha * x

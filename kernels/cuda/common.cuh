@@ -244,6 +244,15 @@ __device__ __forceinline__ void dequant32<DType::Q6_K>(const uint8_t* row, int64
   }
 }
 
+// A K or V value as the f16 cache stores it (kernels/fp16.h: f32_to_f16_kv, the CPU
+// backend's): rounded to nearest even, NaN stored as 0, values beyond the f16 range
+// saturated to +-65504, so the cache holds no Inf or NaN that a masked key's zero weight
+// could turn into NaN in the tile kernels' P V.
+__device__ __forceinline__ __half kv_half(float v) {
+  v = isnan(v) ? 0.0f : fminf(fmaxf(v, -65504.0f), 65504.0f);
+  return __float2half_rn(v);
+}
+
 // f32 rows -> f16/bf16 rows, for the cuBLAS and tensor-core matmuls: x [n, ldx] (the first
 // cols values of each row) -> out [n_pad, ld_out], zero past cols and past row n. With kVec
 // (ldx, cols and ld_out multiples of 4, x 16-byte and out 8-byte aligned: to_half_rows()

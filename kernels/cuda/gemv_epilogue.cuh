@@ -71,8 +71,8 @@ struct RopeKvOut {
       r[h * a.head_dim + eb] = y1;
       if (h >= a.num_heads) {
         __half* kc = reinterpret_cast<__half*>(a.k_cache) + slot * kv_row + (h - a.num_heads) * a.head_dim;
-        kc[ea] = __float2half_rn(y0);
-        kc[eb] = __float2half_rn(y1);
+        kc[ea] = kv_half(y0);
+        kc[eb] = kv_half(y1);
       }
     } else {
       const int64_t j = 2 * (item - qk);
@@ -80,8 +80,8 @@ struct RopeKvOut {
       v[j] = s[0];
       v[j + 1] = s[1];
       __half* vc = reinterpret_cast<__half*>(a.v_cache) + slot * kv_row;
-      vc[j] = __float2half_rn(s[0]);
-      vc[j + 1] = __float2half_rn(s[1]);
+      vc[j] = kv_half(s[0]);
+      vc[j + 1] = kv_half(s[1]);
     }
   }
 };

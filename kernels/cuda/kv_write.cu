@@ -10,8 +10,8 @@ __global__ void kv_write_kernel(const int32_t* slots, const float* k, const floa
   const int64_t t = blockIdx.x;
   const int64_t slot = slots[t];
   for (int64_t j = threadIdx.x; j < row; j += blockDim.x) {
-    kc[slot * row + j] = __float2half_rn(k[t * ld + j]);
-    vc[slot * row + j] = __float2half_rn(v[t * ld + j]);
+    kc[slot * row + j] = kv_half(k[t * ld + j]);
+    vc[slot * row + j] = kv_half(v[t * ld + j]);
   }
 }
 

@@ -39,12 +39,12 @@ __global__ void rope_kv_write_kernel(float* qkv, int64_t ld, int64_t num_heads, 
     v[b] = y1;
     if (h >= num_heads) {
       const int64_t base = slot * row + (h - num_heads) * head_dim;
-      kc[base + a] = __float2half_rn(y0);
-      kc[base + b] = __float2half_rn(y1);
+      kc[base + a] = kv_half(y0);
+      kc[base + b] = kv_half(y1);
     }
   }
   const float* vr = r + (num_heads + num_kv_heads) * head_dim;
-  for (int64_t j = threadIdx.x; j < row; j += blockDim.x) vc[slot * row + j] = __float2half_rn(vr[j]);
+  for (int64_t j = threadIdx.x; j < row; j += blockDim.x) vc[slot * row + j] = kv_half(vr[j]);
 }
 
 }  // namespace

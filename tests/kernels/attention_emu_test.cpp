@@ -18,7 +18,10 @@
 #include "kernels/fp16.h"
 
 #include <catch2/catch.hpp>
+#include <algorithm>
+#include <cmath>
 #include <cstring>
+#include <limits>
 #include <numeric>
 #include <random>
 
@@ -384,6 +387,42 @@ void check_mma_invariant(const Case& c, std::mt19937& g) {
   CHECK(w < 2e-3);
 }
 
+// The hole the KV cache's finite f16 (kernels/fp16.h: f32_to_f16_kv; kv_half in
+// common.cuh) closes: the tile kernels multiply a masked key's weight (exactly 0) by its V
+// row. One prefill of 18 tokens (tiles 0..15 and 16..17); position 15's V row set to the f16
+// limit (what the KV writes store for anything larger) leaves tokens 0..14, which must not
+// see it, exactly as they were, and changes token 15. An Inf row there (what a plain f16
+// conversion stores for an overflow) would turn some of tokens 0..14 into NaN.
+template <int HD, typename Launch>
+void check_masked_v(const Case& c, std::mt19937& g, Launch launch) {
+  Fixture f(c, {0}, {18}, g);
+  const size_t per_token = static_cast<size_t>(c.nh) * HD;
+  const unsigned tiles = static_cast<unsigned>((f.n + 15) / 16);
+  auto run = [&] {
+    std::vector<float> out(static_cast<size_t>(f.n) * per_token, -1.0f);
+    launch(f, tiles, out);
+    return out;
+  };
+  const auto base = run();
+  const int64_t slot = int64_t{f.tables[15 / Fixture::bs]} * Fixture::bs + 15 % Fixture::bs;
+  auto with_v15 = [&](float v) {
+    for (int64_t j = 0; j < f.row; ++j) f.vc[static_cast<size_t>(slot * f.row + j)] = __float2half_rn(v);
+    return run();
+  };
+  const auto sat = with_v15(65504.0f);
+  CHECK(std::memcmp(base.data(), sat.data(), 15 * per_token * 4) == 0);
+  CHECK(std::memcmp(base.data() + 15 * per_token, sat.data() + 15 * per_token, per_token * 4) != 0);
+  int nonfinite = 0;
+  for (const float v : sat) nonfinite += !std::isfinite(v);
+  CHECK(nonfinite == 0);
+  const auto inf = with_v15(std::numeric_limits<float>::infinity());
+  int nan_tokens = 0;
+  for (size_t t = 0; t < 15; ++t)
+    nan_tokens += std::any_of(inf.begin() + t * per_token, inf.begin() + (t + 1) * per_token, [](float v) { return std::isnan(v); });
+  INFO("tokens before position 15 that an Inf V row there turns into NaN: " << nan_tokens);
+  CHECK(nan_tokens > 0);
+}
+
 }  // namespace
 
 TEST_CASE("the batch-invariant tensor-core attention's source: split-KV, any tiling, the reference", "[kernels][cuda-emulation]") {
@@ -447,4 +486,17 @@ TEST_CASE("attention_segments: the segments a context needs, rounded up to two s
     prev = s;
   }
   CHECK(sizes == 24);  // 1 .. 4096 segments: 1, 2, then two sizes in each of 11 octaves (3, 4 .. 3072, 4096)
+}
+
+TEST_CASE("the tile attention kernels' source: a V row at the f16 limit past a token's position leaves it unchanged", "[kernels][cuda-emulation]") {
+  std::mt19937 g(35);
+  const Case c{2, 1, 64};
+  check_masked_v<64>(c, g, [&](const Fixture& f, unsigned tiles, std::vector<float>& out) {
+    cuda_emu::launch3(tiles, head_groups(c), 1, cuda::kTcWarps * 32, cuda::attention_tc_kernel<64, cuda::kUniform>,
+                      f.tc_args(out.data()));
+  });
+  check_masked_v<64>(c, g, [&](const Fixture& f, unsigned tiles, std::vector<float>& out) {
+    cuda_emu::launch3(tiles, head_groups(c), 1, cuda::kMmaWarps * 32, cuda::attention_mma_kernel<64, cuda::kMmaUniform>,
+                      f.mma_args(out.data()));
+  });
 }

@@ -12,10 +12,13 @@
 #include "kernels/cuda/rope.cu"
 
 #include <catch2/catch.hpp>
+#include <cmath>
 #include <cstring>
+#include <limits>
 #include <random>
 
 #include "kernels/backend.h"
+#include "kernels/cpu/ops.h"
 #include "kernels/fp16.h"
 #include "tests/kernels/kernel_test_util.h"
 
@@ -195,4 +198,45 @@ TEST_CASE("the fused RoPE+KV-write kernel's source, run on the CPU, gives rope +
     cpu->rope(qc.data() + nh * hd, ld, n, nkv, hd, cs.data(), kind);
     CHECK(max_diff(qc, qf) <= 1e-5);
   }
+}
+
+TEST_CASE("the KV-write kernels' source stores no Inf or NaN: the CPU backend's finite f16", "[kernels][cuda-emulation]") {
+  // K and V rows holding NaN, +-Inf and values beyond the f16 range among ordinary ones:
+  // kv_write and rope_kv_write store what the CPU backend's kv_write stores (NaN as 0, the
+  // rest saturated to +-65504), so no masked key's zero weight meets Inf or NaN in P V.
+  std::mt19937 rng(5);
+  const int64_t nh = 3, nkv = 1, hd = 32, n = 3, ld = (nh + 2 * nkv) * hd, row = nkv * hd;
+  const std::vector<int32_t> slots = {2, 0, 5};
+  auto qkv = test::random_floats(static_cast<size_t>(n * ld), rng, 100.0f);
+  const float inf = std::numeric_limits<float>::infinity();
+  const float extremes[] = {std::nanf(""), inf, -inf, 1e6f, -1e6f, 65520.0f};
+  for (int64_t t = 0; t < n; ++t)
+    for (int64_t j = 0; j < 2 * row; j += 5) qkv[t * ld + nh * hd + j] = extremes[(t + j) % 6];
+  std::vector<__half> kw(static_cast<size_t>(8 * row)), vw(kw.size());
+  cuda_emu::launch(static_cast<unsigned>(n), 128, cuda::kv_write_kernel, slots.data(), qkv.data() + nh * hd,
+                   qkv.data() + (nh + nkv) * hd, ld, row, kw.data(), vw.data());
+  std::vector<uint16_t> want(static_cast<size_t>(row));
+  int wrong = 0, nonfinite = 0;
+  for (int64_t t = 0; t < n; ++t)
+    for (int kv = 0; kv < 2; ++kv) {
+      cpu::f32_to_f16_kv_row(qkv.data() + t * ld + (nh + kv * nkv) * hd, want.data(), row);
+      const auto& c = kv == 0 ? kw : vw;
+      wrong += std::memcmp(c.data() + slots[t] * row, want.data(), row * 2) != 0;
+    }
+  for (const auto* c : {&kw, &vw})
+    for (const __half h : *c) nonfinite += !std::isfinite(__half2float(h));
+  CHECK(wrong == 0);
+  CHECK(nonfinite == 0);
+  // The fused RoPE + KV write (the cos/sin of angle 0 leave K as it was): the same cache.
+  std::vector<float> cs(static_cast<size_t>(n * hd));
+  for (int64_t i = 0; i < n * hd; i += 2) cs[i] = 1.0f;
+  std::vector<__half> kf(kw.size()), vf(kw.size());
+  auto qf = qkv;
+  cuda_emu::launch(static_cast<unsigned>(n), 256, cuda::rope_kv_write_kernel, qf.data(), ld, nh, nkv, hd, cs.data(),
+                   false, slots.data(), kf.data(), vf.data());
+  nonfinite = 0;
+  for (const auto* c : {&kf, &vf})
+    for (const __half h : *c) nonfinite += !std::isfinite(__half2float(h));
+  CHECK(nonfinite == 0);
+  CHECK(std::memcmp(vf.data(), vw.data(), vw.size() * 2) == 0);
 }

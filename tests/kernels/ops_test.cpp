@@ -3,6 +3,7 @@
 // paged attention (random block tables, GQA, odd head counts and lengths).
 #include <catch2/catch.hpp>
 #include <cmath>
+#include <limits>
 #include <numeric>
 #include <random>
 
@@ -94,6 +95,35 @@ TEST_CASE("f16 row helpers agree with the scalar conversions", "[kernels][ops]")
     auto acc = y;
     cpu::axpy_f32(0.5f, back.data(), acc.data(), n);
     for (int64_t i = 0; i < n; ++i) REQUIRE(std::fabs(acc[i] - (y[i] + 0.5f * back[i])) < 1e-5f);
+  }
+}
+
+TEST_CASE("the KV cache's f16 conversion stays finite: NaN to 0, saturation at +-65504", "[kernels][ops]") {
+  const float inf = std::numeric_limits<float>::infinity();
+  CHECK(f32_to_f16_kv(std::nanf("")) == 0);
+  CHECK(f32_to_f16_kv(-std::nanf("")) == 0);
+  CHECK(f32_to_f16_kv(inf) == 0x7bff);
+  CHECK(f32_to_f16_kv(-inf) == 0xfbff);
+  CHECK(f32_to_f16_kv(1e6f) == 0x7bff);
+  CHECK(f32_to_f16_kv(65520.0f) == 0x7bff);  // f32_to_f16 gives Inf here
+  CHECK(f32_to_f16(65520.0f) == 0x7c00);
+  CHECK(f32_to_f16_kv(65519.0f) == 0x7bff);  // (rounds down to the largest f16 either way)
+  CHECK(f32_to_f16_kv(-65504.0f) == 0xfbff);
+  CHECK(f32_to_f16_kv(-0.0f) == 0x8000);
+  // Rows mixing ordinary values with the extremes, through the SIMD body and the tail.
+  std::mt19937 rng(6);
+  const float extremes[] = {std::nanf(""), inf, -inf, 1e30f, -1e30f, 65520.0f, -70000.0f, 65504.0f};
+  for (int64_t n : {1, 8, 13, 64, 100}) {
+    auto x = test::random_floats(static_cast<size_t>(n), rng, 1000.0f);
+    for (int64_t i = 0; i < n; i += 3) x[static_cast<size_t>(i)] = extremes[(i / 3) % 8];
+    std::vector<uint16_t> h(static_cast<size_t>(n), 0xEEEE);
+    cpu::f32_to_f16_kv_row(x.data(), h.data(), n);
+    for (int64_t i = 0; i < n; ++i) {
+      INFO("n " << n << " i " << i << " x " << x[i]);
+      REQUIRE(h[i] == f32_to_f16_kv(x[i]));
+      REQUIRE((h[i] & 0x7c00) != 0x7c00);  // never Inf or NaN
+      if (std::fabs(x[i]) <= 65504.0f) REQUIRE(h[i] == f32_to_f16(x[i]));  // (NaN compares false)
+    }
   }
 }
 
