@@ -197,6 +197,12 @@ void on_step_done(self_ptr self, StepDone& done) {
     const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - sit->second).count();
     st.stats.step_seconds += seconds;
     st.sched->observe_step(plan, seconds);  // the latency target's step-time model
+    if (spdlog::should_log(spdlog::level::debug)) {
+      size_t rows = 0;
+      for (const auto& q : plan.seqs) rows += q.samples ? 1 : 0;
+      spdlog::debug("step {}: {} tokens, {} sampled rows, {:.1f} ms (compute {:.1f} ms)", done.step_no, plan.num_tokens,
+                    rows, seconds * 1e3, done.compute_seconds * 1e3);
+    }
     st.stats.compute_seconds += done.compute_seconds;
     st.sent.erase(sit);
   }

@@ -9,6 +9,7 @@ void StepTimeModel::observe(const StepShape& shape, double seconds) {
   if (!(shape.tokens >= 1) || !(shape.rows >= 0) || shape.rows > shape.tokens || !(shape.pairs >= 0) ||
       !std::isfinite(shape.pairs) || !std::isfinite(shape.tokens) || !std::isfinite(seconds) || seconds <= 0)
     return;
+  if (const double p = predict(shape); ready_ && p > 0) seconds = std::min(seconds, kClip * p);
   const std::array<double, kTerms> x = {1, shape.tokens, shape.rows, shape.pairs};
   for (int i = 0; i < kTerms; ++i) {
     for (int j = 0; j < kTerms; ++j) xx_[i][j] = xx_[i][j] * decay_ + x[i] * x[j];

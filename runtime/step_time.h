@@ -23,8 +23,13 @@ class StepTimeModel {
  public:
   explicit StepTimeModel(double decay = 0.97) : decay_(decay) {}
   // Ignores a step with no tokens, rows outside 0..tokens, negative pairs, or a time that
-  // is not a finite positive number.
+  // is not a finite positive number. Once fitted, a step counts as at most kClip times its
+  // predicted time: a stall of the machine (on the 2-core VMs a vCPU the host deschedules
+  // for about 100 ms while the guest has more runnable threads than cores) would otherwise
+  // pull every price up for dozens of steps, and the latency target's floor of three
+  // decode-only steps with them. A lasting slowdown is still learned, by at most kClip a step.
   void observe(const StepShape& shape, double seconds);
+  static constexpr double kClip = 1.5;
   // True once the steps seen differ enough in size to tell the terms apart (a spread of a
   // quarter of their mean size); until then, and while they stop differing, the last fit
   // stays. A term the steps cannot price apart from the others (rows that never vary, or a

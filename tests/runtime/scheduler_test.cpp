@@ -266,6 +266,30 @@ TEST_CASE("step-time model: least squares over recent steps", "[scheduler][itl]"
   CHECK(m.seconds_per_pair() == Approx(2e-6).epsilon(1e-2));
 }
 
+TEST_CASE("step-time model: a stall of the machine is counted at 1.5x the prediction", "[scheduler][itl]") {
+  // Decode-only steps of 8 rows at 33 ms and prefill steps at 100 ms, the decode-only ones
+  // stalled by 100 ms every tenth time (as a vCPU the host deschedules): the prices move a
+  // little, not by the stalls' mean, and a lasting slowdown is still followed.
+  auto t = [](double n) { return 0.01 + 0.001 * n + 0.002 * 8; };
+  auto feed = [&](StepTimeModel& m, int steps, double scale, bool stalls) {
+    for (int i = 0; i < steps; ++i) {
+      const double n = i % 3 == 0 ? 70 : 8;
+      m.observe({n, 8, 0}, scale * t(n) + (stalls && i % 10 == 9 && n == 8 ? 0.1 : 0.0));
+    }
+  };
+  StepTimeModel clean, stalled;
+  feed(clean, 30, 1, false);
+  feed(stalled, 30, 1, false);
+  REQUIRE(clean.ready());
+  feed(stalled, 300, 1, true);
+  INFO("decode-only " << stalled.predict({8, 8, 0}) << " vs " << t(8) << ", prefill " << stalled.predict({70, 8, 0}) << " vs " << t(70));
+  CHECK(stalled.predict({8, 8, 0}) == Approx(t(8)).epsilon(0.1));
+  CHECK(stalled.predict({70, 8, 0}) == Approx(t(70)).epsilon(0.1));
+  feed(clean, 300, 2, false);  // the machine at half speed from now on
+  CHECK(clean.predict({8, 8, 0}) == Approx(2 * t(8)).epsilon(1e-3));
+  CHECK(clean.predict({70, 8, 0}) == Approx(2 * t(70)).epsilon(1e-3));
+}
+
 namespace {
 
 // A scheduler with the latency target whose model has learned 20.25 ms + 1 ms per token.
