@@ -8,6 +8,7 @@
 #include "apps/common.h"
 #include "apps/subcommands.h"
 #include "runtime/chat_template.h"
+#include "runtime/lookup_decoder.h"
 #include "runtime/sampler.h"
 #include "runtime/sequence_runner.h"
 
@@ -31,6 +32,7 @@ struct RunFlags {
   std::string system;
   bool ignore_eos = false;
   bool prompt_given = false;
+  int draft_max = 0;  // prompt-lookup drafts per step (0: off)
 };
 
 using Clock = std::chrono::steady_clock;
@@ -38,22 +40,36 @@ using Clock = std::chrono::steady_clock;
 struct Stats {
   int prompt_tokens = 0, gen_tokens = 0;
   double prompt_s = 0, gen_s = 0;
+  bool lookup = false;
+  LookupStats drafts;
   void print() const {
-    std::fprintf(stderr, "\n[prompt: %d tokens, %.1f tok/s | decode: %d tokens, %.1f tok/s]\n", prompt_tokens,
+    std::fprintf(stderr, "\n[prompt: %d tokens, %.1f tok/s | decode: %d tokens, %.1f tok/s", prompt_tokens,
                  prompt_s > 0 ? prompt_tokens / prompt_s : 0.0, gen_tokens, gen_s > 0 ? gen_tokens / gen_s : 0.0);
+    if (lookup)
+      std::fprintf(stderr, " | %lld steps, %lld of %lld drafts accepted", static_cast<long long>(drafts.steps),
+                   static_cast<long long>(drafts.accepted), static_cast<long long>(drafts.drafted));
+    std::fprintf(stderr, "]\n");
   }
 };
 
 // Feeds `tokens`, then samples until EOS or max_tokens, streaming text to stdout.
-// Appends every token it feeds to `fed` (when given), so a chat knows what the cache holds.
+// Appends every token whose KV the cache keeps to `fed` (when given), so a chat knows
+// what the cache holds. With draft_max > 0, prompt-lookup drafts (runtime/lookup_decoder.h):
+// the same tokens, in fewer steps when the text repeats earlier text.
 Status generate(SequenceRunner& runner, const Tokenizer& tok, Sampler& sampler, const std::vector<int32_t>& tokens,
-                int max_tokens, bool ignore_eos, Stats& stats, std::string* reply, std::vector<int32_t>* fed = nullptr) {
+                int max_tokens, bool ignore_eos, int draft_max, Stats& stats, std::string* reply,
+                std::vector<int32_t>* fed = nullptr) {
   auto t0 = Clock::now();
   sampler.add_prompt(tokens);
+  LookupDecoder decoder(runner, sampler, draft_max, fed ? *fed : std::vector<int32_t>{}, fed);
+  struct Finish {  // the cache keeps only what was accepted, however this returns
+    LookupDecoder& d;
+    ~Finish() { d.finish(); }
+  } finish{decoder};
   // Each feed also draws the next token (on the device when the backend can).
-  auto next = runner.feed_and_sample(tokens, sampler);
+  auto next = decoder.prefill(tokens);
   if (!next) return next.error();
-  if (fed) fed->insert(fed->end(), tokens.begin(), tokens.end());
+  stats.lookup = draft_max > 0;
   stats.prompt_tokens = static_cast<int>(tokens.size());
   stats.prompt_s = std::chrono::duration<double>(Clock::now() - t0).count();
   IncrementalDecoder dec(tok);
@@ -68,14 +84,14 @@ Status generate(SequenceRunner& runner, const Tokenizer& tok, Sampler& sampler, 
     std::cout << piece << std::flush;
     if (reply) *reply += piece;
     if (i + 1 == max_tokens) break;
-    if (runner.length() >= runner.context()) {
+    if (decoder.kept_length() >= runner.context()) {
       spdlog::warn("context of {} tokens is full; stopping", runner.context());
       break;
     }
-    next = runner.feed_and_sample({s.token}, sampler);
+    next = decoder.next(s, max_tokens - i - 2);
     if (!next) return next.error();
-    if (fed) fed->push_back(s.token);
   }
+  stats.drafts = decoder.stats();
   const std::string rest = dec.flush();
   std::cout << rest << std::flush;
   if (reply) *reply += rest;
@@ -158,7 +174,7 @@ int run(const RunFlags& f) {
     Sampler sampler(sp, tok.vocab_size());
     Stats stats;
     std::cout << f.prompt << std::flush;
-    if (auto st = generate(**runner, tok, sampler, tokens, f.max_tokens, f.ignore_eos, stats, nullptr); !st) {
+    if (auto st = generate(**runner, tok, sampler, tokens, f.max_tokens, f.ignore_eos, f.draft_max, stats, nullptr); !st) {
       spdlog::error("{}", st.error().message);
       return 1;
     }
@@ -212,7 +228,7 @@ int run(const RunFlags& f) {
     Sampler sampler(sp, tok.vocab_size());
     Stats stats;
     std::string reply;
-    if (auto st = generate(**runner, tok, sampler, fresh, f.max_tokens, false, stats, &reply, &fed); !st) {
+    if (auto st = generate(**runner, tok, sampler, fresh, f.max_tokens, false, f.draft_max, stats, &reply, &fed); !st) {
       spdlog::error("{}", st.error().message);
       return 1;
     }
@@ -246,6 +262,13 @@ void add_run_command(CLI::App& app) {
   cmd->add_option("--repeat-penalty", flags->repeat_penalty, "divide logits of tokens already seen (1: off)")->capture_default_str();
   cmd->add_option("--seed", flags->seed, "sampling seed; the same seed gives the same output (-1: random)")->capture_default_str();
   cmd->add_flag("--ignore-eos", flags->ignore_eos, "keep generating after the end-of-sequence token");
+  cmd->add_option("--draft-max", flags->draft_max,
+                  "prompt-lookup speculative decoding: when the last tokens appeared earlier in the prompt or the reply, "
+                  "feed up to this many of the tokens that followed them as drafts in the same step, and keep those the "
+                  "model samples anyway (the output is the same as without; faster when the text repeats earlier text, "
+                  "slower on a CPU when the drafts miss); 0: off")
+      ->check(CLI::Range(0, 64))
+      ->capture_default_str();
   cmd->callback([flags, prompt] {
     RunFlags f = *flags;
     f.prompt_given = prompt->count() > 0;

@@ -49,7 +49,14 @@ Result<SampleResult> SequenceRunner::feed_and_sample(const std::vector<int32_t>&
   return sampler.device_draw(token, logprob);
 }
 
-Status SequenceRunner::feed_tokens(const std::vector<int32_t>& tokens, const DeviceSampling* sampling) {
+Status SequenceRunner::feed_rows(const std::vector<int32_t>& tokens, float* rows) {
+  if (tokens.size() > static_cast<size_t>(model_->max_batch_tokens()))
+    return make_error("feed_rows: " + std::to_string(tokens.size()) + " tokens exceed the model's step of " +
+                      std::to_string(model_->max_batch_tokens()));
+  return feed_tokens(tokens, nullptr, rows);
+}
+
+Status SequenceRunner::feed_tokens(const std::vector<int32_t>& tokens, const DeviceSampling* sampling, float* all_rows) {
   if (tokens.empty()) return make_error("no tokens to feed");
   if (static_cast<int64_t>(length_) + static_cast<int64_t>(tokens.size()) > context_)
     return make_error("sequence of " + std::to_string(length_ + tokens.size()) + " tokens exceeds the context of " +
@@ -77,6 +84,13 @@ Status SequenceRunner::feed_tokens(const std::vector<int32_t>& tokens, const Dev
     st.block_tables = block_table_.data();
     st.max_blocks_per_seq = static_cast<int32_t>(block_table_.size());
     const bool last = off + static_cast<size_t>(n) == tokens.size();
+    if (all_rows) {  // (one step: feed_rows checks the size)
+      std::vector<int32_t> rows(static_cast<size_t>(n));
+      std::iota(rows.begin(), rows.end(), 0);
+      TROUPE_TRY(model_->forward(st, *cache_, rows.data(), n, all_rows, nullptr));
+      length_ += n;
+      continue;
+    }
     const int32_t row = n - 1;
     TROUPE_TRY(model_->forward(st, *cache_, &row, last ? 1 : 0, logits_.data(), last ? sampling : nullptr));
     length_ += n;

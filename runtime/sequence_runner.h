@@ -21,6 +21,12 @@ class SequenceRunner {
   // device when the backend samples and the sampler allows it (only the token comes back),
   // else from the logits as sampler.sample() would.
   Result<SampleResult> feed_and_sample(const std::vector<int32_t>& tokens, Sampler& sampler);
+  // Appends tokens (at most max_batch() of them, one forward step) and writes the logits
+  // after each one to rows [tokens.size(), vocab()]: row i is what feeding the tokens up to
+  // i alone would return, bit for bit.
+  Status feed_rows(const std::vector<int32_t>& tokens, float* rows);
+  int32_t max_batch() const { return model_->max_batch_tokens(); }
+  int32_t vocab() const { return model_->config().vocab; }
   int32_t length() const { return length_; }
   int32_t context() const { return context_; }
   void reset() { length_ = 0; }
@@ -31,7 +37,7 @@ class SequenceRunner {
 
  private:
   Model* model_ = nullptr;
-  Status feed_tokens(const std::vector<int32_t>& tokens, const DeviceSampling* sampling);
+  Status feed_tokens(const std::vector<int32_t>& tokens, const DeviceSampling* sampling, float* all_rows = nullptr);
 
   std::unique_ptr<KvCache> cache_;
   int32_t context_ = 0, block_size_ = 16, length_ = 0;

@@ -50,6 +50,28 @@ printf 'What is 2+2?\nAnd what is 3+3?\n' > "$TMP/chat2.txt"
 n="$("$TROUPE" run -m "$MODEL" --chat --temperature 0 -n 24 < "$TMP/chat2.txt" 2>&1 | grep -c 'decode:')"
 if [ "$n" = "2" ]; then echo "ok   two chat turns answered"; else echo "FAIL two chat turns: $n replies"; fails=$((fails + 1)); fi
 
+# Prompt-lookup drafts (--draft-max) change the steps, never the text: greedy, seeded
+# sampling and a two-turn chat (the cache keeps only accepted drafts across turns) give the
+# same stdout as without; the stats line counts the drafts.
+copy="Copy this text exactly. Text: The quick brown fox jumps over the lazy dog. Pack my box with five dozen liquor jugs. Copy:"
+for args in "--temperature 0" "--seed 11 --temperature 0.7 --repeat-penalty 1.1"; do
+  # shellcheck disable=SC2086
+  a="$("$TROUPE" run -m "$MODEL" -p "$copy" -n 48 --ignore-eos $args 2>/dev/null)"
+  # shellcheck disable=SC2086
+  b="$("$TROUPE" run -m "$MODEL" -p "$copy" -n 48 --ignore-eos $args --draft-max 8 2>"$TMP/draft.err")"
+  if [ "$a" = "$b" ] && [ -n "$a" ] && grep -qE '[0-9]+ of [0-9]+ drafts accepted' "$TMP/draft.err"; then
+    echo "ok   --draft-max: same text ($args): $(grep -oE '[0-9]+ steps, [0-9]+ of [0-9]+ drafts accepted' "$TMP/draft.err")"
+  else
+    echo "FAIL --draft-max changed the text or printed no draft counts ($args)"; fails=$((fails + 1))
+  fi
+done
+printf 'Repeat after me: one two three four five six.\nNow say it again.\n' > "$TMP/chat3.txt"
+a="$("$TROUPE" run -m "$MODEL" --chat --temperature 0 -n 32 < "$TMP/chat3.txt" 2>/dev/null)"
+b="$("$TROUPE" run -m "$MODEL" --chat --temperature 0 -n 32 --draft-max 6 < "$TMP/chat3.txt" 2>/dev/null)"
+if [ "$a" = "$b" ] && [ -n "$a" ]; then echo "ok   --draft-max: same two-turn chat"; else echo "FAIL --draft-max changed a chat"; fails=$((fails + 1)); fi
+expect "draft-max negative" nz "draft-max" -- run -m "$MODEL" -p hi --draft-max -1
+expect "draft-max too large" nz "draft-max" -- run -m "$MODEL" -p hi --draft-max 65
+
 expect "empty prompt" 2 "the prompt is empty" -- run -m "$MODEL" -p ""
 printf '\xff\xfe bad' > "$TMP/bad_utf8"
 expect "invalid utf-8" 2 "not valid UTF-8" -- run -m "$MODEL" -p "$(cat "$TMP/bad_utf8")"
