@@ -73,6 +73,17 @@ say "Llama-3-70B dummy weights in q4_0 (40 GB on the device): troupe bench on th
   { say "troupe bench of the 70B dummy shape failed"; tail -3 "$OUT/bench-70b-q4_0.log"; status=1; }
 cat "$OUT/bench-70b-q4_0.json"
 
+say "prompt-lookup drafts on the GPU (troupe run --draft-max): the same text, and the decode speed"
+LOOKUP_PROMPT="Text: $(sed -n 1,12p "$ROOT/docs/serving.md" | tr '\n' ' ' | tr -d '`')
+Repeat the text above word for word.
+Text:"
+for d in 0 16; do
+  (cd "$ROOT" && timeout 60 "$BIN/troupe" run -m "${TROUPE_MODEL_PATH:-default}" --device cuda -p "$LOOKUP_PROMPT" -n 160 --temp 0 --draft-max $d) >"$OUT/lookup-$d.out" 2>"$OUT/lookup-$d.log" ||
+    { say "troupe run --device cuda --draft-max $d failed"; tail -3 "$OUT/lookup-$d.log"; status=1; }
+  echo "--draft-max $d: $(grep -oE 'decode: .*' "$OUT/lookup-$d.log")"
+done
+cmp -s "$OUT/lookup-0.out" "$OUT/lookup-16.out" || { say "--draft-max 16 changed the text on the GPU"; status=1; }
+
 say "troupe serve --device cuda: one chat completion over HTTP, then SIGTERM"
 PORT="${TROUPE_CHECK_PORT:-18431}"
 "$BIN/troupe" serve "${TROUPE_MODEL_PATH:-default}" --device cuda --port "$PORT" >"$OUT/serve.log" 2>&1 &
