@@ -9,25 +9,19 @@
 namespace troupe::cpu {
 namespace {
 
+// f32 -> f16, round to nearest even. Finite (the KV cache's conversion, fp16.h:
+// f32_to_f16_kv): NaN lanes to 0 (the ordered compare is false only for NaN), then clamped
+// to +-65504.
+template <bool Finite>
 __attribute__((target("avx2,fma,f16c"))) void f32_to_f16_avx2(const float* x, uint16_t* y, int64_t n) {
-  int64_t i = 0;
-  for (; i + 8 <= n; i += 8)
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(y + i),
-                     _mm256_cvtps_ph(_mm256_loadu_ps(x + i), _MM_FROUND_TO_NEAREST_INT));
-  for (; i < n; ++i) y[i] = f32_to_f16(x[i]);
-}
-// As f32_to_f16_avx2, held finite for the KV cache (fp16.h: f32_to_f16_kv): NaN lanes to 0
-// (the ordered compare is false only for NaN), then clamped to +-65504.
-__attribute__((target("avx2,fma,f16c"))) void f32_to_f16_kv_avx2(const float* x, uint16_t* y, int64_t n) {
   const __m256 hi = _mm256_set1_ps(65504.0f), lo = _mm256_set1_ps(-65504.0f);
   int64_t i = 0;
   for (; i + 8 <= n; i += 8) {
     __m256 v = _mm256_loadu_ps(x + i);
-    v = _mm256_and_ps(v, _mm256_cmp_ps(v, v, _CMP_ORD_Q));
-    v = _mm256_max_ps(_mm256_min_ps(v, hi), lo);
+    if constexpr (Finite) v = _mm256_max_ps(_mm256_min_ps(_mm256_and_ps(v, _mm256_cmp_ps(v, v, _CMP_ORD_Q)), hi), lo);
     _mm_storeu_si128(reinterpret_cast<__m128i*>(y + i), _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT));
   }
-  for (; i < n; ++i) y[i] = f32_to_f16_kv(x[i]);
+  for (; i < n; ++i) y[i] = Finite ? f32_to_f16_kv(x[i]) : f32_to_f16(x[i]);
 }
 __attribute__((target("avx2,fma,f16c"))) void f16_to_f32_avx2(const uint16_t* x, float* y, int64_t n) {
   int64_t i = 0;
@@ -61,11 +55,11 @@ bool use_simd() {
 }  // namespace
 
 void f32_to_f16_row(const float* x, uint16_t* y, int64_t n) {
-  if (use_simd()) return f32_to_f16_avx2(x, y, n);
+  if (use_simd()) return f32_to_f16_avx2<false>(x, y, n);
   for (int64_t i = 0; i < n; ++i) y[i] = f32_to_f16(x[i]);
 }
 void f32_to_f16_kv_row(const float* x, uint16_t* y, int64_t n) {
-  if (use_simd()) return f32_to_f16_kv_avx2(x, y, n);
+  if (use_simd()) return f32_to_f16_avx2<true>(x, y, n);
   for (int64_t i = 0; i < n; ++i) y[i] = f32_to_f16_kv(x[i]);
 }
 void f16_to_f32_row(const uint16_t* x, float* y, int64_t n) {
