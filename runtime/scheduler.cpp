@@ -14,8 +14,16 @@ SchedulingPolicy SchedulingPolicy::priority() {
   }};
 }
 
+bool WaitingOrder::operator()(int64_t a, int64_t b) const {
+  const SchedState& x = sched->states_.at(a);
+  const SchedState& y = sched->states_.at(b);
+  if (sched->policy_.before(x, y)) return true;
+  if (sched->policy_.before(y, x)) return false;
+  return x.queue_rank < y.queue_rank;
+}
+
 Scheduler::Scheduler(const SchedulerConfig& cfg, KvBlocks& kv, SchedulingPolicy policy)
-    : cfg_(cfg), kv_(kv), policy_(std::move(policy)) {
+    : cfg_(cfg), kv_(kv), policy_(std::move(policy)), waiting_(WaitingOrder{this}) {
   cfg_.max_batched_tokens = std::max(1, cfg_.max_batched_tokens);
   cfg_.max_running = std::max(1, cfg_.max_running);
 }
@@ -38,21 +46,20 @@ Status Scheduler::add(SchedRequest r) {
   s.arrival = next_arrival_++;
   const int64_t id = s.req.id;
   states_.emplace(id, std::move(s));
-  waiting_.push_back(id);
-  sort_waiting();
+  enqueue(id, false);
   return {};
 }
 
-void Scheduler::sort_waiting() {
-  std::stable_sort(waiting_.begin(), waiting_.end(),
-                   [&](int64_t a, int64_t b) { return policy_.before(states_.at(a), states_.at(b)); });
+void Scheduler::enqueue(int64_t id, bool front) {
+  states_.at(id).queue_rank = front ? --front_rank_ : ++back_rank_;
+  waiting_.insert(id);
 }
 
 void Scheduler::abort(int64_t id) {
   auto it = states_.find(id);
   if (it == states_.end()) return;
   kv_.free_sequence(id);
-  waiting_.erase(std::remove(waiting_.begin(), waiting_.end(), id), waiting_.end());
+  waiting_.erase(id);  // (before the state its order reads goes)
   running_.erase(std::remove(running_.begin(), running_.end(), id), running_.end());
   states_.erase(it);
 }
@@ -64,8 +71,7 @@ void Scheduler::preempt(int64_t id) {
   ++s.num_preemptions;
   ++preemptions_;
   running_.erase(std::remove(running_.begin(), running_.end(), id), running_.end());
-  waiting_.push_front(id);
-  sort_waiting();
+  enqueue(id, true);
 }
 
 // With chunked prefill off, `left` tokens are computed whole or not at all this step --
@@ -164,7 +170,7 @@ StepPlan Scheduler::schedule(const std::set<int64_t>* busy) {
   }
   // Then waiting requests while budget, the running cap and the pool allow.
   while (!waiting_.empty() && budget > 0 && static_cast<int32_t>(running_.size()) < cfg_.max_running) {
-    const int64_t id = waiting_.front();
+    const int64_t id = *waiting_.begin();
     SchedState& s = states_.at(id);
     auto cached = kv_.add_sequence(id, s.tokens);
     if (!cached) break;
@@ -176,7 +182,7 @@ StepPlan Scheduler::schedule(const std::set<int64_t>* busy) {
       s.num_computed = 0;
       break;  // head-of-line: keep the order the policy chose
     }
-    waiting_.pop_front();
+    waiting_.erase(waiting_.begin());
     running_.push_back(id);
     plan.seqs.push_back({id, s.num_computed, n, s.num_computed + n == static_cast<int32_t>(s.tokens.size())});
     budget -= n;
@@ -228,8 +234,7 @@ Status Scheduler::settle(StepPlan& plan, const std::vector<KvOp>& ops, const std
     q->num_new = r.num_new;
     q->samples = r.cached + r.num_new == len;
   }
-  for (auto it = refused.rbegin(); it != refused.rend(); ++it) waiting_.push_front(*it);
-  if (!refused.empty()) sort_waiting();
+  for (auto it = refused.rbegin(); it != refused.rend(); ++it) enqueue(*it, true);
   plan.num_tokens = 0;
   for (const ScheduledSeq& q : plan.seqs) plan.num_tokens += q.num_new;
   return {};

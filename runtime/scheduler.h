@@ -10,7 +10,6 @@
 // observe_step), no clocks, no I/O.
 #pragma once
 #include <cstdint>
-#include <deque>
 #include <functional>
 #include <map>
 #include <set>
@@ -53,10 +52,12 @@ struct SchedState {
   int32_t num_computed = 0;      // tokens whose KV is in the cache
   int32_t num_generated = 0;
   int32_t num_preemptions = 0;
+  int64_t queue_rank = 0;        // tie-break in the waiting queue (the order a stable sort keeps)
 };
 
 // Policies are strategy objects: `before(a, b)` orders queues and running requests; the
-// last running request in that order is the preemption victim.
+// last running request in that order is the preemption victim. `before` may read only what
+// does not change while a request waits (req, arrival): the waiting queue is an ordered set.
 struct SchedulingPolicy {
   std::function<bool(const SchedState&, const SchedState&)> before;
   static SchedulingPolicy fcfs();
@@ -83,11 +84,22 @@ struct FinishedRequest {
   bool hit_stop = false;  // stop token (else length)
 };
 
+class Scheduler;
+// Orders the waiting queue: the policy, then queue_rank among requests the policy ties (so
+// the set keeps exactly the order a stable sort of the queue would).
+struct WaitingOrder {
+  const Scheduler* sched = nullptr;
+  bool operator()(int64_t a, int64_t b) const;
+};
+using WaitingQueue = std::set<int64_t, WaitingOrder>;
+
 class Scheduler {
  public:
   // kv: the block manager itself, or a KvLedger whose operations the caller applies at
   // the KV-block-manager actor and then passes to settle().
   Scheduler(const SchedulerConfig& cfg, KvBlocks& kv, SchedulingPolicy policy);
+  Scheduler(const Scheduler&) = delete;  // (the waiting queue's order points at this object)
+  Scheduler& operator=(const Scheduler&) = delete;
   // Refuses (error) a request that could never fit the pool even alone, or a duplicate id.
   Status add(SchedRequest r);
   // Drops a request wherever it is; its blocks return to the pool at once.
@@ -106,7 +118,7 @@ class Scheduler {
   std::vector<FinishedRequest> update(const StepPlan& plan, const std::vector<int32_t>& sampled,
                                       const std::function<bool(int64_t, int32_t)>& is_stop);
   size_t num_waiting() const { return waiting_.size(); }
-  const std::deque<int64_t>& waiting() const { return waiting_; }
+  const WaitingQueue& waiting() const { return waiting_; }  // in policy order
   size_t num_running() const { return running_.size(); }
   const SchedState* state(int64_t id) const;
   uint64_t num_preemptions() const { return preemptions_; }
@@ -118,7 +130,10 @@ class Scheduler {
   uint64_t num_capped_steps() const { return capped_steps_; }
 
  private:
-  void sort_waiting();
+  friend struct WaitingOrder;
+  // Into the waiting queue at the back (a new request) or the front (a preempted or refused
+  // one) of the requests the policy ties it with: O(log n), never a sort of the queue.
+  void enqueue(int64_t id, bool front);
   void preempt(int64_t id);
   bool may_split(int32_t left, int32_t n) const;
   int32_t step_budget(const std::set<int64_t>* busy) const;
@@ -127,9 +142,10 @@ class Scheduler {
   KvBlocks& kv_;
   SchedulingPolicy policy_;
   std::map<int64_t, SchedState> states_;
-  std::deque<int64_t> waiting_;
+  WaitingQueue waiting_;
   std::vector<int64_t> running_;
   uint64_t next_arrival_ = 0;
+  int64_t back_rank_ = 0, front_rank_ = 0;
   uint64_t preemptions_ = 0;
   StepTimeModel step_time_;
   uint64_t capped_steps_ = 0;

@@ -4,6 +4,9 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 BUILD_DIR="${TROUPE_BUILD_DIR:-$ROOT/build}"
 export TROUPE_HOME="${TROUPE_HOME:-$HOME/.cache/troupe}"
+# ccache keys on paths relative to the checkout, so a fresh clone elsewhere reuses the cache.
+export CCACHE_BASEDIR="${CCACHE_BASEDIR:-$ROOT}"
+export CCACHE_NOHASHDIR="${CCACHE_NOHASHDIR:-1}"
 
 PACKAGES=(build-essential cmake ninja-build ccache pkg-config python3 python3-pip python3-venv unzip
   libcaf-dev libssl-dev capnproto libcapnp-dev libboost1.74-dev libspdlog-dev catch2 nlohmann-json3-dev

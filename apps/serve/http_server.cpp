@@ -7,7 +7,9 @@
 #include <sys/resource.h>
 
 #include <algorithm>
+#include <array>
 #include <deque>
+#include <memory>
 #include <optional>
 
 namespace troupe::serve {
@@ -109,6 +111,7 @@ class Session : public std::enable_shared_from_this<Session> {
     ++exchange_id_;
     response_ended_ = true;
     close_after_ = true;
+    linger_ = true;  // the client may still be sending the request we did not read
     outq_.push_back(status_line(status) + "Content-Type: application/json\r\nContent-Length: " + std::to_string(body.size()) +
                     "\r\nConnection: close\r\n\r\n" + body);
     if (!writing_) write_next();
@@ -156,9 +159,36 @@ class Session : public std::enable_shared_from_this<Session> {
       if (!self->outq_.empty()) return self->write_next();
       self->writing_ = false;
       if (self->response_ended_) {
-        if (self->close_after_) return self->close();
+        if (self->close_after_) return self->linger_ ? self->linger_close() : self->close();
         self->read();
       }
+    });
+  }
+
+  // Lingering close after an error reply to a request whose body was not read (413, 408,
+  // 400): closing with unread bytes would make the kernel answer the client's next segment
+  // with a reset, and a client still sending sees a broken pipe instead of our status. So
+  // the sending side is shut (the client reads the reply and EOF) and what it still sends
+  // is read and dropped, up to kLingerBytes or kLingerSeconds, then the socket is closed.
+  static constexpr size_t kLingerBytes = size_t{64} << 20;
+  static constexpr int kLingerSeconds = 5;
+  void linger_close() {
+    beast::error_code ec;
+    stream_.socket().shutdown(tcp::socket::shutdown_send, ec);
+    if (ec) return close();
+    timer_.expires_after(std::chrono::seconds(kLingerSeconds));
+    timer_.async_wait([self = shared_from_this()](beast::error_code e) {
+      if (!e) self->close();
+    });
+    drain();
+  }
+  void drain() {
+    if (!drain_buf_) drain_buf_ = std::make_unique<std::array<char, 16384>>();
+    stream_.socket().async_read_some(net::buffer(*drain_buf_), [self = shared_from_this()](beast::error_code ec, size_t n) {
+      if (self->closed_) return;
+      self->drained_ += n;
+      if (ec || self->drained_ > kLingerBytes) return self->close();
+      self->drain();
     });
   }
 
@@ -191,7 +221,9 @@ class Session : public std::enable_shared_from_this<Session> {
   const HttpLimits& lim_;
   const Handler& handler_;
   std::deque<std::string> outq_;
-  bool writing_ = false, closed_ = false, response_ended_ = true, close_after_ = false;
+  bool writing_ = false, closed_ = false, response_ended_ = true, close_after_ = false, linger_ = false;
+  std::unique_ptr<std::array<char, 16384>> drain_buf_;  // (only while lingering)
+  size_t drained_ = 0;
   uint64_t exchange_id_ = 0;
   std::function<void()> on_gone_;
   std::shared_ptr<std::atomic<int>> open_;

@@ -100,6 +100,18 @@ expect "sim chunked prefill off refuses long prompts" 0 "simulated 20 requests" 
 expect "sweep over a scheduler flag" 0 "wrote .*sweep.svg" -- sim sweep --rates 1,2 --policies fcfs --param chunked-prefill --values 0,1 --requests 40 --out "$TMP/sw"
 grep -q "fcfs chunked-prefill=0 p99" "$TMP/sw/sweep.svg" || { echo "FAIL sweep legend names the flag value"; fails=$((fails + 1)); }
 expect "sim disaggregation" 0 "simulated 50 requests" -- sim --requests 50 --rate 5 --prefill-instances 1 --decode-instances 2 --kv-transfer-bandwidth 1e9 --out "$TMP/pd"
+# The scheduler's decisions are byte-identical to the committed ones (tests/golden/sim/decisions.txt).
+while IFS='|' read -r name sum args; do
+  case "$name" in ''|'#'*) continue ;; esac
+  # shellcheck disable=SC2086
+  if timeout 300 "$TROUPE" sim $args --log-decisions --out "$TMP/golden-$name" >/dev/null 2>&1 &&
+     [ "$(sha256sum <"$TMP/golden-$name/decisions.log" | cut -d' ' -f1)" = "$sum" ]; then
+    echo "ok   sim decisions $name match the golden log"
+  else
+    echo "FAIL sim decisions $name differ from tests/golden/sim/decisions.txt (or the run failed)"
+    fails=$((fails + 1))
+  fi
+done <"$SRC/tests/golden/sim/decisions.txt"
 expect "sim half a disaggregation" 2 "go together" -- sim --requests 5 --prefill-instances 1 --out "$TMP/pd2"
 expect "sim expert parallel" 0 "simulated 50 requests" -- sim --requests 50 --model-config "$SRC/configs/mixtral-8x7b.json" --hardware "$SRC/sim/profiles/h200.json" --ep-degree 4 --all-to-all-bandwidth 4e11 --expert-imbalance 1.2 --out "$TMP/ep"
 expect "sim ep on a dense model" 2 "mixture-of-experts" -- sim --requests 5 --ep-degree 2 --out "$TMP/ep2"

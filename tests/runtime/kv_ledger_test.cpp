@@ -294,7 +294,7 @@ TEST_CASE("kv ledger: the owner refuses what does not fit and later admissions w
   REQUIRE(plan.seqs.size() == 1);
   REQUIRE(plan.num_tokens == 12);
   REQUIRE(s.num_running() == 1);
-  REQUIRE(s.waiting() == std::deque<int64_t>{2, 3});
+  REQUIRE(std::vector<int64_t>(s.waiting().begin(), s.waiting().end()) == std::vector<int64_t>{2, 3});
   REQUIRE(ops[1].whole);
   // Answers that do not match the plan are an error, not a guess; so is a refusal the
   // ledger's counts rule out (a reservation, or a chunked admission at the head).

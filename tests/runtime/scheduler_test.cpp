@@ -5,6 +5,7 @@
 #include <catch2/catch.hpp>
 #include <limits>
 #include <map>
+#include <memory>
 #include <random>
 #include <set>
 
@@ -293,16 +294,17 @@ TEST_CASE("step-time model: a stall of the machine is counted at 1.5x the predic
 namespace {
 
 // A scheduler with the latency target whose model has learned 20.25 ms + 1 ms per token.
-Scheduler itl_scheduler(KvBlockManager& kv, double target_s, bool chunked = true,
-                        SchedulingPolicy policy = SchedulingPolicy::fcfs()) {
-  Scheduler s({512, 128, chunked, target_s}, kv, std::move(policy));
+std::unique_ptr<Scheduler> itl_scheduler(KvBlockManager& kv, double target_s, bool chunked = true,
+                                         SchedulingPolicy policy = SchedulingPolicy::fcfs()) {
+  auto owned = std::make_unique<Scheduler>(SchedulerConfig{512, 128, chunked, target_s}, kv, std::move(policy));
+  Scheduler& s = *owned;
   for (int n : {8, 512, 64, 300}) {
     StepPlan p;  // one sampled row each: the rows' price folds into the fixed term
     p.seqs.push_back({1, 0, n, true});
     p.num_tokens = n;
     s.observe_step(p, 0.02025 + 0.001 * n);
   }
-  return s;
+  return owned;
 }
 
 void step_all(Scheduler& s, const StepPlan& p) {
@@ -317,7 +319,8 @@ void step_all(Scheduler& s, const StepPlan& p) {
 TEST_CASE("latency target: streaming steps are capped, decodes keep their token, prefill still moves",
           "[scheduler][itl]") {
   KvBlockManager kv({512, 16, false});
-  Scheduler s = itl_scheduler(kv, 0.1);
+  auto s_owned = itl_scheduler(kv, 0.1);
+  Scheduler& s = *s_owned;
   for (int64_t id = 1; id <= 4; ++id) REQUIRE(s.add({id, prompt(10, static_cast<int>(id)), 200, 0}).ok());
   // Nobody streams yet: the whole budget (here 40 prompt tokens).
   StepPlan first = s.schedule();
@@ -343,7 +346,8 @@ TEST_CASE("latency target: streaming steps are capped, decodes keep their token,
   CHECK(s.num_capped_steps() == 14);
   // Without a target the same prompt goes in 512-token chunks.
   KvBlockManager kv2({512, 16, false});
-  Scheduler u = itl_scheduler(kv2, 0);
+  auto u_owned = itl_scheduler(kv2, 0);
+  Scheduler& u = *u_owned;
   for (int64_t id = 1; id <= 4; ++id) REQUIRE(u.add({id, prompt(10, static_cast<int>(id)), 200, 0}).ok());
   step_all(u, u.schedule());
   REQUIRE(u.add({9, prompt(1000, 9), 4, 0}).ok());
@@ -356,7 +360,8 @@ TEST_CASE("latency target: a floor of three decode-only steps, and off without c
     // 100 streams: a decode-only step is predicted at 120.25 ms, so the cap is 3 x that
     // (340 tokens), not 100 ms.
     KvBlockManager kv({2048, 16, false});
-    Scheduler s = itl_scheduler(kv, 0.1);
+    auto s_owned = itl_scheduler(kv, 0.1);
+  Scheduler& s = *s_owned;
     for (int64_t id = 1; id <= 100; ++id) REQUIRE(s.add({id, prompt(4, static_cast<int>(id)), 50, 0}).ok());
     step_all(s, s.schedule());  // 400 prompt tokens: all 100 sample their first token
     REQUIRE(s.add({500, prompt(2000, 5), 4, 0}).ok());
@@ -365,7 +370,8 @@ TEST_CASE("latency target: a floor of three decode-only steps, and off without c
   {
     // Chunked prefill off: a prompt must go whole, so no cap applies (it would never fit).
     KvBlockManager kv({512, 16, false});
-    Scheduler s = itl_scheduler(kv, 0.1, false);
+    auto s_owned = itl_scheduler(kv, 0.1, false);
+  Scheduler& s = *s_owned;
     REQUIRE(s.add({1, prompt(10, 1), 50, 0}).ok());
     step_all(s, s.schedule());
     REQUIRE(s.add({2, prompt(400, 2), 4, 0}).ok());
@@ -377,7 +383,8 @@ TEST_CASE("latency target: a floor of three decode-only steps, and off without c
 TEST_CASE("latency target: a prefill ahead in policy order leaves the decodes after it their tokens",
           "[scheduler][itl]") {
   KvBlockManager kv({512, 16, false});
-  Scheduler s = itl_scheduler(kv, 0.1, true, SchedulingPolicy::priority());
+  auto s_owned = itl_scheduler(kv, 0.1, true, SchedulingPolicy::priority());
+  Scheduler& s = *s_owned;
   REQUIRE(s.add({1, prompt(6, 1), 100, 5}).ok());
   REQUIRE(s.add({2, prompt(6, 2), 100, 5}).ok());
   step_all(s, s.schedule());
@@ -392,5 +399,62 @@ TEST_CASE("latency target: a prefill ahead in policy order leaves the decodes af
     CHECK(p.seqs[1].num_new == 1);
     CHECK(p.seqs[2].num_new == 1);
     step_all(s, p);
+  }
+}
+
+// The waiting queue is kept in order incrementally (an ordered set with a rank for ties)
+// instead of stable-sorting it on every change; this follows a reference queue that does
+// the old thing -- new requests at the back, preempted ones at the front, a stable sort by
+// the policy after each change -- through random arrivals, admissions, preemptions under
+// KV pressure and aborts, with a policy that ties often (priority alone, no arrival order).
+TEST_CASE("the waiting queue keeps the order a stable sort by the policy would", "[scheduler][unit]") {
+  for (int variant = 0; variant < 3; ++variant) {
+    std::mt19937 rng(100 + variant);
+    SchedulingPolicy ties{[](const SchedState& a, const SchedState& b) { return a.req.priority < b.req.priority; }};
+    SchedulingPolicy policy = variant == 0 ? ties : variant == 1 ? SchedulingPolicy::priority() : SchedulingPolicy::fcfs();
+    KvBlockManager kv({24, 4, variant != 1});
+    Scheduler s({12, 6}, kv, policy);
+    std::vector<int64_t> ref;  // the reference waiting queue
+    auto resort = [&] {
+      std::stable_sort(ref.begin(), ref.end(),
+                       [&](int64_t a, int64_t b) { return policy.before(*s.state(a), *s.state(b)); });
+    };
+    auto same = [&] {
+      std::vector<int64_t> got(s.waiting().begin(), s.waiting().end());
+      REQUIRE(got == ref);
+    };
+    int64_t next_id = 1;
+    for (int step = 0; step < 400; ++step) {
+      for (int k = static_cast<int>(rng() % 3); k > 0; --k) {
+        const int64_t id = next_id++;
+        SchedRequest r{id, prompt(2 + static_cast<int>(rng() % 20), static_cast<int>(id)),
+                       1 + static_cast<int32_t>(rng() % 12), static_cast<int32_t>(rng() % 3)};
+        REQUIRE(s.add(r).ok());
+        ref.push_back(id);
+        resort();
+        same();
+      }
+      if (rng() % 7 == 0 && next_id > 1) {  // abort a random known id (waiting, running or gone)
+        const int64_t id = 1 + static_cast<int64_t>(rng() % static_cast<uint64_t>(next_id - 1));
+        s.abort(id);
+        ref.erase(std::remove(ref.begin(), ref.end(), id), ref.end());
+        same();
+      }
+      StepPlan p = s.schedule();
+      // Preempted sequences went to the front (each in turn, as push_front did); every
+      // sequence in the plan runs (a victim may be admitted again in the same step).
+      for (int64_t id : p.preempted) {
+        ref.insert(ref.begin(), id);
+        resort();
+      }
+      for (const auto& q : p.seqs) ref.erase(std::remove(ref.begin(), ref.end(), q.id), ref.end());
+      same();
+      std::vector<int32_t> sampled;
+      for (const auto& q : p.seqs)
+        if (q.samples) sampled.push_back(fake_next(s.state(q.id)->tokens));
+      s.update(p, sampled, nullptr);
+      same();
+    }
+    REQUIRE(s.num_preemptions() > 0);  // (the case under test happened)
   }
 }

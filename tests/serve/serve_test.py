@@ -1097,6 +1097,23 @@ def t_bad_requests():
             r.close()
         except (OSError, EOFError, ValueError) as e:
             failures.append(f"Content-Length > 64 KiB (headers only): no 413 response, {e!r}")
+        try:  # a client that goes on sending its 4 MB body after the 413 is out (lingering close:
+            # the server drains it, so no reset and no broken pipe before the client reads)
+            r = Raw(port)
+            huge = json.dumps(comp(user="y" * 4_000_000)).encode()
+            req = build_request(port, "POST", "/v1/completions", huge, AUTH)
+            cut = req.index(b"\r\n\r\n") + 4
+            r.send(req[:cut])
+            time.sleep(0.5)  # (the 413 has been written by now)
+            for i in range(cut, len(req), 65536):
+                r.send(req[i:i + 65536])
+                if i < cut + 8 * 65536:
+                    time.sleep(0.02)
+            st, hdrs, data = r.read_response(timeout=10)
+            expect("4 MB body sent whole after the 413", 413, st, hdrs, data)
+            r.close()
+        except (OSError, EOFError, ValueError) as e:
+            failures.append(f"4 MB body sent whole: the 413 was lost ({e!r})")
         normal_ok("413")
         try:
             r = Raw(port)
