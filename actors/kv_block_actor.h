@@ -1,14 +1,14 @@
 // KV-block-manager actor: the only owner of the paged KV cache's block state (runtime/
 // kv_block_manager.h). The scheduler actor plans each step against a ledger of block counts
 // and sends the step's block operations here in one KvOpsRequest; this actor applies them in
-// order (runtime/kv_ledger.h apply_kv_ops) and answers with each operation's outcome, the
+// order (runtime/sched/kv_ledger.h apply_kv_ops) and answers with each operation's outcome, the
 // block tables of the step's sequences and a fresh snapshot (free blocks, per-sequence
 // counts, prefix-cache hints and counters).
 #pragma once
 #include <memory>
 
 #include "actors/messages.h"
-#include "runtime/kv_block_manager.h"
+#include "runtime/sched/kv_block_manager.h"
 
 namespace troupe::actors {
 

@@ -16,7 +16,7 @@
 #include "actors/stage_actor.h"
 #include "actors/tokenizer_actor.h"
 #include "actors/worker_actor.h"
-#include "runtime/model_files.h"
+#include "runtime/model/model_files.h"
 
 namespace troupe::actors {
 

@@ -10,23 +10,15 @@
 #include <string>
 #include <vector>
 
-#include "runtime/kv_ledger.h"
-#include "runtime/sampler.h"
+#include "runtime/sched/kv_ledger.h"
+#include "runtime/sample/sampler.h"
 
 namespace troupe::actors {
 
 // ---- request actor ⇄ scheduler actor -------------------------------------------------
 
-// One sequence to generate (a request with n choices submits n of them).
-struct SubmitSeq {
-  int64_t seq_id = 0;
-  std::vector<int32_t> prompt;
-  int32_t max_new_tokens = 16;
-  int32_t priority = 0;
-  SamplingParams sampling;
-  std::vector<int32_t> stop_token_ids;
-  bool ignore_eos = false;
-};
+// One sequence to generate goes to the scheduler actor as a SeqRequest
+// (runtime/request/seq_request.h); a request with n choices sends n of them.
 
 struct CancelSeqs {
   std::vector<int64_t> seq_ids;
@@ -53,7 +45,7 @@ struct NewSeqSampling {
   std::vector<int32_t> prompt;  // for the repetition penalty
 };
 
-// One step plan, flattened (runtime/engine.h PlannedStep) plus what the last stage needs to
+// One step plan, flattened (runtime/engine/engine.h PlannedStep) plus what the last stage needs to
 // sample. `hidden` carries the activations [num_tokens, hidden] between stages.
 struct StageStep {
   uint64_t step_no = 0;
@@ -184,12 +176,12 @@ using stage_down_atom = caf::atom_constant<caf::atom("stagedown")>;
 using stage_rejoined_atom = caf::atom_constant<caf::atom("rejoined")>;
 
 using scheduler_actor =
-    caf::typed_actor<caf::reacts_to<SubmitSeq, request_sink_actor>, caf::reacts_to<CancelSeqs>,
+    caf::typed_actor<caf::reacts_to<SeqRequest, request_sink_actor>, caf::reacts_to<CancelSeqs>,
                      caf::reacts_to<StepDone>, caf::reacts_to<StepFailed>,
                      caf::replies_to<StatsQuery>::with<EngineStats>, caf::reacts_to<heartbeat_atom>,
                      caf::reacts_to<stage_down_atom, std::string>, caf::reacts_to<stage_rejoined_atom, std::string>>;
 
-// ---- scheduler actor ⇄ KV-block-manager actor: runtime/kv_ledger.h's KvOpsRequest (one
+// ---- scheduler actor ⇄ KV-block-manager actor: runtime/sched/kv_ledger.h's KvOpsRequest (one
 // step's block operations) answered by a KvOpsReply.
 using kv_block_actor = caf::typed_actor<caf::replies_to<KvOpsRequest>::with<KvOpsReply>>;
 
@@ -201,65 +193,25 @@ using tokenizer_actor = caf::typed_actor<caf::replies_to<EncodeText>::with<Encod
 using cancel_atom = caf::atom_constant<caf::atom("cancel")>;
 using request_actor = request_sink_actor::extend<caf::reacts_to<cancel_atom>>;
 
-// ---- inspect overloads (CAF 0.17 shape): what a networked mailbox would serialize ----
-
-#define TROUPE_INSPECT(T, ...)                                                  \
-  template <class Inspector>                                                    \
-  typename Inspector::result_type inspect(Inspector& f, T& x) {                 \
-    return f(caf::meta::type_name("troupe." #T), __VA_ARGS__);                 \
-  }
+// ---- message types -----------------------------------------------------------------------
+// These messages stay inside one process (CAF mailboxes, no CAF serialization): CAF is told
+// so here instead of through inspect() field lists, so a new field is added to its struct
+// alone. What crosses a process goes through the schema and actors/codec.h (the node link).
 
 }  // namespace troupe::actors
 
-// The runtime structs inside messages (found by ADL in namespace troupe).
-namespace troupe {
-TROUPE_INSPECT(TokenLogprob, x.token, x.logprob)
-TROUPE_INSPECT(SampleResult, x.token, x.logprob, x.top)
-TROUPE_INSPECT(BlockCopy, x.src, x.dst)
-TROUPE_INSPECT(KvBlockStats, x.num_blocks, x.num_free, x.num_cached_free, x.prefix_queries, x.prefix_hits)
-TROUPE_INSPECT(KvSeqBlocks, x.seq, x.held, x.exclusive)
-TROUPE_INSPECT(KvOp, x.kind, x.seq, x.cached, x.num_tokens, x.allowance, x.whole, x.tokens)
-TROUPE_INSPECT(KvOpResult, x.ok, x.cached, x.num_new)
-TROUPE_INSPECT(KvProbe, x.seq, x.tokens)
-TROUPE_INSPECT(KvHint, x.seq, x.cached_blocks, x.free_listed)
-TROUPE_INSPECT(KvTable, x.seq, x.blocks)
-TROUPE_INSPECT(KvSnapshot, x.num_free, x.seqs, x.hints, x.stats)
-TROUPE_INSPECT(KvOpsRequest, x.batch, x.ops, x.probes, x.tables, x.drop_cached)
-TROUPE_INSPECT(KvOpsReply, x.batch, x.results, x.copies, x.tables, x.snapshot)
-TROUPE_INSPECT(DeviceSampleParams, x.temperature, x.top_k, x.top_p, x.min_p, x.seed, x.counter, x.want_logprob,
-               x.on_device)
-TROUPE_INSPECT(SamplingParams, x.temperature, x.top_k, x.top_p, x.min_p, x.repetition_penalty, x.presence_penalty,
-               x.frequency_penalty, x.logit_bias, x.seed, x.logprobs, x.report_logprob, x.json_object)
-}  // namespace troupe
-
-namespace troupe::actors {
-
-TROUPE_INSPECT(SubmitSeq, x.seq_id, x.prompt, x.max_new_tokens, x.priority, x.sampling, x.stop_token_ids, x.ignore_eos)
-TROUPE_INSPECT(CancelSeqs, x.seq_ids)
-TROUPE_INSPECT(SeqEvent, x.seq_id, x.token, x.logprob, x.top, x.finished, x.hit_stop, x.queue_seconds, x.error)
-TROUPE_INSPECT(NewSeqSampling, x.seq_id, x.sampling, x.prompt)
-TROUPE_INSPECT(StageStep, x.step_no, x.token_ids, x.positions, x.query_start, x.context_lens, x.slot_mapping,
-               x.block_tables, x.logit_rows, x.logit_seq, x.max_blocks_per_seq, x.new_seqs, x.released, x.hidden,
-               x.compute_seconds, x.sampling)
-TROUPE_INSPECT(LayersDone, x.step, x.logits, x.compute_seconds, x.error, x.device_tokens, x.device_logprobs)
-TROUPE_INSPECT(SampledToken, x.seq_id, x.result)
-TROUPE_INSPECT(StepDone, x.step_no, x.sampled, x.compute_seconds)
-TROUPE_INSPECT(StepFailed, x.step_no, x.error)
-TROUPE_INSPECT(EngineStats, x.num_running, x.num_waiting, x.kv_blocks, x.kv_free, x.prefix_queries, x.prefix_hits,
-               x.prompt_tokens, x.generation_tokens, x.computed_prompt_tokens, x.preemptions, x.steps,
-               x.most_plans_in_flight, x.heartbeat_age_seconds, x.failure, x.step_seconds, x.compute_seconds,
-               x.kv_seconds, x.oldest_step_seconds, x.capped_steps, x.step_fixed_seconds, x.step_token_seconds,
-               x.step_row_seconds, x.step_pair_seconds)
-TROUPE_INSPECT(EncodeText, x.text, x.add_special, x.parse_special)
-TROUPE_INSPECT(EncodeChat, x.roles, x.contents, x.add_generation_prompt)
-TROUPE_INSPECT(DecodeTokens, x.ids)
-TROUPE_INSPECT(EncodeResult, x.ids, x.error)
-
-template <class Inspector>
-typename Inspector::result_type inspect(Inspector& f, StatsQuery&) {
-  return f(caf::meta::type_name("troupe.StatsQuery"));
-}
-
-#undef TROUPE_INSPECT
-
-}  // namespace troupe::actors
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(troupe::SeqRequest)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(troupe::KvOpsRequest)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(troupe::KvOpsReply)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(troupe::actors::CancelSeqs)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(troupe::actors::SeqEvent)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(troupe::actors::StageStep)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(troupe::actors::LayersDone)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(troupe::actors::StepDone)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(troupe::actors::StepFailed)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(troupe::actors::EngineStats)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(troupe::actors::StatsQuery)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(troupe::actors::EncodeText)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(troupe::actors::EncodeChat)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(troupe::actors::DecodeTokens)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(troupe::actors::EncodeResult)

@@ -18,7 +18,7 @@
 #include <utility>
 #include <vector>
 
-#include "kernels/result.h"
+#include "common/result.h"
 
 namespace troupe::link {
 

@@ -13,7 +13,7 @@
 #include "actors/codec.h"
 #include "actors/stage_actor.h"
 #include "actors/worker_actor.h"
-#include "runtime/model.h"
+#include "runtime/model/model.h"
 
 namespace troupe::actors {
 namespace {

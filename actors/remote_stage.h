@@ -19,7 +19,7 @@
 #include "actors/messages.h"
 #include "actors/node_link.h"
 #include "kernels/backend.h"
-#include "runtime/model_files.h"
+#include "runtime/model/model_files.h"
 
 namespace troupe::actors {
 

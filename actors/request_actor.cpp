@@ -2,28 +2,18 @@
 
 #include <random>
 
-#include "runtime/context_fit.h"
+#include "runtime/request/context_fit.h"
+#include "runtime/request/stop_matcher.h"
 
 namespace troupe::actors {
-
-size_t stop_holdback(std::string_view text, const std::vector<std::string>& stops) {
-  size_t hold = 0;
-  for (const auto& s : stops)
-    for (size_t k = std::min(s.size() - 1, text.size()); k > hold; --k)
-      if (text.substr(text.size() - k) == std::string_view(s).substr(0, k)) {
-        hold = k;
-        break;
-      }
-  return hold;
-}
 
 struct ChoiceState {
   int32_t index = 0;
   int64_t seq_id = 0;
   IncrementalDecoder decoder;
-  std::string held;  // decoded text not yet sent (could become a stop string)
+  StopMatcher stops;  // holds back decoded text that could still become a stop string
   bool open = true;
-  explicit ChoiceState(const Tokenizer& t) : decoder(t, true) {}
+  ChoiceState(const Tokenizer& t, std::vector<std::string> stop) : decoder(t, true), stops(std::move(stop)) {}
 };
 
 namespace {
@@ -85,19 +75,9 @@ void finish_choice(self_ptr self, ChoiceState& c, const std::string& reason) {
 void push_text(self_ptr self, ChoiceState& c, const std::string& piece, std::vector<TokenOut> tokens, bool final_piece,
                const std::string& reason) {
   auto& st = self->state;
-  c.held += piece;
-  std::string out;
-  bool stopped = false;
-  size_t stop_at = std::string::npos;
-  for (const auto& s : st.spec.stop) stop_at = std::min(stop_at, c.held.find(s));
-  if (stop_at != std::string::npos) {
-    out = c.held.substr(0, stop_at);
-    stopped = true;
-  } else {
-    const size_t hold = final_piece ? 0 : stop_holdback(c.held, st.spec.stop);
-    out = c.held.substr(0, c.held.size() - hold);
-    c.held.erase(0, c.held.size() - hold);
-  }
+  StopMatcher::Out sent = c.stops.push(piece, final_piece);
+  std::string out = std::move(sent.text);
+  const bool stopped = sent.stopped;
   if (!out.empty() || !tokens.empty()) {
     RequestUpdate u;
     u.kind = RequestUpdate::Kind::delta;
@@ -172,25 +152,21 @@ void submit_all(self_ptr self) {
   const int32_t n = st.spec.n;
   const int64_t total = static_cast<int64_t>(st.prompts.size()) * n;
   st.first_seq = st.ctx.next_seq_id->fetch_add(total);
-  uint64_t base_seed = st.spec.sampling.seed;
+  uint64_t base_seed = st.spec.seq.sampling.seed;
   if (!st.spec.has_seed) base_seed = std::random_device{}() * 0x9E3779B97F4A7C15ull ^ std::random_device{}();
   auto sink = caf::actor_cast<request_sink_actor>(self);
   for (int64_t k = 0; k < total; ++k) {
-    auto c = std::make_shared<ChoiceState>(*st.ctx.tokenizer);
+    auto c = std::make_shared<ChoiceState>(*st.ctx.tokenizer, st.spec.stop);
     c->index = static_cast<int32_t>(k);
     c->seq_id = st.first_seq + k;
     st.choices.push_back(c);
     ++st.num_open;
     const size_t p = static_cast<size_t>(k / n);
-    SubmitSeq s;
-    s.seq_id = c->seq_id;
+    SeqRequest s = st.spec.seq;
+    s.id = c->seq_id;
     s.prompt = st.prompts[p];
     s.max_new_tokens = max_new[p];
-    s.priority = st.spec.priority;
-    s.sampling = st.spec.sampling;
     s.sampling.seed = base_seed + static_cast<uint64_t>(k % n);
-    s.stop_token_ids = st.spec.stop_token_ids;
-    s.ignore_eos = st.spec.ignore_eos;
     self->send(st.ctx.scheduler, std::move(s), sink);
   }
 }

@@ -17,7 +17,7 @@
 
 #include "actors/messages.h"
 #include "actors/tokenizer_actor.h"
-#include "runtime/tokenizer.h"
+#include "runtime/tokenizer/tokenizer.h"
 
 namespace troupe::actors {
 
@@ -33,12 +33,11 @@ struct RequestSpec {
   std::vector<std::string> roles, contents;     // chat
   std::optional<int32_t> max_tokens;            // nullopt: the rest of the context
   int32_t n = 1;
-  SamplingParams sampling;
+  // What every choice's SeqRequest starts from: sampling, stop tokens, ignore_eos, priority
+  // (its id, prompt and max_new_tokens are set per choice, its seed is seed + choice).
+  SeqRequest seq;
   bool has_seed = false;                        // choice i uses seed + i
   std::vector<std::string> stop;
-  std::vector<int32_t> stop_token_ids;
-  bool ignore_eos = false;
-  int32_t priority = 0;
   bool echo = false;
   bool want_logprobs = false;
   int32_t max_context = 0;
@@ -100,9 +99,5 @@ struct RequestState {
 
 request_actor::behavior_type request_fn(request_actor::stateful_pointer<RequestState> self, RequestContext ctx,
                                         RequestSpec spec, UpdateFn emit);
-
-// Text held back from a stream because it could still turn into a stop string: the longest
-// suffix of `text` that is a proper prefix of one of `stops`.
-size_t stop_holdback(std::string_view text, const std::vector<std::string>& stops);
 
 }  // namespace troupe::actors

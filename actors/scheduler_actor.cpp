@@ -51,18 +51,10 @@ void fail_seq(self_ptr self, const request_sink_actor& sink, int64_t id, std::st
   self->send(sink, std::move(ev));
 }
 
-Status check_submit(const SchedulerState& st, const SubmitSeq& s) {
+Status check_submit(const SchedulerState& st, const SeqRequest& s) {
   if (!st.stats.failure.empty()) return make_error("the engine has failed: " + st.stats.failure);
-  if (st.seqs.count(s.seq_id)) return make_error("duplicate sequence id " + std::to_string(s.seq_id));
-  if (s.prompt.empty()) return make_error("empty prompt");
-  if (s.max_new_tokens <= 0) return make_error("max_new_tokens must be at least 1");
-  for (int32_t t : s.prompt)
-    if (t < 0 || t >= st.cfg.vocab_size) return make_error("prompt token " + std::to_string(t) + " is outside the vocabulary");
-  for (int32_t t : s.stop_token_ids)
-    if (t < 0 || t >= st.cfg.vocab_size) return make_error("stop token " + std::to_string(t) + " is outside the vocabulary");
-  if (static_cast<int64_t>(s.prompt.size()) + s.max_new_tokens > st.cfg.max_context)
-    return make_error("prompt plus max_new_tokens exceeds the context of " + std::to_string(st.cfg.max_context));
-  return s.sampling.validate(st.cfg.vocab_size);
+  if (st.seqs.count(s.id)) return make_error("duplicate sequence id " + std::to_string(s.id));
+  return s.validate(st.cfg.vocab_size, st.cfg.max_context);
 }
 
 void fail_engine(self_ptr self, std::string error);
@@ -210,10 +202,10 @@ void on_step_done(self_ptr self, StepDone& done) {
   sampled.reserve(done.sampled.size());
   for (const auto& s : done.sampled) sampled.push_back(s.result.token);
   auto is_stop = [&](int64_t id, int32_t tok) {
-    auto it = st.seqs.find(id);
-    if (it == st.seqs.end()) return false;
-    if (!it->second.ignore_eos && st.cfg.is_eog && st.cfg.is_eog(tok)) return true;
-    const auto& ids = it->second.stop_ids;
+    const SchedState* s = st.sched->state(id);
+    if (!s || !st.seqs.count(id)) return false;
+    if (!s->req.ignore_eos && st.cfg.is_eog && st.cfg.is_eog(tok)) return true;
+    const auto& ids = s->req.stop_token_ids;
     return std::find(ids.begin(), ids.end(), tok) != ids.end();
   };
   const auto finished = st.sched->update(plan, sampled, is_stop);
@@ -278,19 +270,18 @@ scheduler_actor::behavior_type scheduler_fn(self_ptr self, SchedulerActorConfig 
   publish(st);
   if (st.cfg.heartbeat.count() > 0) self->send(self, heartbeat_atom::value);
   return {
-      [=](SubmitSeq& s, request_sink_actor sink) {
+      [=](SeqRequest& s, request_sink_actor sink) {
         auto& st = self->state;
-        if (auto ok = check_submit(st, s); !ok) return fail_seq(self, sink, s.seq_id, ok.error().message);
-        if (auto ok = st.sched->add({s.seq_id, s.prompt, s.max_new_tokens, s.priority}); !ok)
-          return fail_seq(self, sink, s.seq_id, ok.error().message);
-        st.stats.prompt_tokens += s.prompt.size();
+        const int64_t id = s.id;
+        if (auto ok = check_submit(st, s); !ok) return fail_seq(self, sink, id, ok.error().message);
         SeqInfo info;
-        info.sink = std::move(sink);
-        info.stop_ids = std::move(s.stop_token_ids);
-        info.ignore_eos = s.ignore_eos;
+        info.sink = sink;
         info.submitted = std::chrono::steady_clock::now();
-        info.sampling = NewSeqSampling{s.seq_id, std::move(s.sampling), std::move(s.prompt)};
-        st.seqs.emplace(s.seq_id, std::move(info));
+        info.sampling = NewSeqSampling{id, s.sampling, s.prompt};  // (a message to the last stage)
+        const size_t prompt_tokens = s.prompt.size();
+        if (auto ok = st.sched->add(std::move(s)); !ok) return fail_seq(self, sink, id, ok.error().message);
+        st.stats.prompt_tokens += prompt_tokens;
+        st.seqs.emplace(id, std::move(info));
         maybe_step(self);
         publish(st);
       },

@@ -1,4 +1,4 @@
-// Scheduler actor: wraps the scheduler core (runtime/scheduler.h). It admits sequences from
+// Scheduler actor: wraps the scheduler core (runtime/sched/scheduler.h). It admits sequences from
 // request actors, plans one step at a time (continuous batching: decodes and prefill chunks
 // share the token budget), has the KV-block-manager actor apply the step's block operations,
 // sends the plan to the first pipeline stage, and on the step's result applies the sampled
@@ -9,7 +9,7 @@
 // (block counts from the actor's last snapshot); the ledger's recorded operations go to the
 // actor in one request per step, awaited (no other message is handled meanwhile, so the
 // ledger and the actor never disagree about what was applied), and Scheduler::settle() fits
-// the plan to the answer (runtime/kv_ledger.h, docs/serving.md).
+// the plan to the answer (runtime/sched/kv_ledger.h, docs/serving.md).
 #pragma once
 #include <chrono>
 #include <functional>
@@ -19,10 +19,10 @@
 #include <set>
 
 #include "actors/messages.h"
-#include "runtime/engine.h"
-#include "runtime/kv_block_manager.h"
-#include "runtime/kv_ledger.h"
-#include "runtime/scheduler.h"
+#include "runtime/engine/engine.h"
+#include "runtime/sched/kv_block_manager.h"
+#include "runtime/sched/kv_ledger.h"
+#include "runtime/sched/scheduler.h"
 
 namespace troupe::actors {
 
@@ -68,8 +68,6 @@ class StatsBoard {
 
 struct SeqInfo {
   request_sink_actor sink;
-  std::vector<int32_t> stop_ids;
-  bool ignore_eos = false;
   bool known_to_worker = false;  // the last stage holds its sampler state
   bool sent_first = false;
   std::chrono::steady_clock::time_point submitted;

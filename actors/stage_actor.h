@@ -10,7 +10,7 @@
 #include <map>
 
 #include "actors/messages.h"
-#include "runtime/sampler.h"
+#include "runtime/sample/sampler.h"
 
 namespace troupe::actors {
 

@@ -1,6 +1,6 @@
 #include "actors/tokenizer_actor.h"
 
-#include "runtime/chat_encode.h"
+#include "runtime/chat/chat_encode.h"
 
 namespace troupe::actors {
 

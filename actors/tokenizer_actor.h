@@ -7,8 +7,8 @@
 #include <optional>
 
 #include "actors/messages.h"
-#include "runtime/chat_template.h"
-#include "runtime/tokenizer.h"
+#include "runtime/chat/chat_template.h"
+#include "runtime/tokenizer/tokenizer.h"
 
 namespace troupe::actors {
 

@@ -10,8 +10,8 @@
 
 #include "actors/messages.h"
 #include "kernels/backend.h"
-#include "runtime/kv_block_manager.h"
-#include "runtime/model.h"
+#include "runtime/sched/kv_block_manager.h"
+#include "runtime/model/model.h"
 
 namespace troupe::actors {
 

@@ -9,7 +9,7 @@
 
 #include "apps/common.h"
 #include "apps/subcommands.h"
-#include "runtime/sequence_runner.h"
+#include "runtime/engine/sequence_runner.h"
 
 namespace troupe::app {
 namespace {

@@ -5,8 +5,8 @@
 #include <string>
 
 #include "kernels/backend.h"
-#include "runtime/model.h"
-#include "runtime/model_files.h"
+#include "runtime/model/model.h"
+#include "runtime/model/model_files.h"
 
 namespace caf {
 class actor_system_config;

@@ -7,10 +7,10 @@
 
 #include "apps/common.h"
 #include "apps/subcommands.h"
-#include "runtime/chat_template.h"
-#include "runtime/lookup_decoder.h"
-#include "runtime/sampler.h"
-#include "runtime/sequence_runner.h"
+#include "runtime/chat/chat_template.h"
+#include "runtime/engine/lookup_decoder.h"
+#include "runtime/sample/sampler.h"
+#include "runtime/engine/sequence_runner.h"
 
 namespace troupe::app {
 namespace {
@@ -54,7 +54,7 @@ struct Stats {
 
 // Feeds `tokens`, then samples until EOS or max_tokens, streaming text to stdout.
 // Appends every token whose KV the cache keeps to `fed` (when given), so a chat knows
-// what the cache holds. With draft_max > 0, prompt-lookup drafts (runtime/lookup_decoder.h):
+// what the cache holds. With draft_max > 0, prompt-lookup drafts (runtime/engine/lookup_decoder.h):
 // the same tokens, in fewer steps when the text repeats earlier text.
 Status generate(SequenceRunner& runner, const Tokenizer& tok, Sampler& sampler, const std::vector<int32_t>& tokens,
                 int max_tokens, bool ignore_eos, int draft_max, Stats& stats, std::string* reply,

@@ -13,7 +13,7 @@
 #include "apps/serve_client.h"
 #include "apps/sim_common.h"
 #include "apps/subcommands.h"
-#include "runtime/engine.h"
+#include "runtime/engine/engine.h"
 #include "sim/calibrate.h"
 
 namespace troupe::app {
@@ -147,7 +147,7 @@ int calibrate(CalibrateFlags f) {
   auto run = [&](const Scenario& s, bool keep) -> Status {
     int added = 0, steps = 0;
     auto add_one = [&]() -> Status {
-      EngineRequest r;
+      SeqRequest r;
       r.id = next_id++;
       r.prompt.resize(static_cast<size_t>(s.prompt));
       for (auto& t : r.prompt) t = tok(rng);

@@ -10,7 +10,7 @@
 
 #include "apps/sim_common.h"
 #include "apps/subcommands.h"
-#include "runtime/model_files.h"
+#include "runtime/model/model_files.h"
 #include "sim/cluster.h"
 #include "sim/plot.h"
 #include "sim/simulator.h"

@@ -14,7 +14,7 @@
 #include "apps/serve_client.h"
 #include "apps/sim_common.h"
 #include "apps/subcommands.h"
-#include "runtime/model_files.h"
+#include "runtime/model/model_files.h"
 #include "sim/simulator.h"
 
 namespace troupe::app {

@@ -9,8 +9,8 @@
 #include <utility>
 #include <vector>
 
-#include "kernels/dtype.h"
-#include "kernels/result.h"
+#include "common/dtype.h"
+#include "common/result.h"
 #include "kernels/sample_params.h"
 
 namespace troupe {

@@ -1,5 +1,7 @@
-# Messages that cross an actor boundary. This file is the single definition of the wire;
-# actors/codec.{h,cpp} converts between these and the in-process structs of runtime/.
+# Messages that cross a process boundary (the node link to a stage in another process).
+# This file is the single definition of the wire; actors/codec.{h,cpp} converts between
+# these and the actors' structs (actors/messages.h). Messages that stay inside one process
+# are not here. docs/architecture.md: "Adding a message".
 @0xb8f1c2d3e4a5f607;
 
 using Cxx = import "/capnp/c++.capnp";
@@ -24,65 +26,9 @@ struct SamplingParams {
   }
 }
 
-# Client request, after tokenization.
-struct SubmitRequest {
-  id @0 :Int64;
-  promptTokens @1 :List(Int32);
-  maxNewTokens @2 :Int32;
-  priority @3 :Int32;
-  sampling @4 :SamplingParams;
-  stopTokenIds @5 :List(Int32);
-  stopStrings @6 :List(Text);
-  ignoreEos @7 :Bool;
-}
-
-struct Cancel {
-  id @0 :Int64;
-  ids @1 :List(Int64);   # several sequences at once (a request's n choices)
-}
-
-enum FinishReason {
-  none @0;
-  stop @1;
-  length @2;
-  aborted @3;
-  error @4;
-}
-
 struct TokenLogprob {
   token @0 :Int32;
   logprob @1 :Float32;
-}
-
-# One streamed piece of a request's output.
-struct StreamChunk {
-  id @0 :Int64;
-  tokens @1 :List(Int32);
-  text @2 :Text;
-  logprobs @3 :List(TokenLogprob);
-  finish @4 :FinishReason;
-  promptTokens @5 :Int32;
-  completionTokens @6 :Int32;
-}
-
-# What the scheduler asks the pipeline to compute in one step.
-struct StepPlan {
-  stepId @0 :UInt64;
-  seqs @1 :List(Seq);
-  preempted @2 :List(Int64);
-  copies @3 :List(BlockCopy);
-  struct Seq {
-    id @0 :Int64;
-    numComputed @1 :Int32;
-    numNew @2 :Int32;
-    samples @3 :Bool;
-    tokens @4 :List(Int32);       # the numNew token ids
-    blockTable @5 :List(Int32);
-  }
-  struct BlockCopy {
-    src @0 :Int32;
-    dst @1 :Int32;
-  }
 }
 
 # The last stage's answer to a StageStep: one sampled token per logit row, or an error.
@@ -99,18 +45,6 @@ struct StepResult {
   }
 }
 
-# Scheduler actor -> request actor: one sampled token of one sequence, or its end.
-struct SeqEvent {
-  seqId @0 :Int64;
-  token @1 :Int32;
-  logprob @2 :Float32;
-  top @3 :List(TokenLogprob);
-  finished @4 :Bool;
-  hitStop @5 :Bool;
-  queueSeconds @6 :Float64;
-  error @7 :Text;
-}
-
 # A sequence's sampler state, sent to the last stage with the first step that samples it.
 struct SeqSampling {
   seqId @0 :Int64;
@@ -118,7 +52,7 @@ struct SeqSampling {
   prompt @2 :List(Int32);
 }
 
-# Scheduler actor -> pipeline stages: one flattened step plan (runtime/engine.h
+# Scheduler actor -> pipeline stages: one flattened step plan (runtime/engine/engine.h
 # PlannedStep), sampler state for new sequences, and the activations between stages.
 struct StageStep {
   stepNo @0 :UInt64;
@@ -148,122 +82,6 @@ struct DeviceSample {
   counter @5 :UInt64;          # the draw's index
   wantLogprob @6 :Bool;
   onDevice @7 :Bool;           # sample this row on the backend when it can
-}
-
-# A worker actor's answer to a StageStep: the step back with this stage's activations in
-# `hidden` (middle stages), or the logits of its logit rows (last stage), or an error.
-struct LayersDone {
-  step @0 :StageStep;
-  logits @1 :List(Float32);    # [logitRows, vocab]; empty when every row was sampled on the device
-  computeSeconds @2 :Float64;
-  error @3 :Text;
-  deviceTokens @4 :List(Int32);     # per logit row: the backend's sample, -1 for host rows
-  deviceLogprobs @5 :List(Float32);
-}
-
-# The scheduler actor's published state (health and metrics).
-struct EngineStats {
-  numRunning @0 :Int64;
-  numWaiting @1 :Int64;
-  kvBlocks @2 :Int32;
-  kvFree @3 :Int32;
-  prefixQueries @4 :UInt64;
-  prefixHits @5 :UInt64;
-  promptTokens @6 :UInt64;
-  generationTokens @7 :UInt64;
-  computedPromptTokens @8 :UInt64;
-  preemptions @9 :UInt64;
-  steps @10 :UInt64;
-  heartbeatAgeSeconds @11 :Float64;
-  failure @12 :Text;
-  mostPlansInFlight @13 :UInt64;
-  stepSeconds @14 :Float64;
-  computeSeconds @15 :Float64;
-  kvSeconds @16 :Float64;
-  oldestStepSeconds @17 :Float64;
-  cappedSteps @18 :UInt64;
-  stepFixedSeconds @19 :Float64;
-  stepTokenSeconds @20 :Float64;
-  stepRowSeconds @21 :Float64;
-  stepPairSeconds @22 :Float64;
-}
-
-struct KvStats {
-  numBlocks @0 :Int32;
-  numFree @1 :Int32;
-  prefixQueries @2 :UInt64;
-  prefixHits @3 :UInt64;
-  numCachedFree @4 :Int32;
-}
-
-# Scheduler actor -> KV-block-manager actor: one step's block operations, applied in order
-# (runtime/kv_ledger.h), the waiting sequences whose prefix hits the next plan wants to
-# know, and the sequences whose block tables the step needs.
-struct KvOpsRequest {
-  batch @0 :UInt64;
-  ops @1 :List(KvOp);
-  probes @2 :List(KvProbe);
-  tables @3 :List(Int64);
-  dropCached @4 :Bool;   # first forget the free list's cached content (a stage's KV was lost)
-}
-
-struct KvOp {
-  kind @0 :Kind;
-  seq @1 :Int64;
-  cached @2 :Int32;      # admit: prompt tokens the plan takes from the prefix cache
-  numTokens @3 :Int32;   # admit: tokens computed after them; reserve: tokens held in all
-  allowance @4 :Int32;   # admit: free blocks the plan counted for it
-  whole @5 :Bool;        # admit: the step must reach the end of the tokens
-  tokens @6 :List(Int32);
-  enum Kind {
-    admit @0;
-    reserve @1;
-    free @2;
-  }
-}
-
-struct KvProbe {
-  seq @0 :Int64;
-  tokens @1 :List(Int32);
-}
-
-# KV-block-manager actor -> scheduler actor: what was applied, and the state after it.
-struct KvOpsReply {
-  batch @0 :UInt64;
-  results @1 :List(KvOpResult);
-  copies @2 :List(StepPlan.BlockCopy);
-  tables @3 :List(KvTable);
-  snapshot @4 :KvSnapshot;
-}
-
-struct KvOpResult {
-  ok @0 :Bool;
-  cached @1 :Int32;      # admit: tokens taken from the prefix cache
-  numNew @2 :Int32;      # admit: tokens to compute this step
-}
-
-struct KvTable {
-  seq @0 :Int64;
-  blocks @1 :List(Int32);
-}
-
-struct KvSnapshot {
-  numFree @0 :Int32;
-  seqs @1 :List(KvSeqBlocks);
-  hints @2 :List(KvHint);
-  stats @3 :KvStats;
-}
-
-struct KvSeqBlocks {
-  seq @0 :Int64;
-  held @1 :Int32;
-  exclusive @2 :Int32;
-}
-
-struct KvHint {
-  seq @0 :Int64;
-  cachedBlocks @1 :Int32;
-  freeListed @2 :Int32;   # how many of them sit in the free list
 }
 
 # Node links (actors/node_link.h): the head's first message to a stage node after both

@@ -33,6 +33,10 @@ build() {
     log "configuring in $BUILD_DIR"
     cmake -S "$ROOT" -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo
   fi
+  # CI (.ci/run) turns warnings into errors; kept in the cache, so set it on every build.
+  if [ -n "${TROUPE_WERROR:-}" ]; then
+    cmake -S "$ROOT" -B "$BUILD_DIR" -DTROUPE_WERROR="$([ "$TROUPE_WERROR" = 1 ] && echo ON || echo OFF)" >/dev/null
+  fi
   log "building"
   cmake --build "$BUILD_DIR" "$@"
 }

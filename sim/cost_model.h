@@ -8,8 +8,8 @@
 #include <string>
 #include <vector>
 
-#include "kernels/result.h"
-#include "runtime/model_config.h"
+#include "common/result.h"
+#include "runtime/model/model_config.h"
 
 namespace troupe::sim {
 

@@ -79,7 +79,7 @@ Result<SimResult> simulate(const std::vector<SimRequest>& reqs, const SimConfig&
   while (true) {
     while (next < reqs.size() && reqs[next].arrival_s <= now) {
       const SimRequest& q = reqs[next];
-      SchedRequest sr{q.id, prompt_tokens_of(q), q.output_tokens, q.priority};
+      SeqRequest sr{q.id, prompt_tokens_of(q), q.output_tokens, q.priority};
       if (!sched.add(std::move(sr)).ok()) out.requests[next].rejected = true;
       ++next;
     }

@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "runtime/scheduler.h"
+#include "runtime/sched/scheduler.h"
 #include "sim/cost_model.h"
 #include "sim/workload.h"
 

@@ -9,7 +9,7 @@
 #include <string_view>
 #include <vector>
 
-#include "kernels/result.h"
+#include "common/result.h"
 
 namespace troupe::sim {
 

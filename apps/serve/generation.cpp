@@ -227,12 +227,9 @@ void start_generation(caf::actor_system& sys, OpenAiServer& server, const actors
   }
   spec.max_tokens = req.max_tokens;
   spec.n = req.n;
-  spec.sampling = req.sampling;
+  spec.seq = req.seq;
   spec.has_seed = req.has_seed;
   spec.stop = req.stop;
-  spec.stop_token_ids = req.stop_token_ids;
-  spec.ignore_eos = req.ignore_eos;
-  spec.priority = req.priority;
   spec.echo = req.echo && !req.is_chat;
   spec.want_logprobs = req.logprobs;
   spec.max_context = server.options().limits.max_context;

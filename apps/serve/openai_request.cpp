@@ -6,7 +6,7 @@
 // and error_json() replaces any invalid byte anyway.
 #include "apps/serve/openai_request.h"
 
-#include "runtime/context_fit.h"
+#include "runtime/request/context_fit.h"
 
 #include <algorithm>
 #include <cmath>
@@ -318,7 +318,7 @@ void parse_stop(const json& o, const Limits& lim, GenerationRequest& r) {
     if (v->is_array() && v->size() > static_cast<size_t>(lim.max_stop_token_ids))
       reject("stop_token_ids", "'stop_token_ids' has " + std::to_string(v->size()) + " entries; at most " +
                                    std::to_string(lim.max_stop_token_ids) + " are allowed");
-    r.stop_token_ids = token_list(*v, "stop_token_ids", lim);
+    r.seq.stop_token_ids = token_list(*v, "stop_token_ids", lim);
   }
 }
 
@@ -347,7 +347,7 @@ void parse_seed(const json& o, GenerationRequest& r) {
   const json* v = field(o, "seed");
   if (!v) return;
   if (!v->is_number_integer()) reject("seed", "'seed' must be an integer in the int64 or uint64 range");
-  r.sampling.seed = v->is_number_unsigned() ? v->get<uint64_t>() : static_cast<uint64_t>(v->get<int64_t>());
+  r.seq.sampling.seed = v->is_number_unsigned() ? v->get<uint64_t>() : static_cast<uint64_t>(v->get<int64_t>());
   r.has_seed = true;
 }
 
@@ -364,14 +364,14 @@ void parse_stream(const json& o, GenerationRequest& r) {
 
 void parse_misc(const json& o, GenerationRequest& r) {
   if (!r.is_chat) r.echo = opt_bool(o, "echo").value_or(false);  // chat: ignored
-  r.ignore_eos = opt_bool(o, "ignore_eos").value_or(false);
-  r.priority = static_cast<int32_t>(
+  r.seq.ignore_eos = opt_bool(o, "ignore_eos").value_or(false);
+  r.seq.priority = static_cast<int32_t>(
       opt_int(o, "priority", std::numeric_limits<int32_t>::min(), std::numeric_limits<int32_t>::max()).value_or(0));
   r.user = opt_string(o, "user").value_or("");
 }
 
 // {"type": "text"} (the default) or {"type": "json_object"} (JSON mode: the output is one
-// JSON object, runtime/json_constraint.h). json_schema is refused by name, not ignored.
+// JSON object, runtime/sample/json_constraint.h). json_schema is refused by name, not ignored.
 void parse_response_format(const json& o, GenerationRequest& r) {
   const json* v = field(o, "response_format");
   if (!v || v->is_null()) return;
@@ -384,13 +384,13 @@ void parse_response_format(const json& o, GenerationRequest& r) {
     reject("response_format", "'response_format' type 'json_schema' is not supported (json_object is: the output is one "
                               "JSON object)");
   if (type != "json_object") reject("response_format", "'response_format.type' must be 'text' or 'json_object', got '" + clip(type) + "'");
-  if (r.ignore_eos) reject("response_format", "'ignore_eos' cannot be combined with a json_object response_format");
-  r.sampling.json_object = true;
+  if (r.seq.ignore_eos) reject("response_format", "'ignore_eos' cannot be combined with a json_object response_format");
+  r.seq.sampling.json_object = true;
 }
 
 // The sampler's own checks, as a 400 naming the parameter (its message starts with it).
 void validate_sampling(const GenerationRequest& r, const Limits& lim) {
-  const Status st = r.sampling.validate(lim.vocab_size);
+  const Status st = r.seq.sampling.validate(lim.vocab_size);
   if (st.ok()) return;
   const std::string msg = st.error().message;
   reject(msg.substr(0, msg.find(' ')), msg);
@@ -424,12 +424,12 @@ std::variant<GenerationRequest, ApiError> parse_generation(std::string_view body
     if (is_chat) r.messages = parse_messages(o, lim);
     else r.prompts = parse_prompts(o, lim);
     parse_max_tokens(o, lim, r);
-    parse_sampling(o, r.sampling);
+    parse_sampling(o, r.seq.sampling);
     parse_logprobs(o, lim, r);
-    r.sampling.logprobs = r.top_logprobs;
-    r.sampling.report_logprob = r.logprobs;  // no log-softmax pass per token unless asked for
+    r.seq.sampling.logprobs = r.top_logprobs;
+    r.seq.sampling.report_logprob = r.logprobs;  // no log-softmax pass per token unless asked for
     parse_stop(o, lim, r);
-    parse_logit_bias(o, lim, r.sampling);
+    parse_logit_bias(o, lim, r.seq.sampling);
     parse_seed(o, r);
     parse_stream(o, r);
     parse_misc(o, r);

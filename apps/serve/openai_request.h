@@ -12,7 +12,7 @@
 
 #include <nlohmann/json_fwd.hpp>
 
-#include "runtime/sampler.h"
+#include "runtime/sample/sampler.h"
 
 namespace troupe::api {
 
@@ -63,18 +63,17 @@ struct GenerationRequest {
   std::vector<Prompt> prompts;        // completions: one or more (each yields n choices)
   std::vector<ChatMessage> messages;  // chat
   std::optional<int32_t> max_tokens;  // max_tokens or max_completion_tokens; nullopt: up to the context
-  SamplingParams sampling;            // temperature, top_p, top_k, min_p, penalties, logit_bias, seed
+  // The sequence every choice starts from: sampling (temperature, top_p, top_k, min_p,
+  // penalties, logit_bias, seed), stop_token_ids, ignore_eos, priority.
+  SeqRequest seq;
   bool has_seed = false;
   bool logprobs = false;              // completions: logprobs:int → logprobs=true, top_logprobs=int
   int32_t top_logprobs = 0;           // chat: logprobs:bool + top_logprobs:int
   int32_t n = 1;
   std::vector<std::string> stop;
-  std::vector<int32_t> stop_token_ids;
   bool echo = false;                  // completions only
   bool stream = false;
   bool include_usage = false;         // stream_options.include_usage
-  bool ignore_eos = false;
-  int32_t priority = 0;
   std::string user;                   // accepted and ignored
 };
 
@@ -84,7 +83,7 @@ struct GenerationRequest {
 std::variant<GenerationRequest, ApiError> parse_generation(std::string_view body, bool is_chat, const Limits& lim);
 
 // After tokenization: prompt non-empty, prompt + max_tokens within the context (the rule of
-// runtime/context_fit.h). Returns the effective max_tokens (the request's, or what is left of the context).
+// runtime/request/context_fit.h). Returns the effective max_tokens (the request's, or what is left of the context).
 std::variant<int32_t, ApiError> check_prompt_fits(size_t prompt_tokens, const GenerationRequest& r, const Limits& lim);
 
 // /tokenize: {"model"?, "prompt": str} or {"model"?, "messages": [...], "add_generation_prompt"?: bool}

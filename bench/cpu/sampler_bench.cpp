@@ -9,11 +9,11 @@
 #include <string>
 
 #include "kernels/backend.h"
-#include "runtime/model.h"
-#include "runtime/model_files.h"
+#include "runtime/model/model.h"
+#include "runtime/model/model_files.h"
 #include "kernels/philox.h"
-#include "runtime/sampler.h"
-#include "runtime/sequence_runner.h"
+#include "runtime/sample/sampler.h"
+#include "runtime/engine/sequence_runner.h"
 #include "tests/runtime/sampler_reference.h"
 
 using namespace troupe;

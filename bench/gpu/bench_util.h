@@ -11,7 +11,7 @@
 
 #include "bench/gpu/gpu_targets.h"
 #include "kernels/backend.h"
-#include "runtime/model_config.h"
+#include "runtime/model/model_config.h"
 
 namespace gpu_bench {
 

@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "bench/gpu/gpu_targets.h"
-#include "kernels/dtype.h"
+#include "common/dtype.h"
 
 namespace gpu_bench {
 

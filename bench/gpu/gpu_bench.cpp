@@ -24,9 +24,9 @@
 #include "bench/gpu/gemv_alone.h"
 #include "bench/gpu/gpu_targets.h"
 #include "kernels/backend.h"
-#include "runtime/model_files.h"
-#include "runtime/model.h"
-#include "runtime/weights.h"
+#include "runtime/model/model_files.h"
+#include "runtime/model/model.h"
+#include "runtime/format/weights.h"
 #include "tests/kernels/kernel_test_util.h"
 
 using namespace troupe;

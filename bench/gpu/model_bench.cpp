@@ -11,8 +11,8 @@
 #include <vector>
 
 #include "bench/gpu/bench_util.h"
-#include "runtime/model.h"
-#include "runtime/weights.h"
+#include "runtime/model/model.h"
+#include "runtime/format/weights.h"
 #include "tests/kernels/kernel_test_util.h"
 
 using namespace troupe;

@@ -15,8 +15,8 @@
 #include <memory>
 #include <vector>
 
-#include "kernels/dtype.h"
-#include "kernels/result.h"
+#include "common/dtype.h"
+#include "common/result.h"
 
 namespace troupe::cpu {
 

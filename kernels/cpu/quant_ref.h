@@ -3,7 +3,7 @@
 #pragma once
 #include <cstdint>
 
-#include "kernels/dtype.h"
+#include "common/dtype.h"
 
 namespace troupe::cpu {
 

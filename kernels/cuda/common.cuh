@@ -8,7 +8,7 @@
 #include <cstdint>
 #include <type_traits>
 
-#include "kernels/dtype.h"
+#include "common/dtype.h"
 #include "kernels/cuda/ops.h"
 
 // A device function kept out of line, so that it adds no registers to its caller's (a

@@ -17,7 +17,7 @@
 #include <cstring>
 #include <optional>
 
-#include "kernels/dtype.h"
+#include "common/dtype.h"
 
 namespace troupe::cuda {
 

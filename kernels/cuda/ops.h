@@ -7,7 +7,7 @@
 
 #include <cstdint>
 
-#include "kernels/dtype.h"
+#include "common/dtype.h"
 #include "kernels/sample_params.h"
 
 namespace troupe::cuda {

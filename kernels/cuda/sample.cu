@@ -1,5 +1,5 @@
 // On-device sampling: one block per logits row, the host Sampler's semantics
-// (runtime/sampler.cpp) without sorting the vocabulary.
+// (runtime/sample/sampler.cpp) without sorting the vocabulary.
 //
 // Candidates are ordered by a 64-bit key: the logit's order-preserving bits above the
 // complement of the token id, so a larger key is a larger logit, ties by the smaller id --

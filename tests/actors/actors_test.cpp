@@ -9,7 +9,7 @@
 #include <random>
 
 #include "actors/local_node.h"
-#include "runtime/sequence_runner.h"
+#include "runtime/engine/sequence_runner.h"
 #include "tests/runtime/tiny_model.h"
 
 using namespace troupe;
@@ -110,8 +110,8 @@ RequestSpec greedy_ids(const std::vector<int32_t>& prompt, int32_t n_new) {
   RequestSpec s;
   s.prompts.push_back({std::nullopt, prompt});
   s.max_tokens = n_new;
-  s.sampling.temperature = 0;
-  s.ignore_eos = true;
+  s.seq.sampling.temperature = 0;
+  s.seq.ignore_eos = true;
   s.want_logprobs = true;
   return s;
 }
@@ -241,8 +241,8 @@ TEST_CASE("actors: n > 1 shares the prompt's blocks and seeds give reproducible 
   TestNode t(tf.files, 1, 64);
   RequestSpec s = greedy_ids(prompt_of(1, 40), 6);
   s.n = 4;
-  s.sampling.temperature = 1.0f;
-  s.sampling.seed = 1234;
+  s.seq.sampling.temperature = 1.0f;
+  s.seq.sampling.seed = 1234;
   s.has_seed = true;
   t.submit(0, s);
   t.submit(1, s);
@@ -343,14 +343,6 @@ TEST_CASE("actors: bad submissions end with an error and harm no other request",
   REQUIRE(failed(1) == 400);
   REQUIRE(t.done(2));
   REQUIRE(t.tokens(2)[0] == solo_greedy(tf.files, prompt_of(3, 12), 5));
-}
-
-TEST_CASE("actors: stop strings are held back while they could still match", "[actors]") {
-  REQUIRE(stop_holdback("hello wor", {"world"}) == 3);
-  REQUIRE(stop_holdback("hello", {"world"}) == 0);
-  REQUIRE(stop_holdback("ab", {"abc", "b!"}) == 2);
-  REQUIRE(stop_holdback("x\n", {"\n\n"}) == 1);
-  REQUIRE(stop_holdback("", {"a"}) == 0);
 }
 
 TEST_CASE("actors: a worker refuses a malformed step with an error its stage turns into StepFailed, then serves the next", "[actors]") {

@@ -230,20 +230,20 @@ TEST_CASE("max_tokens and max_completion_tokens", "[api]") {
 TEST_CASE("sampling parameters: types and ranges", "[api]") {
   GenerationRequest r = ok(comp(R"("temperature":0,"top_p":0.5,"top_k":40,"min_p":0.1,"presence_penalty":-2,
                                    "frequency_penalty":2,"repetition_penalty":1.2)"));
-  CHECK(r.sampling.temperature == 0.0f);
-  CHECK(r.sampling.top_p == 0.5f);
-  CHECK(r.sampling.top_k == 40);
-  CHECK(r.sampling.min_p == Approx(0.1));
-  CHECK(r.sampling.presence_penalty == -2.0f);
-  CHECK(r.sampling.frequency_penalty == 2.0f);
-  CHECK(r.sampling.repetition_penalty == Approx(1.2));
-  CHECK(ok(comp(R"("top_k":-1)")).sampling.top_k == 0);
-  CHECK(ok(comp(R"("top_k":0)")).sampling.top_k == 0);
-  CHECK(ok(comp(R"("temperature":2,"top_p":1,"min_p":1,"repetition_penalty":2)")).sampling.temperature == 2.0f);
-  CHECK(ok(comp(R"("temperature":null)")).sampling.temperature == 1.0f);
+  CHECK(r.seq.sampling.temperature == 0.0f);
+  CHECK(r.seq.sampling.top_p == 0.5f);
+  CHECK(r.seq.sampling.top_k == 40);
+  CHECK(r.seq.sampling.min_p == Approx(0.1));
+  CHECK(r.seq.sampling.presence_penalty == -2.0f);
+  CHECK(r.seq.sampling.frequency_penalty == 2.0f);
+  CHECK(r.seq.sampling.repetition_penalty == Approx(1.2));
+  CHECK(ok(comp(R"("top_k":-1)")).seq.sampling.top_k == 0);
+  CHECK(ok(comp(R"("top_k":0)")).seq.sampling.top_k == 0);
+  CHECK(ok(comp(R"("temperature":2,"top_p":1,"min_p":1,"repetition_penalty":2)")).seq.sampling.temperature == 2.0f);
+  CHECK(ok(comp(R"("temperature":null)")).seq.sampling.temperature == 1.0f);
   r = ok(comp());
-  CHECK(r.sampling.temperature == 1.0f);
-  CHECK(r.sampling.top_p == 1.0f);
+  CHECK(r.seq.sampling.temperature == 1.0f);
+  CHECK(r.seq.sampling.top_p == 1.0f);
 
   const std::vector<std::pair<const char*, std::vector<const char*>>> cases = {
       {"temperature", {"-0.1", "2.01", "\"1\"", "true", "1e308", "[1]"}},
@@ -263,9 +263,9 @@ TEST_CASE("logprobs: completions int, chat bool + top_logprobs", "[api]") {
   GenerationRequest r = ok(comp(R"("logprobs":5)"));
   CHECK(r.logprobs);
   CHECK(r.top_logprobs == 5);
-  CHECK(r.sampling.logprobs == 5);
-  CHECK(r.sampling.report_logprob);
-  CHECK(!ok(comp()).sampling.report_logprob);  // nobody asked: the sampler skips the log-softmax
+  CHECK(r.seq.sampling.logprobs == 5);
+  CHECK(r.seq.sampling.report_logprob);
+  CHECK(!ok(comp()).seq.sampling.report_logprob);  // nobody asked: the sampler skips the log-softmax
   r = ok(comp(R"("logprobs":0)"));
   CHECK(r.logprobs);
   CHECK(r.top_logprobs == 0);
@@ -276,10 +276,10 @@ TEST_CASE("logprobs: completions int, chat bool + top_logprobs", "[api]") {
   r = ok(chat(R"("logprobs":true,"top_logprobs":3)"), true);
   CHECK(r.logprobs);
   CHECK(r.top_logprobs == 3);
-  CHECK(r.sampling.logprobs == 3);
+  CHECK(r.seq.sampling.logprobs == 3);
   r = ok(chat(R"("logprobs":true)"), true);
   CHECK(r.logprobs);
-  CHECK(r.sampling.report_logprob);
+  CHECK(r.seq.sampling.report_logprob);
   CHECK(r.top_logprobs == 0);
   CHECK(!ok(chat(R"("logprobs":false)"), true).logprobs);
   bad(chat(R"("logprobs":5)"), "logprobs", true);
@@ -304,7 +304,7 @@ TEST_CASE("stop strings and stop_token_ids", "[api]") {
   bad(comp(R"("stop":["a",5])"), "stop");
   bad(comp(R"("stop":{"a":"b"})"), "stop");
 
-  CHECK(ok(comp(R"("stop_token_ids":[0,999])")).stop_token_ids == std::vector<int32_t>{0, 999});
+  CHECK(ok(comp(R"("stop_token_ids":[0,999])")).seq.stop_token_ids == std::vector<int32_t>{0, 999});
   bad(comp(R"("stop_token_ids":[1000])"), "stop_token_ids");
   bad(comp(R"("stop_token_ids":[-1])"), "stop_token_ids");
   bad(comp(R"("stop_token_ids":5)"), "stop_token_ids");
@@ -315,10 +315,10 @@ TEST_CASE("stop strings and stop_token_ids", "[api]") {
 }
 
 TEST_CASE("response_format", "[api]") {
-  CHECK_FALSE(ok(comp("")).sampling.json_object);
-  CHECK_FALSE(ok(comp(R"("response_format":{"type":"text"})")).sampling.json_object);
-  CHECK_FALSE(ok(comp(R"("response_format":null)")).sampling.json_object);
-  CHECK(ok(comp(R"("response_format":{"type":"json_object"})")).sampling.json_object);
+  CHECK_FALSE(ok(comp("")).seq.sampling.json_object);
+  CHECK_FALSE(ok(comp(R"("response_format":{"type":"text"})")).seq.sampling.json_object);
+  CHECK_FALSE(ok(comp(R"("response_format":null)")).seq.sampling.json_object);
+  CHECK(ok(comp(R"("response_format":{"type":"json_object"})")).seq.sampling.json_object);
   bad(comp(R"("response_format":{"type":"json_schema","json_schema":{"name":"x","schema":{}}})"), "response_format");
   bad(comp(R"("response_format":{"type":"yaml"})"), "response_format");
   bad(comp(R"("response_format":{"type":1})"), "response_format");
@@ -329,10 +329,10 @@ TEST_CASE("response_format", "[api]") {
 
 TEST_CASE("logit_bias", "[api]") {
   GenerationRequest r = ok(comp(R"("logit_bias":{"5":-100,"999":100,"0":0.5})"));
-  REQUIRE(r.sampling.logit_bias.size() == 3);
-  CHECK(r.sampling.logit_bias.at(5) == -100.0f);
-  CHECK(r.sampling.logit_bias.at(999) == 100.0f);
-  CHECK(r.sampling.logit_bias.at(0) == 0.5f);
+  REQUIRE(r.seq.sampling.logit_bias.size() == 3);
+  CHECK(r.seq.sampling.logit_bias.at(5) == -100.0f);
+  CHECK(r.seq.sampling.logit_bias.at(999) == 100.0f);
+  CHECK(r.seq.sampling.logit_bias.at(0) == 0.5f);
   for (const char* k : {"abc", "-1", "999999", "1000", "", " 5", "+5", "5.0", "0x10", "99999999999999999999"})
     bad(comp("\"logit_bias\":{\"" + std::string(k) + "\":1}"), "logit_bias");
   bad(comp(R"("logit_bias":{"5":100.5})"), "logit_bias");
@@ -350,11 +350,11 @@ TEST_CASE("seed", "[api]") {
   CHECK(!ok(comp()).has_seed);
   GenerationRequest r = ok(comp(R"("seed":42)"));
   CHECK(r.has_seed);
-  CHECK(r.sampling.seed == 42u);
+  CHECK(r.seq.sampling.seed == 42u);
   CHECK(ok(comp(R"("seed":0)")).has_seed);
-  CHECK(ok(comp(R"("seed":-1)")).sampling.seed == UINT64_MAX);
-  CHECK(ok(comp(R"("seed":18446744073709551615)")).sampling.seed == UINT64_MAX);
-  CHECK(ok(comp(R"("seed":-9223372036854775808)")).sampling.seed == (uint64_t{1} << 63));
+  CHECK(ok(comp(R"("seed":-1)")).seq.sampling.seed == UINT64_MAX);
+  CHECK(ok(comp(R"("seed":18446744073709551615)")).seq.sampling.seed == UINT64_MAX);
+  CHECK(ok(comp(R"("seed":-9223372036854775808)")).seq.sampling.seed == (uint64_t{1} << 63));
   for (const char* v : {"1.5", "18446744073709551616", "-9223372036854775809", "1e3", "\"1\"", "true", "[1]"})
     bad(comp(std::string("\"seed\":") + v), "seed");
 }
@@ -376,8 +376,8 @@ TEST_CASE("stream, stream_options and flags", "[api]") {
 
   r = ok(comp(R"("echo":true,"ignore_eos":true,"priority":-7,"user":"u1")"));
   CHECK(r.echo);
-  CHECK(r.ignore_eos);
-  CHECK(r.priority == -7);
+  CHECK(r.seq.ignore_eos);
+  CHECK(r.seq.priority == -7);
   CHECK(r.user == "u1");
   CHECK(!ok(chat(R"("echo":"ignored in chat")"), true).echo);
   bad(comp(R"("echo":1)"), "echo");

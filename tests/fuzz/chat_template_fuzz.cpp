@@ -11,7 +11,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "runtime/chat_template.h"
+#include "runtime/chat/chat_template.h"
 
 using namespace troupe;
 

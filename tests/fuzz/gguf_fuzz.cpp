@@ -10,8 +10,8 @@
 #include <cstdlib>
 #include <string>
 
-#include "runtime/gguf.h"
-#include "runtime/tokenizer.h"
+#include "runtime/format/gguf.h"
+#include "runtime/tokenizer/tokenizer.h"
 
 using namespace troupe;
 

@@ -4,8 +4,8 @@
 // valid and invalid headers, tokenizer texts, and the golden chat templates plus a few
 // hostile ones. Deterministic: rerunning rewrites the same bytes.
 //
-//   clang++ -std=c++20 -O1 -I. tests/fuzz/make_seeds.cpp runtime/gguf.cpp kernels/dtype.cpp \
-//       runtime/mapped_file.cpp -o /tmp/make_seeds && /tmp/make_seeds .
+//   cmake --build build/fuzz/cmake --target make_seeds && build/fuzz/cmake/bin/make_seeds .
+//   (build/fuzz/cmake: the fuzz build that tests/fuzz/run.sh configures)
 //
 // Inputs that once crashed a target are kept in the corpus under names starting with
 // "regress-"; this program does not touch them.
@@ -17,7 +17,7 @@
 #include <string>
 #include <vector>
 
-#include "runtime/gguf.h"
+#include "runtime/format/gguf.h"
 
 using namespace troupe;
 namespace fs = std::filesystem;

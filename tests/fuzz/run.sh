@@ -37,125 +37,36 @@ if ! command -v "$CXX" >/dev/null 2>&1; then
   exit 1
 fi
 
-CXXFLAGS=(-O1 -g -std=c++20 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined
-          -fno-omit-frame-pointer "-I$REPO" "-I$OUT/gen")
-LDLIBS=(-lpcre2-8 -lcapnp -lkj)
-
-# Library sources each target needs (compiled once into shared objects).
-SRC_CORE=(kernels/dtype.cpp runtime/mapped_file.cpp runtime/gguf.cpp)
-SRC_TOKENIZER=(runtime/tokenizer.cpp runtime/tokenizer_bpe.cpp runtime/tokenizer_load.cpp runtime/tokenizer_utf8.cpp)
-SRC_TEMPLATE=(runtime/chat_template.cpp)
-for f in "$REPO"/runtime/jinja_*.cpp; do SRC_TEMPLATE+=("runtime/$(basename "$f")"); done
-
 ALL_TARGETS=(gguf_fuzz safetensors_fuzz chat_template_fuzz tokenizer_fuzz openai_request_fuzz codec_fuzz)
-target_sources() {
-  case "$1" in
-    gguf_fuzz) echo tests/fuzz/gguf_fuzz.cpp "${SRC_CORE[@]}" "${SRC_TOKENIZER[@]}" ;;
-    safetensors_fuzz) echo tests/fuzz/safetensors_fuzz.cpp runtime/safetensors.cpp kernels/dtype.cpp runtime/mapped_file.cpp ;;
-    chat_template_fuzz) echo tests/fuzz/chat_template_fuzz.cpp "${SRC_TEMPLATE[@]}" ;;
-    tokenizer_fuzz) echo tests/fuzz/tokenizer_fuzz.cpp "${SRC_CORE[@]}" "${SRC_TOKENIZER[@]}" ;;
-    openai_request_fuzz) echo tests/fuzz/openai_request_fuzz.cpp apps/serve/openai_request.cpp runtime/sampler.cpp runtime/json_constraint.cpp runtime/context_fit.cpp ;;
-    # (gen/: generated under $OUT from schema/troupe.capnp, below)
-    codec_fuzz) echo tests/fuzz/codec_fuzz.cpp actors/codec.cpp gen/troupe.capnp.c++ ;;
-    *) return 1 ;;
-  esac
-}
-
 TARGETS=("$@")
 [ ${#TARGETS[@]} -eq 0 ] && TARGETS=("${ALL_TARGETS[@]}")
 for t in "${TARGETS[@]}"; do
-  target_sources "$t" >/dev/null || { echo "fuzz: unknown target '$t' (known: ${ALL_TARGETS[*]})" >&2; exit 2; }
+  [[ " ${ALL_TARGETS[*]} " == *" $t "* ]] || { echo "fuzz: unknown target '$t' (known: ${ALL_TARGETS[*]})" >&2; exit 2; }
 done
 
-mkdir -p "$OUT/obj" "$OUT/bin"
-# Flags or compiler changed -> rebuild everything.
-FLAGS_ID="$("$CXX" --version | head -1) ${CXXFLAGS[*]} ${LDLIBS[*]}"
-if [ "$(cat "$OUT/flags" 2>/dev/null)" != "$FLAGS_ID" ]; then
-  rm -f "$OUT"/obj/*.o "$OUT"/obj/*.d "$OUT"/bin/*
-  printf '%s' "$FLAGS_ID" >"$OUT/flags"
-fi
-
-obj_of() { local s="${1//\//_}"; echo "$OUT/obj/${s%.cpp}.o"; }
-# A source's path: gen/... is generated under $OUT, everything else is in the repository.
-src_path() { case "$1" in gen/*) echo "$OUT/$1" ;; *) echo "$REPO/$1" ;; esac; }
-
-# The Cap'n Proto code of the wire schema (codec_fuzz), regenerated when the schema changes.
-mkdir -p "$OUT/gen"
-if [ "$REPO/schema/troupe.capnp" -nt "$OUT/gen/troupe.capnp.h" ]; then
-  if ! command -v capnp >/dev/null 2>&1; then
-    echo "fuzz: capnp not found; install capnproto to generate the schema for codec_fuzz" >&2
+# The targets are CMake targets (tests/fuzz/CMakeLists.txt) of a clang build of their own,
+# configured once under $OUT/cmake with -DTROUPE_BUILD_FUZZ=ON; each links the library it
+# exercises, and only those libraries are compiled.
+CC_FOR_CXX="${CXX/clang++/clang}"
+CMAKE_DIR="$OUT/cmake"
+mkdir -p "$OUT/bin"
+if [ ! -f "$CMAKE_DIR/build.ninja" ]; then
+  echo "fuzz: configuring the fuzz build in $CMAKE_DIR"
+  if ! cmake -S "$REPO" -B "$CMAKE_DIR" -G Ninja -DCMAKE_BUILD_TYPE=Fuzz -DCMAKE_CXX_FLAGS_FUZZ="-O1 -g" \
+      -DCMAKE_C_FLAGS_FUZZ="-O1 -g" -DCMAKE_CXX_COMPILER="$CXX" -DCMAKE_C_COMPILER="$CC_FOR_CXX" \
+      -DTROUPE_BUILD_FUZZ=ON -DTROUPE_ENABLE_CUDA=OFF -DTROUPE_BUILD_TESTS=OFF >"$OUT/configure.log" 2>&1; then
+    echo "fuzz: configuring the fuzz build failed; the end of $OUT/configure.log:" >&2
+    tail -20 "$OUT/configure.log" >&2
+    rm -f "$CMAKE_DIR/build.ninja"
     exit 1
   fi
-  capnp compile "-oc++:$OUT/gen" "--src-prefix=$REPO/schema" "$REPO/schema/troupe.capnp" || {
-    echo "fuzz: capnp compile of schema/troupe.capnp failed" >&2
-    exit 1
-  }
 fi
-
-# An object is stale when it is missing or any file in its dependency list (the source and
-# every header it included, from -MMD) is newer.
-stale() {
-  local src="$1" obj="$2" dep="${2%.o}.d"
-  [ -f "$obj" ] && [ -f "$dep" ] || return 0
-  [ "$(src_path "$src")" -nt "$obj" ] && return 0
-  local f
-  for f in $(sed -e 's/\\$//' -e 's/^[^:]*://' "$dep"); do
-    [ -e "$f" ] || return 0
-    [ "$f" -nt "$obj" ] && return 0
-  done
-  return 1
-}
-
-# Compile every needed source once, up to $JOBS at a time.
-declare -A SEEN=()
-NEEDED=()
-for t in "${TARGETS[@]}"; do
-  for s in $(target_sources "$t"); do
-    [ -n "${SEEN[$s]:-}" ] && continue
-    SEEN[$s]=1
-    NEEDED+=("$s")
-  done
-done
-PIDS=()
-BUILD_FAILED=0
-wait_one() {
-  local pid="${PIDS[0]}"
-  PIDS=("${PIDS[@]:1}")
-  wait "$pid" || BUILD_FAILED=1
-}
-for s in "${NEEDED[@]}"; do
-  o="$(obj_of "$s")"
-  if stale "$s" "$o"; then
-    echo "fuzz: compiling $s"
-    "$CXX" "${CXXFLAGS[@]}" -MMD -MF "${o%.o}.d" -c "$(src_path "$s")" -o "$o.tmp" && mv "$o.tmp" "$o" &
-    PIDS+=("$!")
-    [ ${#PIDS[@]} -ge "$JOBS" ] && wait_one
-  fi
-done
-while [ ${#PIDS[@]} -gt 0 ]; do wait_one; done
-if [ "$BUILD_FAILED" -ne 0 ]; then
+echo "fuzz: building ${TARGETS[*]}"
+if ! cmake --build "$CMAKE_DIR" -j "$JOBS" --target "${TARGETS[@]}"; then
   echo "fuzz: compilation failed" >&2
   exit 1
 fi
-
-for t in "${TARGETS[@]}"; do
-  bin="$OUT/bin/$t"
-  objs=()
-  relink=0
-  [ -x "$bin" ] || relink=1
-  for s in $(target_sources "$t"); do
-    o="$(obj_of "$s")"
-    objs+=("$o")
-    [ "$o" -nt "$bin" ] && relink=1
-  done
-  if [ "$relink" -eq 1 ]; then
-    echo "fuzz: linking $t"
-    "$CXX" "${CXXFLAGS[@]}" "${objs[@]}" "${LDLIBS[@]}" -o "$bin.tmp" && mv "$bin.tmp" "$bin" || {
-      echo "fuzz: linking $t failed" >&2
-      exit 1
-    }
-  fi
-done
+for t in "${TARGETS[@]}"; do ln -sf "$CMAKE_DIR/bin/$t" "$OUT/bin/$t"; done
 [ "${FUZZ_BUILD_ONLY:-0}" = 1 ] && { echo "fuzz: built ${TARGETS[*]} in $OUT/bin"; exit 0; }
 
 # Run each target on a copy of its seed corpus (the committed corpus is never written).

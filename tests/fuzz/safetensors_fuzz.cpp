@@ -9,7 +9,7 @@
 #include <cstring>
 #include <vector>
 
-#include "runtime/safetensors.h"
+#include "runtime/format/safetensors.h"
 
 using namespace troupe;
 

@@ -20,8 +20,8 @@
 #include <string>
 #include <vector>
 
-#include "runtime/gguf.h"
-#include "runtime/tokenizer.h"
+#include "runtime/format/gguf.h"
+#include "runtime/tokenizer/tokenizer.h"
 #include "tests/test_util.h"
 
 using namespace troupe;

@@ -14,7 +14,7 @@
 
 #include "kernels/backend.h"
 #include "kernels/cpu/quant_ref.h"
-#include "runtime/sampler.h"
+#include "runtime/sample/sampler.h"
 #include "tests/kernels/cuda_test_util.h"
 #include "tests/kernels/kernel_test_util.h"
 

@@ -6,7 +6,7 @@
 
 #include "kernels/cpu/quant_ref.h"
 #include "kernels/cuda/layout.h"
-#include "kernels/dtype.h"
+#include "common/dtype.h"
 #include "kernels/fp16.h"
 #include "kernels/quant_blocks.h"
 

@@ -14,7 +14,7 @@
 #include <limits>
 #include <random>
 
-#include "runtime/sampler.h"
+#include "runtime/sample/sampler.h"
 
 using namespace troupe;
 

@@ -3,8 +3,8 @@
 #include <catch2/catch.hpp>
 #include <algorithm>
 
-#include "runtime/chat_encode.h"
-#include "runtime/model_files.h"
+#include "runtime/chat/chat_encode.h"
+#include "runtime/model/model_files.h"
 #include "tests/test_util.h"
 
 using namespace troupe;

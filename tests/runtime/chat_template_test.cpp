@@ -8,7 +8,7 @@
 #include <map>
 #include <sstream>
 
-#include "runtime/chat_template.h"
+#include "runtime/chat/chat_template.h"
 
 #ifndef TROUPE_SOURCE_DIR
 #error "TROUPE_SOURCE_DIR must name the repository root"

@@ -14,9 +14,9 @@
 #include <set>
 #include <nlohmann/json.hpp>
 
-#include "runtime/engine.h"
-#include "runtime/model_files.h"
-#include "runtime/sequence_runner.h"
+#include "runtime/engine/engine.h"
+#include "runtime/model/model_files.h"
+#include "runtime/engine/sequence_runner.h"
 #include "tests/runtime/greedy_util.h"
 #include "tests/runtime/hf_from_gguf.h"
 #include "tests/test_util.h"
@@ -256,7 +256,7 @@ void check_engine_invariance(Model& model, Backend& gpu, int32_t vocab) {
     auto e = Engine::create(model, gpu, cfg, SchedulingPolicy::fcfs(), nullptr);
     REQUIRE(e.ok());
     for (size_t i = 0; i < prompts.size(); ++i) {
-      EngineRequest r;
+      SeqRequest r;
       r.id = static_cast<int64_t>(i);
       r.prompt = prompts[i];
       r.max_new_tokens = n_new;
@@ -346,7 +346,7 @@ TEST_CASE("cuda: seeded sampling on the device matches the host sampler and its 
   // Each request's settings; host = true asks for one top logprob, which keeps its
   // sampling on the host (the same draws through Sampler::sample).
   auto request = [&](int i, bool host) {
-    EngineRequest r;
+    SeqRequest r;
     r.id = i;
     for (int j = 0; j < 9 + 17 * i; ++j) r.prompt.push_back((j * 977 + i * 31 + 11) % 48000 + 100);
     r.max_new_tokens = n_new;
@@ -358,7 +358,7 @@ TEST_CASE("cuda: seeded sampling on the device matches the host sampler and its 
     r.sampling.logprobs = host ? 1 : 0;
     return r;
   };
-  auto run = [&](const std::vector<EngineRequest>& reqs) {
+  auto run = [&](const std::vector<SeqRequest>& reqs) {
     EngineConfig cfg;
     cfg.scheduler = {64, 8};
     cfg.kv = {256, 16, true};
@@ -374,7 +374,7 @@ TEST_CASE("cuda: seeded sampling on the device matches the host sampler and its 
     }
     return out;
   };
-  std::vector<EngineRequest> device, host;
+  std::vector<SeqRequest> device, host;
   for (int i = 0; i < n_req; ++i) {
     device.push_back(request(i, false));
     host.push_back(request(i, true));

@@ -8,10 +8,10 @@
 #include <map>
 #include <nlohmann/json.hpp>
 
-#include "runtime/architectures.h"
-#include "runtime/model.h"
-#include "runtime/model_files.h"
-#include "runtime/sequence_runner.h"
+#include "runtime/model/architectures.h"
+#include "runtime/model/model.h"
+#include "runtime/model/model_files.h"
+#include "runtime/engine/sequence_runner.h"
 #include "tests/test_util.h"
 
 using namespace troupe;

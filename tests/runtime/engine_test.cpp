@@ -4,9 +4,9 @@
 #include <catch2/catch.hpp>
 #include <map>
 
-#include "runtime/engine.h"
-#include "runtime/model_files.h"
-#include "runtime/sequence_runner.h"
+#include "runtime/engine/engine.h"
+#include "runtime/model/model_files.h"
+#include "runtime/engine/sequence_runner.h"
 #include "tests/runtime/tiny_model.h"
 #include "tests/test_util.h"
 
@@ -72,7 +72,7 @@ TEST_CASE("engine: concurrent greedy requests equal solo runs, with and without 
       auto e = Engine::create(**model, *be, cfg, SchedulingPolicy::fcfs(), nullptr);
       REQUIRE(e.ok());
       for (size_t i = 0; i < prompts.size(); ++i) {
-        EngineRequest r;
+        SeqRequest r;
         r.id = static_cast<int64_t>(i);
         r.prompt = prompts[i];
         r.max_new_tokens = n_new;
@@ -103,7 +103,7 @@ TEST_CASE("engine: bad requests are refused and harm nothing else", "[engine][ba
   cfg.kv = {16, 8, true};
   auto e = Engine::create(**model, *be, cfg, SchedulingPolicy::fcfs(), nullptr);
   REQUIRE(e.ok());
-  EngineRequest bad;
+  SeqRequest bad;
   bad.id = 1;
   bad.prompt = {1, 2, 100000};
   REQUIRE_FALSE((*e)->add(bad).ok());
@@ -119,7 +119,7 @@ TEST_CASE("engine: bad requests are refused and harm nothing else", "[engine][ba
   bad.stop_token_ids.clear();
   bad.max_new_tokens = 1000;  // over the 256-token context
   REQUIRE_FALSE((*e)->add(bad).ok());
-  EngineRequest good;
+  SeqRequest good;
   good.id = 2;
   good.prompt = {5, 6, 7};
   good.max_new_tokens = 4;

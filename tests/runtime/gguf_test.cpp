@@ -4,8 +4,8 @@
 #include <catch2/catch.hpp>
 #include <cstring>
 
-#include "runtime/gguf.h"
-#include "runtime/model_files.h"
+#include "runtime/format/gguf.h"
+#include "runtime/model/model_files.h"
 #include "tests/runtime/tiny_model.h"
 
 using namespace troupe;

@@ -5,8 +5,8 @@
 #include <algorithm>
 #include <vector>
 
-#include "runtime/model.h"
-#include "runtime/sequence_runner.h"
+#include "runtime/model/model.h"
+#include "runtime/engine/sequence_runner.h"
 
 namespace troupe::test {
 

@@ -15,7 +15,7 @@
 
 #include "kernels/cpu/quant_ref.h"
 #include "kernels/fp16.h"
-#include "runtime/model_files.h"
+#include "runtime/model/model_files.h"
 #include "tests/runtime/safetensors_writer.h"
 
 namespace troupe::test {

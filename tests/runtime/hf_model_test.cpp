@@ -16,11 +16,11 @@
 #include <random>
 
 #include "kernels/fp16.h"
-#include "runtime/architectures.h"
-#include "runtime/gguf.h"
-#include "runtime/model.h"
-#include "runtime/model_files.h"
-#include "runtime/sequence_runner.h"
+#include "runtime/model/architectures.h"
+#include "runtime/format/gguf.h"
+#include "runtime/model/model.h"
+#include "runtime/model/model_files.h"
+#include "runtime/engine/sequence_runner.h"
 #include "tests/runtime/safetensors_writer.h"
 
 using namespace troupe;

@@ -7,7 +7,7 @@
 #include <catch2/catch.hpp>
 #include <cmath>
 
-#include "runtime/model_files.h"
+#include "runtime/model/model_files.h"
 #include "tests/runtime/greedy_util.h"
 #include "tests/runtime/hf_from_gguf.h"
 #include "tests/test_util.h"

@@ -1,10 +1,10 @@
-// JSON mode (runtime/json_constraint.h), checked against nlohmann::json as the independent
+// JSON mode (runtime/sample/json_constraint.h), checked against nlohmann::json as the independent
 // parser: every prefix of a valid object text is accepted and only the whole text is
 // complete; texts mutated at random are accepted whole exactly when nlohmann parses them as
 // an object (within the budgets); and sampling under the mask, from random logits over a
 // small vocabulary and over the default model's real one, only ever writes JSON-object
 // prefixes and ends only on a complete object that nlohmann parses.
-#include "runtime/json_constraint.h"
+#include "runtime/sample/json_constraint.h"
 
 #include <catch2/catch.hpp>
 #include <cmath>
@@ -12,9 +12,9 @@
 #include <nlohmann/json.hpp>
 #include <random>
 
-#include "runtime/gguf.h"
-#include "runtime/sampler.h"
-#include "runtime/tokenizer.h"
+#include "runtime/format/gguf.h"
+#include "runtime/sample/sampler.h"
+#include "runtime/tokenizer/tokenizer.h"
 #include "tests/test_util.h"
 
 using namespace troupe;

@@ -5,7 +5,7 @@
 #include <map>
 #include <random>
 
-#include "runtime/kv_block_manager.h"
+#include "runtime/sched/kv_block_manager.h"
 
 using namespace troupe;
 

@@ -1,5 +1,5 @@
 // The plan/apply split between the scheduler and the KV-block-manager actor
-// (runtime/kv_ledger.h), without actors: the scheduler plans against a KvLedger, the
+// (runtime/sched/kv_ledger.h), without actors: the scheduler plans against a KvLedger, the
 // operations go through apply_kv_ops() on a block manager of their own, settle() fits the
 // plan. A fake KV cache stores the token id written into each slot, and every planned
 // sequence must read its whole context back through its block table, so a wrong block,
@@ -9,9 +9,9 @@
 #include <map>
 #include <random>
 
-#include "runtime/engine.h"
-#include "runtime/kv_ledger.h"
-#include "runtime/scheduler.h"
+#include "runtime/engine/engine.h"
+#include "runtime/sched/kv_ledger.h"
+#include "runtime/sched/scheduler.h"
 #include "tests/runtime/fake_next.h"
 
 using namespace troupe;
@@ -153,10 +153,10 @@ TEST_CASE("kv ledger: random workloads through plan/apply keep the cache right a
     FakeCache direct_cache(blocks, bs);
 
     std::map<int64_t, std::vector<int32_t>> expect, got_ledger, got_direct;
-    std::vector<SchedRequest> reqs;
+    std::vector<SeqRequest> reqs;
     for (int64_t id = 0; id < 40; ++id) {
       const int len = 1 + static_cast<int>(rng() % (sc.chunked_prefill ? 90 : sc.max_batched_tokens));
-      SchedRequest r{id, shared_prompt(rng, len), 1 + static_cast<int32_t>(rng() % 12), 0};
+      SeqRequest r{id, shared_prompt(rng, len), 1 + static_cast<int32_t>(rng() % 12), 0};
       reqs.push_back(r);
     }
     std::set<int64_t> aborted;

@@ -1,13 +1,13 @@
-// Prompt-lookup decoding (runtime/lookup_decoder.h): the drafts proposed for a history,
+// Prompt-lookup decoding (runtime/engine/lookup_decoder.h): the drafts proposed for a history,
 // and, on the default model, the same tokens as one token a step -- greedy, seeded sampling
 // with a repetition penalty -- in fewer steps when the text repeats itself; the cache then
 // holds exactly the tokens recorded as fed.
 #include <catch2/catch.hpp>
 
 #include "kernels/backend.h"
-#include "runtime/lookup_decoder.h"
-#include "runtime/model.h"
-#include "runtime/model_files.h"
+#include "runtime/engine/lookup_decoder.h"
+#include "runtime/model/model.h"
+#include "runtime/model/model_files.h"
 #include "tests/test_util.h"
 
 using namespace troupe;

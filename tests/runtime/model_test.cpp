@@ -6,9 +6,9 @@
 #include <cstring>
 #include <numeric>
 
-#include "runtime/model.h"
-#include "runtime/model_files.h"
-#include "runtime/sequence_runner.h"
+#include "runtime/model/model.h"
+#include "runtime/model/model_files.h"
+#include "runtime/engine/sequence_runner.h"
 #include "tests/runtime/tiny_model.h"
 
 using namespace troupe;

@@ -1,7 +1,7 @@
 // Safetensors reader: a valid file written byte by byte, every hostile-header case of
 // RELIABILITY.md (each a one-line error naming the problem), sharded indexes that try to
 // leave the model directory, and truncation of a valid file at every byte.
-#include "runtime/safetensors.h"
+#include "runtime/format/safetensors.h"
 
 #include <unistd.h>
 

@@ -9,7 +9,7 @@
 #include <numeric>
 #include <vector>
 
-#include "runtime/sampler.h"
+#include "runtime/sample/sampler.h"
 
 namespace troupe::test {
 

@@ -2,7 +2,7 @@
 // determinism, the temperature distribution against softmax (chi-square over many draws
 // with a fixed seed), logprobs, and validate() on hostile parameters.
 #include "kernels/philox.h"
-#include "runtime/sampler.h"
+#include "runtime/sample/sampler.h"
 #include "tests/runtime/sampler_reference.h"
 
 #include <algorithm>

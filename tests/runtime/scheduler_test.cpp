@@ -9,7 +9,7 @@
 #include <random>
 #include <set>
 
-#include "runtime/scheduler.h"
+#include "runtime/sched/scheduler.h"
 #include "tests/runtime/fake_next.h"
 
 using namespace troupe;
@@ -427,7 +427,7 @@ TEST_CASE("the waiting queue keeps the order a stable sort by the policy would",
     for (int step = 0; step < 400; ++step) {
       for (int k = static_cast<int>(rng() % 3); k > 0; --k) {
         const int64_t id = next_id++;
-        SchedRequest r{id, prompt(2 + static_cast<int>(rng() % 20), static_cast<int>(id)),
+        SeqRequest r{id, prompt(2 + static_cast<int>(rng() % 20), static_cast<int>(id)),
                        1 + static_cast<int32_t>(rng() % 12), static_cast<int32_t>(rng() % 3)};
         REQUIRE(s.add(r).ok());
         ref.push_back(id);

@@ -6,7 +6,7 @@
 #include <string>
 #include <vector>
 
-#include "runtime/gguf.h"
+#include "runtime/format/gguf.h"
 #include "tests/kernels/kernel_test_util.h"
 
 namespace troupe::test {

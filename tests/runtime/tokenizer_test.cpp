@@ -1,6 +1,6 @@
 // Tokenizer tests: golden ids from a Hugging Face reference (tests/golden/tokenizer/make_golden.py),
 // a hand-computed SentencePiece vocabulary, the incremental decoder, and hostile input.
-#include "runtime/tokenizer.h"
+#include "runtime/tokenizer/tokenizer.h"
 
 #include <unistd.h>
 
@@ -12,8 +12,8 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
-#include "runtime/gguf.h"
-#include "runtime/tokenizer_internal.h"
+#include "runtime/format/gguf.h"
+#include "runtime/tokenizer/tokenizer_internal.h"
 #include "tests/test_util.h"
 
 namespace {

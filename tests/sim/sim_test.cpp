@@ -9,7 +9,7 @@
 #include <set>
 #include <sstream>
 
-#include "runtime/model_files.h"
+#include "runtime/model/model_files.h"
 #include "sim/calibrate.h"
 #include "sim/cluster.h"
 #include "sim/simulator.h"

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Writes cases.json: expected chat-template renderings for runtime/chat_template.cpp.
+"""Writes cases.json: expected chat-template renderings for runtime/chat/chat_template.cpp.
 
 Renders every templates/*.jinja with jinja2 configured exactly like transformers'
 `_compile_jinja_template` (ImmutableSandboxedEnvironment, trim_blocks, lstrip_blocks,

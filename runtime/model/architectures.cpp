@@ -1,0 +1,25 @@
+#include "runtime/model/architectures.h"
+
+namespace troupe {
+
+extern const Architecture kLlamaArchitecture;
+extern const Architecture kMistralArchitecture;
+extern const Architecture kQwen2Architecture;
+
+namespace {
+const Architecture* const kAll[] = {&kLlamaArchitecture, &kMistralArchitecture, &kQwen2Architecture};
+}
+
+const Architecture* find_architecture(std::string_view name) {
+  for (const auto* a : kAll)
+    if (a->name == name) return a;
+  return nullptr;
+}
+
+std::string supported_architectures() {
+  std::string s;
+  for (const auto* a : kAll) s += (s.empty() ? "" : ", ") + std::string(a->name);
+  return s;
+}
+
+}  // namespace troupe

@@ -1,0 +1,91 @@
+// A decoder-only transformer over the backend interface. The architecture files in
+// runtime/models/ turn file metadata into a ModelConfig and say which optional tensors a
+// family has; the forward pass here is shared by every Llama-like family.
+#pragma once
+#include <functional>
+#include <memory>
+#include <vector>
+
+#include "kernels/backend.h"
+#include "runtime/model/model_config.h"
+#include "runtime/format/weights.h"
+
+namespace troupe {
+
+using ProgressFn = std::function<void(size_t done, size_t total)>;
+
+// A contiguous range of layers [first, last) held by one pipeline stage; last = -1: to the end.
+struct LayerRange {
+  int32_t first = 0;
+  int32_t last = -1;
+};
+
+// Logit rows sampled on the backend (Backend::sample) instead of coming back as logits:
+// rows whose params[i].on_device is set get tokens[i] and logprobs[i] when the backend
+// can_sample(); every other row gets tokens[i] = -1 and its logits row as before.
+struct DeviceSampling {
+  const DeviceSampleParams* params = nullptr;  // [num_logits]
+  int32_t* tokens = nullptr;                   // [num_logits] out
+  float* logprobs = nullptr;                   // [num_logits] out
+};
+
+class Model {
+ public:
+  // Builds backend weights for every tensor the config needs; checks names and shapes.
+  static Result<std::unique_ptr<Model>> build(const ModelConfig& cfg, const WeightSource& src, Backend& backend,
+                                              int32_t max_batch_tokens, const ProgressFn& progress = {},
+                                              LayerRange range = {});
+
+  const ModelConfig& config() const { return cfg_; }
+  int32_t max_batch_tokens() const { return max_tokens_; }
+  int32_t first_layer() const { return first_layer_; }
+  int32_t last_layer() const { return last_layer_; }  // exclusive
+  int32_t num_stage_layers() const { return last_layer_ - first_layer_; }
+  bool is_first_stage() const { return first_layer_ == 0; }
+  bool is_last_stage() const { return last_layer_ == cfg_.num_layers; }
+
+  // Runs one packed step. Writes logits [num_logits, vocab] for the token rows listed in
+  // logit_rows. The step is validated against the cache first (ids, positions, blocks).
+  // A whole-model Model only (first and last stage). The cache holds num_stage_layers layers.
+  // With `sampling`, rows sampled on the device leave their logits rows unwritten; logits
+  // may be null when every row is sampled on the device.
+  Status forward(const StepInputs& step, KvCache& cache, const int32_t* logit_rows, int32_t num_logits,
+                 float* logits, const DeviceSampling* sampling = nullptr);
+  // One pipeline stage: the first stage embeds the tokens (hidden_in unused), the others
+  // start from hidden_in [num_tokens, hidden]; a non-last stage writes hidden_out
+  // [num_tokens, hidden]; the last stage writes the logits rows.
+  Status forward_stage(const StepInputs& step, KvCache& cache, const float* hidden_in, float* hidden_out,
+                       const int32_t* logit_rows, int32_t num_logits, float* logits,
+                       const DeviceSampling* sampling = nullptr);
+  // Whether forward's DeviceSampling rows are sampled on the backend.
+  bool samples_on_device() const { return backend_->can_sample(); }
+
+ private:
+  struct Layer {
+    std::unique_ptr<Weight> qkv;          // fused when q, k, v share a type
+    std::unique_ptr<Weight> q, k, v;      // otherwise
+    std::unique_ptr<Weight> o, gate_up, down;
+    std::unique_ptr<Weight> gate, up;     // when gate and up types differ
+    // Backend copies of the vectors (device memory on a GPU); qkv_bias null when absent.
+    float *attn_norm = nullptr, *ffn_norm = nullptr, *qkv_bias = nullptr;
+  };
+  Status validate_step(const StepInputs& step, const KvCache& cache, const int32_t* rows, int32_t n) const;
+
+  ModelConfig cfg_;
+  Backend* backend_ = nullptr;
+  int32_t max_tokens_ = 0;
+  int32_t first_layer_ = 0, last_layer_ = 0;
+  std::unique_ptr<Weight> embed_, output_;
+  float* output_norm_ = nullptr;
+  std::vector<Layer> layers_;
+  std::vector<float> inv_freq_;
+  // Scratch, sized for max_batch_tokens.
+  float *x_ = nullptr, *h_ = nullptr, *qkv_ = nullptr, *attn_ = nullptr, *gu_ = nullptr, *act_ = nullptr;
+  float *cos_sin_ = nullptr, *last_ = nullptr;
+  float* logits_dev_ = nullptr;           // [kLogitChunk, vocab], device backends only
+  std::vector<float> cos_sin_host_;       // [max_batch_tokens, head_dim]
+  std::vector<DeviceSampleParams> chunk_params_;  // one logits chunk's sampling settings
+  static constexpr int32_t kLogitChunk = 64;
+};
+
+}  // namespace troupe

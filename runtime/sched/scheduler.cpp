@@ -1,0 +1,275 @@
+#include "runtime/sched/scheduler.h"
+
+#include <algorithm>
+
+namespace troupe {
+
+SchedulingPolicy SchedulingPolicy::fcfs() {
+  return {[](const SchedState& a, const SchedState& b) { return a.arrival < b.arrival; }};
+}
+
+SchedulingPolicy SchedulingPolicy::priority() {
+  return {[](const SchedState& a, const SchedState& b) {
+    return a.req.priority != b.req.priority ? a.req.priority < b.req.priority : a.arrival < b.arrival;
+  }};
+}
+
+bool WaitingOrder::operator()(int64_t a, int64_t b) const {
+  const SchedState& x = sched->states_.at(a);
+  const SchedState& y = sched->states_.at(b);
+  if (sched->policy_.before(x, y)) return true;
+  if (sched->policy_.before(y, x)) return false;
+  return x.queue_rank < y.queue_rank;
+}
+
+Scheduler::Scheduler(const SchedulerConfig& cfg, KvBlocks& kv, SchedulingPolicy policy)
+    : cfg_(cfg), kv_(kv), policy_(std::move(policy)), waiting_(WaitingOrder{this}) {
+  cfg_.max_batched_tokens = std::max(1, cfg_.max_batched_tokens);
+  cfg_.max_running = std::max(1, cfg_.max_running);
+}
+
+Status Scheduler::add(SeqRequest r) {
+  if (states_.count(r.id)) return make_error("request id " + std::to_string(r.id) + " is already scheduled");
+  if (r.prompt.empty()) return make_error("empty prompt");
+  if (r.max_new_tokens < 1) return make_error("max_new_tokens must be at least 1");
+  if (!cfg_.chunked_prefill && static_cast<int64_t>(r.prompt.size()) > cfg_.max_batched_tokens)
+    return make_error("prompt of " + std::to_string(r.prompt.size()) + " tokens exceeds the token budget of " +
+                      std::to_string(cfg_.max_batched_tokens) + " and chunked prefill is off");
+  const int64_t total = static_cast<int64_t>(r.prompt.size()) + r.max_new_tokens;
+  const int64_t capacity = int64_t{kv_.config().num_blocks} * kv_.config().block_size;
+  if (total > capacity)
+    return make_error("request needs " + std::to_string(total) + " tokens of KV cache but the pool holds " +
+                      std::to_string(capacity));
+  SchedState s;
+  s.tokens = r.prompt;
+  s.req = std::move(r);
+  s.arrival = next_arrival_++;
+  const int64_t id = s.req.id;
+  states_.emplace(id, std::move(s));
+  enqueue(id, false);
+  return {};
+}
+
+void Scheduler::enqueue(int64_t id, bool front) {
+  states_.at(id).queue_rank = front ? --front_rank_ : ++back_rank_;
+  waiting_.insert(id);
+}
+
+void Scheduler::abort(int64_t id) {
+  auto it = states_.find(id);
+  if (it == states_.end()) return;
+  kv_.free_sequence(id);
+  waiting_.erase(id);  // (before the state its order reads goes)
+  running_.erase(std::remove(running_.begin(), running_.end(), id), running_.end());
+  states_.erase(it);
+}
+
+void Scheduler::preempt(int64_t id) {
+  SchedState& s = states_.at(id);
+  kv_.free_sequence(id);  // recompute later; cached full blocks may still be reused
+  s.num_computed = 0;
+  ++s.num_preemptions;
+  ++preemptions_;
+  running_.erase(std::remove(running_.begin(), running_.end(), id), running_.end());
+  enqueue(id, true);
+}
+
+// With chunked prefill off, `left` tokens are computed whole or not at all this step --
+// unless they could never fit one step (a resumed sequence that outgrew the budget).
+bool Scheduler::may_split(int32_t left, int32_t n) const {
+  return cfg_.chunked_prefill || n == left || left > cfg_.max_batched_tokens;
+}
+
+// The step's token budget: --max-num-batched-tokens, or less under the latency target while
+// a running sequence has sampled a token (its next token waits for this step); never fewer
+// than two tokens per decoding sequence, so that prefill always moves.
+int32_t Scheduler::step_budget(const std::set<int64_t>* busy) const {
+  if (cfg_.itl_target_s <= 0 || !cfg_.chunked_prefill || !step_time_.ready()) return cfg_.max_batched_tokens;
+  int32_t streaming = 0, decoding = 0;
+  double decode_pairs = 0, chunk_context = -1;  // the first prompt in policy order: where its chunk starts
+  for (int64_t id : running_) {  // (in policy order)
+    const SchedState& s = states_.at(id);
+    const bool free = !(busy && busy->count(id));
+    const int32_t left = static_cast<int32_t>(s.tokens.size()) - s.num_computed;
+    if (free && left > 1 && chunk_context < 0) chunk_context = s.num_computed;
+    if (s.num_generated == 0) continue;
+    ++streaming;
+    if (free && left == 1) {
+      ++decoding;
+      decode_pairs += s.num_computed + 1;
+    }
+  }
+  if (streaming == 0) return cfg_.max_batched_tokens;
+  if (chunk_context < 0) chunk_context = 0;  // a waiting prompt (its prefix-cache hit is not known here)
+  const int32_t d = std::max(1, decoding);
+  const double limit = std::max(cfg_.itl_target_s, 3 * step_time_.predict({double(d), double(d), decode_pairs}));
+  // The most prompt tokens p beside the decodes whose step is predicted within the limit
+  // (d + 1 sampled rows: the decodes and a prompt that may finish); the price grows with p.
+  auto fits = [&](int32_t p) {
+    const double pairs = decode_pairs + p * (chunk_context + (p + 1) / 2.0);
+    return step_time_.predict({double(d + p), double(d + 1), pairs}) <= limit;
+  };
+  int32_t lo = 0, hi = std::max(0, cfg_.max_batched_tokens - d);
+  while (lo < hi) {
+    const int32_t mid = lo + (hi - lo + 1) / 2;
+    if (fits(mid)) lo = mid;
+    else hi = mid - 1;
+  }
+  return std::clamp(d + lo, std::min(2 * d, cfg_.max_batched_tokens), cfg_.max_batched_tokens);
+}
+
+void Scheduler::observe_step(const StepPlan& plan, double seconds) {
+  StepShape shape;
+  shape.tokens = plan.num_tokens;
+  for (const ScheduledSeq& q : plan.seqs) {
+    shape.rows += q.samples ? 1 : 0;
+    shape.pairs += q.num_new * (q.num_computed + (q.num_new + 1) / 2.0);
+  }
+  step_time_.observe(shape, seconds);
+}
+
+StepPlan Scheduler::schedule(const std::set<int64_t>* busy) {
+  StepPlan plan;
+  auto is_busy = [&](int64_t id) { return busy && busy->count(id) > 0; };
+  std::sort(running_.begin(), running_.end(), [&](int64_t a, int64_t b) { return policy_.before(states_.at(a), states_.at(b)); });
+  const int32_t step_budget0 = step_budget(busy);
+  const bool capped = step_budget0 < cfg_.max_batched_tokens;
+  int32_t budget = step_budget0;
+  auto is_decoding = [&](int64_t id) {
+    const SchedState& s = states_.at(id);
+    return !is_busy(id) && s.num_computed + 1 == static_cast<int32_t>(s.tokens.size());
+  };
+  // Running requests first, in policy order; the last in order is preempted for room.
+  for (size_t i = 0; i < running_.size() && budget > 0;) {
+    const int64_t id = running_[i];
+    if (is_busy(id)) { ++i; continue; }
+    SchedState& s = states_.at(id);
+    const int32_t left = static_cast<int32_t>(s.tokens.size()) - s.num_computed;
+    int32_t room = budget;
+    if (capped && left > 1) {  // under the cap, a chunk leaves a token for each decode after it
+      const auto after = running_.begin() + static_cast<std::ptrdiff_t>(i) + 1;
+      room -= static_cast<int32_t>(std::count_if(after, running_.end(), is_decoding));
+    }
+    const int32_t n = std::min(left, room);
+    if (n <= 0 || !may_split(left, n)) { ++i; continue; }
+    if (kv_.reserve(id, s.num_computed + n, s.tokens, &plan.copies)) {
+      plan.seqs.push_back({id, s.num_computed, n, s.num_computed + n == static_cast<int32_t>(s.tokens.size())});
+      budget -= n;
+      ++i;
+      continue;
+    }
+    int64_t victim = id;  // the last in policy order that is not in flight (at worst this one)
+    for (auto r = running_.rbegin(); r != running_.rend(); ++r)
+      if (!is_busy(*r)) { victim = *r; break; }
+    plan.preempted.push_back(victim);
+    // A victim already planned this step is taken out of the plan.
+    for (auto p = plan.seqs.begin(); p != plan.seqs.end(); ++p)
+      if (p->id == victim) { budget += p->num_new; plan.seqs.erase(p); break; }
+    preempt(victim);
+    if (victim == id) continue;  // i now points at the next request
+  }
+  // Then waiting requests while budget, the running cap and the pool allow.
+  while (!waiting_.empty() && budget > 0 && static_cast<int32_t>(running_.size()) < cfg_.max_running) {
+    const int64_t id = *waiting_.begin();
+    SchedState& s = states_.at(id);
+    auto cached = kv_.add_sequence(id, s.tokens);
+    if (!cached) break;
+    s.num_computed = *cached;
+    const int32_t left = static_cast<int32_t>(s.tokens.size()) - s.num_computed;
+    const int32_t n = std::min(left, budget);
+    if (!may_split(left, n) || !kv_.reserve(id, s.num_computed + n, s.tokens, &plan.copies)) {
+      kv_.free_sequence(id);
+      s.num_computed = 0;
+      break;  // head-of-line: keep the order the policy chose
+    }
+    waiting_.erase(waiting_.begin());
+    running_.push_back(id);
+    plan.seqs.push_back({id, s.num_computed, n, s.num_computed + n == static_cast<int32_t>(s.tokens.size())});
+    budget -= n;
+  }
+  plan.num_tokens = step_budget0 - budget;
+  if (capped && !plan.seqs.empty()) ++capped_steps_;
+  return plan;
+}
+
+Status Scheduler::settle(StepPlan& plan, const std::vector<KvOp>& ops, const std::vector<KvOpResult>& results) {
+  if (ops.size() != results.size())
+    return make_error("the KV-block manager answered " + std::to_string(results.size()) + " of " +
+                      std::to_string(ops.size()) + " block operations");
+  auto drop = [&](int64_t id) {
+    plan.seqs.erase(std::remove_if(plan.seqs.begin(), plan.seqs.end(), [&](const ScheduledSeq& q) { return q.id == id; }),
+                    plan.seqs.end());
+  };
+  std::vector<int64_t> refused;
+  for (size_t i = 0; i < ops.size(); ++i) {
+    const KvOp& op = ops[i];
+    const KvOpResult& r = results[i];
+    // The ledger only accepts what fits, so a refused reservation, or a refused chunked
+    // admission that is not behind an earlier refusal (head-of-line), means the ledger and
+    // the block owner disagree: an error, rather than planning the same step again.
+    if (op.kind == KvOp::Kind::Reserve && !r.ok)
+      return make_error("the KV-block manager refused a reservation for sequence " + std::to_string(op.seq) +
+                        " that the ledger counted as free");
+    if (op.kind != KvOp::Kind::Admit) continue;
+    if (!r.ok && !op.whole && refused.empty())
+      return make_error("the KV-block manager refused the admission of sequence " + std::to_string(op.seq) +
+                        " that the ledger counted as free");
+    auto st = states_.find(op.seq);
+    auto q = std::find_if(plan.seqs.begin(), plan.seqs.end(), [&](const ScheduledSeq& x) { return x.id == op.seq; });
+    if (st == states_.end() || q == plan.seqs.end()) return make_error("an admission names a sequence the plan lacks");
+    SchedState& s = st->second;
+    if (!r.ok) {
+      drop(op.seq);
+      running_.erase(std::remove(running_.begin(), running_.end(), op.seq), running_.end());
+      s.num_computed = 0;
+      refused.push_back(op.seq);
+      continue;
+    }
+    const int32_t len = static_cast<int32_t>(s.tokens.size());
+    if (r.cached < 0 || r.cached % kv_.config().block_size != 0 || r.num_new < 1 || r.num_new > q->num_new ||
+        r.cached + r.num_new > len)
+      return make_error("the KV-block manager admitted sequence " + std::to_string(op.seq) + " outside its plan");
+    s.num_computed = r.cached;
+    q->num_computed = r.cached;
+    q->num_new = r.num_new;
+    q->samples = r.cached + r.num_new == len;
+  }
+  for (auto it = refused.rbegin(); it != refused.rend(); ++it) enqueue(*it, true);
+  plan.num_tokens = 0;
+  for (const ScheduledSeq& q : plan.seqs) plan.num_tokens += q.num_new;
+  return {};
+}
+
+std::vector<FinishedRequest> Scheduler::update(const StepPlan& plan, const std::vector<int32_t>& sampled,
+                                               const std::function<bool(int64_t, int32_t)>& is_stop) {
+  std::vector<FinishedRequest> done;
+  size_t k = 0;
+  for (const ScheduledSeq& p : plan.seqs) {
+    auto it = states_.find(p.id);
+    if (it == states_.end()) { if (p.samples) ++k; continue; }  // aborted meanwhile
+    SchedState& s = it->second;
+    s.num_computed = p.num_computed + p.num_new;
+    if (!p.samples) continue;
+    if (k >= sampled.size()) break;
+    const int32_t tok = sampled[k++];
+    s.tokens.push_back(tok);
+    ++s.num_generated;
+    const bool stop = is_stop && is_stop(p.id, tok);
+    if (stop || s.num_generated >= s.req.max_new_tokens) {
+      FinishedRequest f;
+      f.id = p.id;
+      f.output.assign(s.tokens.end() - s.num_generated, s.tokens.end());
+      f.hit_stop = stop;
+      done.push_back(std::move(f));
+      abort(p.id);
+    }
+  }
+  return done;
+}
+
+const SchedState* Scheduler::state(int64_t id) const {
+  auto it = states_.find(id);
+  return it == states_.end() ? nullptr : &it->second;
+}
+
+}  // namespace troupe
