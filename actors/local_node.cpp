@@ -16,12 +16,19 @@ void LocalNode::stop() {
 Result<LocalNode> spawn_local_node(caf::actor_system& sys, const ModelFiles& files, NodeOptions opt,
                                    const ProgressFn& progress) {
   const ModelConfig& c = files.config;
-  if (!files.tokenizer) return make_error("the model has no tokenizer (serving needs one)");
+  if (!files.tokenizer && opt.require_tokenizer) return make_error("the model has no tokenizer (serving needs one)");
   if (opt.num_stages < 1 || opt.num_stages > c.num_layers)
     return make_error("--pipeline-stages must be 1.." + std::to_string(c.num_layers) + " for this model");
   if (opt.num_tokenizers < 1 || opt.num_tokenizers > 64) return make_error("tokenizer pool size must be 1..64");
   if (opt.scheduler.scheduler.max_batched_tokens > opt.max_batch_tokens)
     return make_error("the token budget per step exceeds the model's max batch");
+  // (before any actor is spawned, so a refusal leaves nothing behind)
+  std::shared_ptr<const ChatTemplate> tmpl;
+  if (!files.chat_template.empty()) {
+    auto t = ChatTemplate::parse(files.chat_template);
+    if (!t) return make_error("chat template: " + t.error().message);
+    tmpl = std::make_shared<const ChatTemplate>(std::move(*t));
+  }
   // Build every stage's worker first (the slow part), then spawn from the last stage back.
   auto stage_device = stage_devices(opt.device, opt.num_stages);
   if (!stage_device) return stage_device.error();
@@ -80,6 +87,7 @@ Result<LocalNode> spawn_local_node(caf::actor_system& sys, const ModelFiles& fil
     if (!devices[i]) continue;
     stage_workers[i] = opt.detached_workers ? sys.spawn<caf::detached>(worker_fn, devices[i]) : sys.spawn(worker_fn, devices[i]);
     node.workers.push_back(stage_workers[i]);
+    node.backends.push_back(devices[i]->backend->name());
   }
   node.stages.resize(devices.size());
   // JSON mode's vocabulary bytes, for the last stage's samplers (when that stage is here)
@@ -98,25 +106,25 @@ Result<LocalNode> spawn_local_node(caf::actor_system& sys, const ModelFiles& fil
     }
     next = node.stages[i];
   }
-  auto tok = std::make_shared<const Tokenizer>(*files.tokenizer);
+  std::shared_ptr<const Tokenizer> tok;
+  if (files.tokenizer) tok = std::make_shared<const Tokenizer>(*files.tokenizer);
   if (opt.scheduler.max_plans_in_flight <= 0) opt.scheduler.max_plans_in_flight = opt.num_stages;
   opt.scheduler.vocab_size = c.vocab;
   opt.scheduler.max_context = c.max_context;
-  opt.scheduler.is_eog = [tok](int32_t t) { return tok->is_eog(t); };
+  if (tok)
+    opt.scheduler.is_eog = [tok](int32_t t) { return tok->is_eog(t); };
+  else
+    opt.scheduler.is_eog = [](int32_t) { return false; };
   node.board = std::make_shared<StatsBoard>();
   node.kv = sys.spawn(kv_block_fn, KvBlockActorConfig{opt.scheduler.kv, opt.check_kv_invariants});
   node.scheduler = sys.spawn(scheduler_fn, opt.scheduler, node.stages.front(), node.kv, node.board);
   for (size_t i = 0; i < links.size(); ++i)
     if (links[i]) caf::anon_send(caf::actor_cast<caf::actor>(node.stages[i]), link_scheduler_atom::value, node.scheduler);
-  std::shared_ptr<const ChatTemplate> tmpl;
-  if (!files.chat_template.empty()) {
-    auto t = ChatTemplate::parse(files.chat_template);
-    if (!t) return make_error("chat template: " + t.error().message);
-    tmpl = std::make_shared<const ChatTemplate>(std::move(*t));
+  if (tok) {
+    std::vector<tokenizer_actor> toks;
+    for (int32_t i = 0; i < opt.num_tokenizers; ++i) toks.push_back(sys.spawn(tokenizer_fn, tok, tmpl));
+    node.tokenizers = std::make_shared<TokenizerPool>(std::move(toks));
   }
-  std::vector<tokenizer_actor> toks;
-  for (int32_t i = 0; i < opt.num_tokenizers; ++i) toks.push_back(sys.spawn(tokenizer_fn, tok, tmpl));
-  node.tokenizers = std::make_shared<TokenizerPool>(std::move(toks));
   node.request_context = RequestContext{node.scheduler, node.tokenizers, tok, std::make_shared<std::atomic<int64_t>>(1)};
   return node;
 }

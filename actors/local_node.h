@@ -27,6 +27,9 @@ struct NodeOptions {
   CudaBackendOptions cuda;       // CUDA: batch invariance, graphs, tensor-core matmul (device from `device`)
   int32_t max_batch_tokens = 512;
   int32_t num_tokenizers = 1;
+  // false: a model without a tokenizer (dummy weights) is served token ids only: no
+  // tokenizer pool, no end-of-generation token (`troupe bench`).
+  bool require_tokenizer = true;
   bool detached_workers = true;  // workers on their own threads (false: deterministic tests)
   bool check_kv_invariants = false;  // the KV-block-manager actor checks its invariants after every request
   uint64_t fail_step = 0;  // fault injection: the last stage's worker fails this step (0: never)
@@ -42,6 +45,7 @@ struct LocalNode {
   kv_block_actor kv;
   std::vector<stage_actor> stages;
   std::vector<worker_actor> workers;  // one per local stage, in stage order
+  std::vector<std::string> backends;  // the local workers' backend names ("cpu(AVX512, 2 threads)")
   std::shared_ptr<TokenizerPool> tokenizers;
   std::shared_ptr<StatsBoard> board;
   RequestContext request_context;

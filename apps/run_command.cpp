@@ -1,4 +1,7 @@
 // `troupe run`: generate from a prompt, or chat interactively with the model's template.
+// Sequences go through the same engine `troupe serve` runs (apps/local_engine.h); only
+// --draft-max (prompt lookup) still feeds one sequence directly until speculation moves
+// into the scheduler.
 #include <spdlog/spdlog.h>
 
 #include <chrono>
@@ -6,6 +9,7 @@
 #include <random>
 
 #include "apps/common.h"
+#include "apps/local_engine.h"
 #include "apps/subcommands.h"
 #include "runtime/chat/chat_template.h"
 #include "runtime/engine/lookup_decoder.h"
@@ -99,6 +103,53 @@ Status generate(SequenceRunner& runner, const Tokenizer& tok, Sampler& sampler, 
   return {};
 }
 
+// Through the engine: submits `tokens` (the whole prompt or conversation; a chat's earlier
+// turns are found in the prefix cache), streams the sampled text to stdout until EOS or
+// max_tokens.
+Status generate_engine(LocalEngine& engine, const Tokenizer& tok, const SamplingParams& sp, const std::vector<int32_t>& tokens,
+                       int max_tokens, bool ignore_eos, Stats& stats, std::string* reply) {
+  const int ctx = engine.files().config.max_context;
+  const int room = ctx - static_cast<int>(tokens.size());
+  SeqRequest r;
+  r.id = engine.next_id();
+  r.prompt = tokens;
+  r.sampling = sp;
+  r.ignore_eos = ignore_eos;
+  r.max_new_tokens = std::min(max_tokens, room);
+  stats.prompt_tokens = static_cast<int>(tokens.size());
+  stats.gen_tokens = 0;
+  if (r.max_new_tokens <= 0) return {};
+  IncrementalDecoder dec(tok);
+  const auto t0 = Clock::now();
+  auto t1 = t0;
+  auto st = engine.run_seq(std::move(r), [&](const actors::SeqEvent& ev) {
+    const auto now = Clock::now();
+    if (stats.gen_tokens++ == 0) {
+      stats.prompt_s = std::chrono::duration<double>(now - t0).count();
+      t1 = now;
+    }
+    stats.gen_s = std::chrono::duration<double>(now - t1).count();
+    if (ev.hit_stop) return true;  // (a stop token's text is not printed)
+    const std::string piece = dec.push(ev.token);
+    std::cout << piece << std::flush;
+    if (reply) *reply += piece;
+    return true;
+  });
+  const std::string rest = dec.flush();
+  std::cout << rest << std::flush;
+  if (reply) *reply += rest;
+  if (st && room < max_tokens && stats.gen_tokens == room) spdlog::warn("context of {} tokens is full; stopping", ctx);
+  return st;
+}
+
+// The sequence loop with prompt-lookup drafts (--draft-max): one sequence fed directly
+// through a SequenceRunner, a chat's cache reused by keeping the common prefix.
+struct LookupRun {
+  LoadedEngine engine;
+  std::unique_ptr<SequenceRunner> runner;
+  std::vector<int32_t> fed;  // what the cache holds
+};
+
 int run(const RunFlags& f) {
   if (!f.prompt.empty() && !is_valid_utf8(f.prompt)) {
     spdlog::error("the prompt is not valid UTF-8");
@@ -112,21 +163,43 @@ int run(const RunFlags& f) {
     spdlog::error("-n must be >= 0");
     return 2;
   }
-  auto engine = load_engine(f.model);
-  if (!engine) {
-    spdlog::error("{}", engine.error().message);
-    return 1;
+  std::unique_ptr<LocalEngine> engine;
+  std::optional<LookupRun> lookup;
+  const ModelFiles* files = nullptr;
+  if (f.draft_max == 0) {
+    LocalEngineOptions eo;
+    eo.kv_tokens = f.model.ctx + 16;
+    eo.require_tokenizer = false;
+    auto e = LocalEngine::start(f.model, eo);
+    if (!e) {
+      spdlog::error("{}", e.error().message);
+      return 1;
+    }
+    engine = std::move(*e);
+    files = &engine->files();
+  } else {
+    auto e = load_engine(f.model);
+    if (!e) {
+      spdlog::error("{}", e.error().message);
+      return 1;
+    }
+    lookup.emplace();
+    lookup->engine = std::move(*e);
+    files = &lookup->engine.files;
   }
-  if (!engine->files.tokenizer) {
+  if (!files->tokenizer) {
     spdlog::error("this model has no tokenizer (dummy weights): use `troupe bench` instead");
     return 2;
   }
-  const Tokenizer& tok = *engine->files.tokenizer;
-  const int ctx = std::min(f.model.ctx, engine->files.config.max_context);
-  auto runner = SequenceRunner::create(*engine->model, *engine->backend, ctx);
-  if (!runner) {
-    spdlog::error("{}", runner.error().message);
-    return 2;
+  const Tokenizer& tok = *files->tokenizer;
+  const int ctx = std::min(f.model.ctx, files->config.max_context);
+  if (lookup) {
+    auto runner = SequenceRunner::create(*lookup->engine.model, *lookup->engine.backend, ctx);
+    if (!runner) {
+      spdlog::error("{}", runner.error().message);
+      return 2;
+    }
+    lookup->runner = std::move(*runner);
   }
   SamplingParams sp;
   sp.temperature = f.temperature;
@@ -140,11 +213,27 @@ int run(const RunFlags& f) {
     return 2;
   }
   spdlog::debug("seed {}", sp.seed);
+  // One reply to `all` (the prompt, or the whole conversation so far).
+  auto reply_to = [&](const std::vector<int32_t>& all, bool ignore_eos, Stats& stats, std::string* reply) -> Status {
+    if (engine) return generate_engine(*engine, tok, sp, all, f.max_tokens, ignore_eos, stats, reply);
+    // Only the tokens beyond what the cache already holds are fed.
+    std::vector<int32_t>& fed = lookup->fed;
+    size_t common = 0;
+    while (common < fed.size() && common < all.size() && fed[common] == all[common]) ++common;
+    if (common < fed.size()) {  // the history differs from the cache after `common`
+      lookup->runner->truncate(static_cast<int32_t>(common));
+      fed.resize(common);
+    }
+    std::vector<int32_t> fresh(all.begin() + static_cast<long>(common), all.end());
+    if (fresh.empty()) return {};
+    Sampler sampler(sp, tok.vocab_size());
+    return generate(*lookup->runner, tok, sampler, fresh, f.max_tokens, ignore_eos, f.draft_max, stats, reply, &fed);
+  };
 
   std::optional<ChatTemplate> tmpl;
-  const bool use_template = !f.raw && !engine->files.chat_template.empty();
+  const bool use_template = !f.raw && !files->chat_template.empty();
   if (use_template) {
-    auto t = ChatTemplate::parse(engine->files.chat_template);
+    auto t = ChatTemplate::parse(files->chat_template);
     if (!t) {
       spdlog::error("chat template: {}", t.error().message);
       return 1;
@@ -171,10 +260,9 @@ int run(const RunFlags& f) {
       spdlog::error("the prompt has {} tokens, more than the context of {} allows", tokens.size(), ctx);
       return 2;
     }
-    Sampler sampler(sp, tok.vocab_size());
     Stats stats;
     std::cout << f.prompt << std::flush;
-    if (auto st = generate(**runner, tok, sampler, tokens, f.max_tokens, f.ignore_eos, f.draft_max, stats, nullptr); !st) {
+    if (auto st = reply_to(tokens, f.ignore_eos, stats, nullptr); !st) {
       spdlog::error("{}", st.error().message);
       return 1;
     }
@@ -183,10 +271,9 @@ int run(const RunFlags& f) {
     return 0;
   }
 
-  // Interactive chat: the whole conversation is re-rendered each turn and only the new
-  // tokens beyond what the KV cache already holds are fed.
-  std::vector<int32_t> fed;
-  std::fprintf(stderr, "chat with %s; an empty line or Ctrl-D ends\n", engine->files.config.name.c_str());
+  // Interactive chat: the whole conversation is re-rendered each turn; what the KV cache
+  // already holds of it is not computed again.
+  std::fprintf(stderr, "chat with %s; an empty line or Ctrl-D ends\n", files->config.name.c_str());
   std::string line = f.prompt;
   bool first = true;
   for (;;) {
@@ -213,30 +300,19 @@ int run(const RunFlags& f) {
       text = line + "\n";
     }
     std::vector<int32_t> all = tok.encode(text, true, true);
-    size_t common = 0;
-    while (common < fed.size() && common < all.size() && fed[common] == all[common]) ++common;
-    if (common < fed.size()) {  // the re-rendered history differs from the cache after `common`
-      (*runner)->truncate(static_cast<int32_t>(common));
-      fed.resize(common);
-    }
     if (static_cast<int>(all.size()) + f.max_tokens > ctx) {
       spdlog::error("the conversation ({} tokens) no longer fits the context of {}", all.size(), ctx);
       return 2;
     }
-    std::vector<int32_t> fresh(all.begin() + static_cast<long>(common), all.end());
-    if (fresh.empty()) continue;
-    Sampler sampler(sp, tok.vocab_size());
     Stats stats;
     std::string reply;
-    if (auto st = generate(**runner, tok, sampler, fresh, f.max_tokens, false, f.draft_max, stats, &reply, &fed); !st) {
+    if (auto st = reply_to(all, false, stats, &reply); !st) {
       spdlog::error("{}", st.error().message);
       return 1;
     }
     std::cout << "\n";
     stats.print();
     messages.push_back({"assistant", reply});
-    // `fed` now mirrors the cache; the next turn keeps the longest common prefix of it and
-    // the re-rendered conversation (the template may tokenize the reply differently).
   }
   return 0;
 }

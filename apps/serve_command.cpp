@@ -11,6 +11,7 @@
 #include "actors/local_node.h"
 #include "actors/worker_actor.h"
 #include "apps/common.h"
+#include "apps/local_engine.h"
 #include "apps/serve/openai_server.h"
 #include "apps/subcommands.h"
 
@@ -137,12 +138,8 @@ int serve(ServeFlags f) {
   }
   auto mf = std::make_shared<ModelFiles>(std::move(*files));
   mf->config.max_context = std::min<int32_t>(mf->config.max_context, f.model.ctx);
-  actors::NodeOptions no;
+  actors::NodeOptions no = node_options(f.model);
   no.num_stages = f.pipeline_stages;
-  no.threads = f.model.threads;
-  no.device = f.model.device;
-  no.cuda = f.model.cuda_options();
-  no.max_batch_tokens = f.model.batch;
   no.num_tokenizers = f.tokenizer_actors;
   no.fail_step = f.debug_fail_step;
   no.hang_step = f.debug_hang_step;
