@@ -67,18 +67,7 @@ void send_kv(self_ptr self, StepPlan plan) {
   auto& st = self->state;
   KvOpsRequest req = make_kv_request(*st.ledger, *st.sched, plan, ++st.kv_batch);
   req.drop_cached = std::exchange(st.drop_cached, false);
-  auto ops = std::make_shared<std::vector<KvOp>>();
-  ops->reserve(req.ops.size());
-  for (const KvOp& op : req.ops) {  // what settle() reads, without the token lists
-    KvOp light;
-    light.kind = op.kind;
-    light.seq = op.seq;
-    light.cached = op.cached;
-    light.num_tokens = op.num_tokens;
-    light.allowance = op.allowance;
-    light.whole = op.whole;
-    ops->push_back(std::move(light));
-  }
+  auto ops = std::make_shared<std::vector<KvOp>>(kv_ops_for_settle(req.ops));
   auto pending = std::make_shared<StepPlan>(std::move(plan));
   const auto sent = std::chrono::steady_clock::now();
   st.kv_waiting = true;
@@ -112,9 +101,7 @@ void maybe_step(self_ptr self) {
   if (plan.seqs.empty() && !st.ledger->has_pending()) {
     // Nothing to plan now (the pipeline is full, or nothing fits): fetch the hints of
     // sequences that arrived meanwhile, so that the next plan can admit them at once.
-    bool missing = false;
-    for (int64_t id : kv_probe_window(*st.ledger, *st.sched)) missing = missing || !st.ledger->has_hint(id);
-    if (!missing) return;
+    if (!kv_hints_missing(*st.ledger, *st.sched)) return;
   }
   send_kv(self, std::move(plan));
 }
@@ -122,10 +109,7 @@ void maybe_step(self_ptr self) {
 void on_kv_reply(self_ptr self, StepPlan& plan, const std::vector<KvOp>& ops, KvOpsReply& r) {
   auto& st = self->state;
   st.kv_waiting = false;
-  st.ledger->sync(r.snapshot);
-  if (!ops.empty() && !plan.seqs.empty()) {
-    if (auto ok = st.sched->settle(plan, ops, r.results); !ok) return fail_engine(self, ok.error().message);
-  }
+  if (auto ok = finish_kv_round(*st.ledger, *st.sched, plan, ops, r); !ok) return fail_engine(self, ok.error().message);
   if (plan.seqs.empty()) {
     maybe_step(self);
     return publish(st);

@@ -1,5 +1,7 @@
 #include "sim/cluster.h"
 
+#include "sim/serving_scheduler.h"
+
 #include <algorithm>
 #include <cmath>
 #include <map>
@@ -14,13 +16,12 @@ enum class Role { both, prefill, decode };
 
 struct Instance {
   Role role = Role::both;
-  std::unique_ptr<KvBlockManager> kv;
-  std::unique_ptr<Scheduler> sched;
+  std::unique_ptr<ServingScheduler> serving;
   bool busy = false;
   double busy_until = 0;
   StepPlan plan;
   double usage_time = 0;
-  size_t load() const { return sched->num_running() + sched->num_waiting(); }
+  size_t load() const { return serving->load(); }
 };
 
 struct Transfer {
@@ -53,13 +54,12 @@ Result<SimResult> simulate_cluster(const std::vector<SimRequest>& reqs, const Si
     for (int32_t i = 0; i < n; ++i) {
       Instance x;
       x.role = role;
-      x.kv = std::make_unique<KvBlockManager>(cfg.kv);
       SchedulerConfig sc = cfg.scheduler;
       // A decode instance's plans carry the prompts that arrived with their KV as tokens it
       // does not compute: the latency target would chunk that pretend work, so it is off there.
       if (role == Role::decode) sc.itl_target_s = 0;
-      x.sched = std::make_unique<Scheduler>(
-          sc, *x.kv, cfg.policy == "priority" ? SchedulingPolicy::priority() : SchedulingPolicy::fcfs());
+      x.serving = std::make_unique<ServingScheduler>(
+          sc, cfg.kv, cfg.policy == "priority" ? SchedulingPolicy::priority() : SchedulingPolicy::fcfs());
       inst.push_back(std::move(x));
     }
   };
@@ -92,7 +92,9 @@ Result<SimResult> simulate_cluster(const std::vector<SimRequest>& reqs, const Si
   auto start = [&](size_t k) -> Status {
     Instance& x = inst[k];
     if (x.busy || x.load() == 0) return {};
-    x.plan = x.sched->schedule();
+    auto planned = x.serving->plan();
+    if (!planned) return planned.error();
+    x.plan = std::move(*planned);
     if (x.plan.seqs.empty()) return {};
     shapes.clear();
     for (const auto& s : x.plan.seqs) {
@@ -125,8 +127,8 @@ Result<SimResult> simulate_cluster(const std::vector<SimRequest>& reqs, const Si
       out.decisions.push_back(line.str());
     }
     const double dt = shapes.empty() ? cost.hardware().step_overhead_s : cost.step_seconds(shapes);
-    x.sched->observe_step(x.plan, dt);
-    const double usage = 1.0 - static_cast<double>(x.kv->num_free_blocks()) / cfg.kv.num_blocks;
+    x.serving->sched().observe_step(x.plan, dt);
+    const double usage = 1.0 - static_cast<double>(x.serving->kv().num_free_blocks()) / cfg.kv.num_blocks;
     x.usage_time += usage * dt;
     out.peak_kv_usage = std::max(out.peak_kv_usage, usage);
     x.busy = true;
@@ -137,10 +139,12 @@ Result<SimResult> simulate_cluster(const std::vector<SimRequest>& reqs, const Si
   auto admit = [&](size_t i, Role role, std::vector<int32_t> prompt, int32_t max_new) -> Status {
     const size_t k = route(role);
     const SimRequest& q = reqs[i];
-    if (!inst[k].sched->add({q.id, std::move(prompt), max_new, q.priority}).ok()) {
+    if (!inst[k].serving->sched().add({q.id, std::move(prompt), max_new, q.priority}).ok()) {
       out.requests[i].rejected = true;
       return {};
     }
+    // A busy instance fetches the newcomer's hints during its step, as serve does.
+    if (inst[k].busy) return inst[k].serving->fetch_hints();
     return start(k);
   };
   while (true) {
@@ -169,7 +173,7 @@ Result<SimResult> simulate_cluster(const std::vector<SimRequest>& reqs, const Si
         r.token_times.push_back(now);
         ++r.generated;
       }
-      for (const auto& f : x.sched->update(x.plan, sampled, never_stop)) {
+      for (const auto& f : x.serving->sched().update(x.plan, sampled, never_stop)) {
         const size_t i = index.at(f.id);
         if (x.role != Role::prefill || reqs[i].output_tokens <= 1) {
           out.requests[i].finish = now;
@@ -200,7 +204,7 @@ Result<SimResult> simulate_cluster(const std::vector<SimRequest>& reqs, const Si
   }
   for (const auto& x : inst) {
     if (x.load() > 0) return make_error("the scheduler made no progress");
-    const KvBlockStats st = x.kv->stats();
+    const KvBlockStats st = x.serving->kv().stats();
     out.prefix_queries += st.prefix_queries;
     out.prefix_hits += st.prefix_hits;
   }

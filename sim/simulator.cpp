@@ -1,5 +1,7 @@
 #include "sim/simulator.h"
 
+#include "sim/serving_scheduler.h"
+
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -65,8 +67,10 @@ Result<SimResult> simulate(const std::vector<SimRequest>& reqs, const SimConfig&
   if (cfg.kv.num_blocks <= 0 || cfg.kv.block_size <= 0) return make_error("the KV pool needs at least one block");
   if (cfg.scheduler.max_batched_tokens <= 0 || cfg.scheduler.max_running <= 0)
     return make_error("the token budget and the running cap must be positive");
-  KvBlockManager kv(cfg.kv);
-  Scheduler sched(cfg.scheduler, kv, cfg.policy == "priority" ? SchedulingPolicy::priority() : SchedulingPolicy::fcfs());
+  ServingScheduler serving(cfg.scheduler, cfg.kv,
+                           cfg.policy == "priority" ? SchedulingPolicy::priority() : SchedulingPolicy::fcfs());
+  Scheduler& sched = serving.sched();
+  const KvBlockManager& kv = serving.kv();
   SimResult out;
   auto index_or = init_records(reqs, out);
   if (!index_or) return index_or.error();
@@ -76,14 +80,19 @@ Result<SimResult> simulate(const std::vector<SimRequest>& reqs, const SimConfig&
   size_t next = 0;
   std::vector<SeqShape> shapes;
   std::vector<int32_t> sampled;
-  while (true) {
+  auto arrivals = [&] {
     while (next < reqs.size() && reqs[next].arrival_s <= now) {
       const SimRequest& q = reqs[next];
       SeqRequest sr{q.id, prompt_tokens_of(q), q.output_tokens, q.priority};
       if (!sched.add(std::move(sr)).ok()) out.requests[next].rejected = true;
       ++next;
     }
-    StepPlan plan = sched.schedule();
+  };
+  while (true) {
+    arrivals();
+    auto planned = serving.plan();
+    if (!planned) return planned.error();
+    const StepPlan& plan = *planned;
     if (plan.seqs.empty()) {
       if (next < reqs.size()) {
         now = std::max(now, reqs[next].arrival_s);
@@ -124,6 +133,8 @@ Result<SimResult> simulate(const std::vector<SimRequest>& reqs, const SimConfig&
       r.token_times.push_back(now);
       ++r.generated;
     }
+    arrivals();  // (those that came during the step: serve fetches their hints meanwhile)
+    TROUPE_TRY(serving.fetch_hints());
     for (const auto& f : sched.update(plan, sampled, never_stop)) out.requests[index.at(f.id)].finish = now;
   }
   const KvBlockStats st = kv.stats();

@@ -55,25 +55,6 @@ Result<PlannedStep> plan_step(const StepPlan& plan, const Scheduler& sched, int3
   return p;
 }
 
-std::vector<int64_t> kv_probe_window(const KvLedger& ledger, const Scheduler& sched) {
-  std::vector<int64_t> ids;
-  for (int64_t id : sched.waiting()) {
-    if (ids.size() == kMaxKvProbes) break;
-    const SchedState* s = sched.state(id);
-    if (s && ledger.may_hit(s->tokens)) ids.push_back(id);
-  }
-  return ids;
-}
-
-KvOpsRequest make_kv_request(KvLedger& ledger, const Scheduler& sched, const StepPlan& plan, uint64_t batch) {
-  KvOpsRequest req;
-  req.batch = batch;
-  req.ops = ledger.take_ops();
-  for (const auto& q : plan.seqs) req.tables.push_back(q.id);
-  for (int64_t id : kv_probe_window(ledger, sched)) req.probes.push_back({id, sched.state(id)->tokens});
-  return req;
-}
-
 Result<std::unique_ptr<Engine>> Engine::create(Model& model, Backend& backend, const EngineConfig& cfg,
                                                SchedulingPolicy policy, std::function<bool(int32_t)> is_stop) {
   const ModelConfig& c = model.config();

@@ -11,6 +11,7 @@
 #include "runtime/sched/kv_block_manager.h"
 #include "runtime/model/model.h"
 #include "runtime/sample/sampler.h"
+#include "runtime/sched/kv_round.h"
 #include "runtime/sched/scheduler.h"
 
 namespace troupe {
@@ -40,15 +41,6 @@ struct PlannedStep {
 using BlockTableFn = std::function<const std::vector<int32_t>*(int64_t)>;
 Result<PlannedStep> plan_step(const StepPlan& plan, const Scheduler& sched, int32_t block_size, const BlockTableFn& table);
 Result<PlannedStep> plan_step(const StepPlan& plan, const Scheduler& sched, const KvBlockManager& kv);
-
-// The waiting sequences whose prefix-cache hints a KvOpsRequest asks for: the first
-// kMaxKvProbes at the head of the queue (where admissions come from) that could hit the
-// cache at all.
-constexpr size_t kMaxKvProbes = 8;
-std::vector<int64_t> kv_probe_window(const KvLedger& ledger, const Scheduler& sched);
-// One step's request to the KV-block-manager actor: the operations the ledger recorded
-// (taken from it), the plan's sequences for block tables, and the probe window.
-KvOpsRequest make_kv_request(KvLedger& ledger, const Scheduler& sched, const StepPlan& plan, uint64_t batch);
 
 class Engine {
  public:

@@ -28,6 +28,7 @@ int32_t KvBlockManager::take_free_block() {
   Block& blk = blocks_[b];
   blk.in_free = false;
   if (blk.has_hash) {  // evict its cached content
+    --cached_free_;
     auto it = cached_.find(blk.hash);
     if (it != cached_.end() && it->second == b) cached_.erase(it);
     blk.has_hash = false;
@@ -42,6 +43,7 @@ void KvBlockManager::release(int32_t b) {
   // Blocks holding cached content go to the LRU tail; content-free ones are reused first.
   blk.free_pos = blk.has_hash ? free_.insert(free_.end(), b) : free_.insert(free_.begin(), b);
   blk.in_free = true;
+  if (blk.has_hash) ++cached_free_;
 }
 
 std::optional<int32_t> KvBlockManager::add_sequence(int64_t seq, const std::vector<int32_t>& prompt,
@@ -63,6 +65,7 @@ std::optional<int32_t> KvBlockManager::add_sequence(int64_t seq, const std::vect
       if (blk.in_free) {
         free_.erase(blk.free_pos);
         blk.in_free = false;
+        --cached_free_;  // (it has cached content: the cache found it)
       }
       ++blk.ref;
       s.blocks.push_back(it->second);
@@ -153,6 +156,7 @@ int32_t KvBlockManager::drop_cached_free() {
     blk.has_hash = false;
     ++dropped;
   }
+  cached_free_ = 0;
   return dropped;
 }
 
@@ -200,7 +204,7 @@ KvBlockStats KvBlockManager::stats() const {
   KvBlockStats st;
   st.num_blocks = cfg_.num_blocks;
   st.num_free = num_free_blocks();
-  for (int32_t b : free_) st.num_cached_free += blocks_[b].has_hash ? 1 : 0;
+  st.num_cached_free = cached_free_;
   st.prefix_queries = queries_;
   st.prefix_hits = hits_;
   return st;
@@ -231,7 +235,9 @@ Status KvBlockManager::check_invariants() const {
     }
   }
   std::unordered_set<int32_t> in_list;
+  int32_t cached_free = 0;
   for (int32_t b : free_) {
+    cached_free += blocks_[b].has_hash ? 1 : 0;
     if (!in_list.insert(b).second) return make_error("block " + std::to_string(b) + " is twice in the free list");
     if (!blocks_[b].in_free) return make_error("block " + std::to_string(b) + " is in the free list but not marked free");
   }
@@ -248,6 +254,9 @@ Status KvBlockManager::check_invariants() const {
         return make_error("block " + std::to_string(b) + " is hashed but not in the prefix cache");
     }
   }
+  if (cached_free != cached_free_)
+    return make_error("the free list holds " + std::to_string(cached_free) + " cached blocks but " +
+                      std::to_string(cached_free_) + " are counted");
   for (const auto& [h, b] : cached_)
     if (!blocks_[b].has_hash || blocks_[b].hash != h) return make_error("prefix cache entry points at a block with other content");
   return {};

@@ -110,6 +110,8 @@ class KvBlockManager : public KvBlocks {
   int32_t blocks_needed(int32_t num_tokens) const { return blocks_for_tokens(num_tokens, cfg_.block_size); }
   int32_t num_free_blocks() const { return static_cast<int32_t>(free_.size()); }
   KvBlockStats stats() const;
+  // Lookups made outside add_sequence (an admission that probed first): counted as queries.
+  void count_prefix_queries(uint64_t n) { queries_ += n; }
   // Every sequence's share of the pool, by id.
   std::vector<KvSeqBlocks> seq_blocks() const;
   const KvBlockConfig& config() const override { return cfg_; }
@@ -139,6 +141,7 @@ class KvBlockManager : public KvBlocks {
   std::list<int32_t> free_;  // LRU: front is evicted first
   std::unordered_map<uint64_t, int32_t> cached_;
   std::unordered_map<int64_t, Seq> seqs_;
+  int32_t cached_free_ = 0;  // free-list blocks with cached content (kept, not counted per call)
   uint64_t queries_ = 0, hits_ = 0;
 };
 

@@ -28,6 +28,12 @@ KvOpResult admit(KvBlockManager& kv, const KvOp& op, std::vector<BlockCopy>* cop
       kv.free_sequence(op.seq);
       return r;
     }
+    // The prefix-cache stats count what add_sequence would have looked up unbounded: the
+    // hits, the blocks past `h` it found too, and the first miss.
+    const int32_t eligible = (len - 1) / bs;
+    const int32_t found = static_cast<int32_t>(probe.size());
+    if (kv.config().enable_prefix_caching)
+      kv.count_prefix_queries(static_cast<uint64_t>(found - h + (found < eligible ? 1 : 0)));
     return {true, cached, n};
   }
   return r;
@@ -140,7 +146,10 @@ bool KvLedger::reserve(int64_t seq, int32_t num_tokens, const std::vector<int32_
   op.kind = KvOp::Kind::Reserve;
   op.seq = seq;
   op.num_tokens = num_tokens;
-  op.tokens = tokens;
+  // The tokens go along only when the reservation fills a block (the block manager hashes
+  // full blocks for the prefix cache): it then takes a new block or ends on a block
+  // boundary. (A decode step otherwise copied the whole sequence every step.)
+  if (cfg_.enable_prefix_caching && (need > 0 || num_tokens % cfg_.block_size == 0)) op.tokens = tokens;
   ops_.push_back(std::move(op));
   return true;
 }

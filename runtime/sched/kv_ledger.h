@@ -39,7 +39,7 @@ struct KvOp {
   int32_t allowance = 0;
   // Admit: the step must reach the end of `tokens` (chunked prefill off).
   bool whole = false;
-  std::vector<int32_t> tokens;  // Admit, Reserve: the known tokens (lookup and hashing)
+  std::vector<int32_t> tokens;  // Admit: the prompt; Reserve: the known tokens when the reservation fills a block (hashing)
 };
 
 struct KvOpResult {

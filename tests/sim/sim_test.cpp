@@ -1,5 +1,5 @@
-// sim/: the simulator runs the production scheduler and KV-block manager (its decisions
-// equal a direct Scheduler run on the same arrivals, and change with a policy parameter
+// sim/: the simulator runs the production scheduler and KV-block manager on the serving
+// path (its decisions equal the scheduler actor's KV rounds on the same arrivals, and change with a policy parameter
 // exactly as the real scheduler's do), is deterministic, prices steps by the roofline, and
 // reads its trace formats.
 #include <catch2/catch.hpp>
@@ -10,6 +10,7 @@
 #include <sstream>
 
 #include "runtime/model/model_files.h"
+#include "runtime/sched/kv_round.h"
 #include "sim/calibrate.h"
 #include "sim/cluster.h"
 #include "sim/simulator.h"
@@ -52,18 +53,36 @@ std::vector<SimRequest> workload(uint64_t seed, int64_t n = 200, double rate = 2
   return *r;
 }
 
-// The same decisions taken by a bare Scheduler + KvBlockManager for requests that all
-// arrive at time 0 (no clock needed).
-std::vector<std::string> direct_decisions(const std::vector<SimRequest>& reqs, const SimConfig& cfg) {
-  KvBlockManager kv(cfg.kv);
-  Scheduler sched(cfg.scheduler, kv, SchedulingPolicy::fcfs());
+// The decisions `troupe serve`'s scheduler actor takes (actors/scheduler_actor.cpp:
+// maybe_step, send_kv, on_kv_reply), its event order written out here for requests that
+// all arrive at time 0: plan against the ledger, one KV round per plan (applied at the
+// block manager), rounds without a plan for frees and hints, hints fetched while a step
+// runs, then the step's tokens.
+std::vector<std::string> serving_decisions(const std::vector<SimRequest>& reqs, const SimConfig& cfg) {
+  KvBlockManager owner(cfg.kv);
+  KvLedger ledger(cfg.kv, cfg.scheduler.chunked_prefill);
+  Scheduler sched(cfg.scheduler, ledger, SchedulingPolicy::fcfs());
   for (const auto& q : reqs) REQUIRE(sched.add({q.id, prompt_tokens_of(q), q.output_tokens, q.priority}).ok());
+  uint64_t batch = 0;
+  auto round = [&](StepPlan& plan) {
+    KvOpsRequest req = make_kv_request(ledger, sched, plan, ++batch);
+    const KvOpsReply reply = apply_kv_ops(owner, req);
+    REQUIRE(owner.check_invariants().ok());
+    REQUIRE(finish_kv_round(ledger, sched, plan, kv_ops_for_settle(req.ops), reply).ok());
+  };
   std::vector<std::string> log;
-  for (uint64_t step = 0; sched.num_running() + sched.num_waiting() > 0; ++step) {
+  int idle = 0;
+  for (uint64_t step = 0; sched.num_running() + sched.num_waiting() > 0;) {
     StepPlan plan = sched.schedule();
-    REQUIRE_FALSE(plan.seqs.empty());
+    if (plan.seqs.empty()) REQUIRE((ledger.has_pending() || kv_hints_missing(ledger, sched)));
+    round(plan);
+    if (plan.seqs.empty()) {
+      REQUIRE(++idle < 3);
+      continue;
+    }
+    idle = 0;
     std::ostringstream line;
-    line << step << ":";
+    line << step++ << ":";
     std::vector<int32_t> sampled;
     for (const auto& s : plan.seqs) {
       line << " " << s.id << "+" << s.num_new << (s.samples ? "*" : "");
@@ -71,14 +90,21 @@ std::vector<std::string> direct_decisions(const std::vector<SimRequest>& reqs, c
     }
     for (int64_t id : plan.preempted) line << " preempt " << id;
     log.push_back(line.str());
+    if (kv_hints_missing(ledger, sched)) {
+      StepPlan none;
+      round(none);
+    }
     sched.update(plan, sampled, [](int64_t, int32_t) { return false; });
   }
+  StepPlan last;  // the last step's frees
+  round(last);
+  REQUIRE(owner.num_free_blocks() == cfg.kv.num_blocks);
   return log;
 }
 
 }  // namespace
 
-TEST_CASE("sim: decisions are the production scheduler's, and follow its parameters", "[sim]") {
+TEST_CASE("sim: decisions are the serving path's (the scheduler actor's KV rounds), and follow its parameters", "[sim]") {
   auto reqs = workload(3, 40);
   for (auto& r : reqs) r.arrival_s = 0;
   const CostModel cost(smollm2(), profile("cpu-local"));
@@ -87,7 +113,7 @@ TEST_CASE("sim: decisions are the production scheduler's, and follow its paramet
     auto r = simulate(reqs, cfg, cost);
     REQUIRE(r.ok());
     INFO("token budget " << budget);
-    CHECK(r->decisions == direct_decisions(reqs, cfg));
+    CHECK(r->decisions == serving_decisions(reqs, cfg));
     CHECK(r->preemptions > 0);  // 40 requests over a 2048-token pool
   }
   auto small = simulate(reqs, config(64, 2048), cost), large = simulate(reqs, config(512, 2048), cost);
@@ -246,7 +272,7 @@ TEST_CASE("sim: chunked prefill off runs the production scheduler's rule", "[sim
   auto b = simulate(reqs, whole, cost);
   REQUIRE(a.ok());
   REQUIRE(b.ok());
-  CHECK(b->decisions == direct_decisions(reqs, whole));
+  CHECK(b->decisions == serving_decisions(reqs, whole));
   CHECK(a->decisions != b->decisions);
   // Without chunks no prompt is split: every first appearance of a request is its whole prompt.
   std::map<int64_t, int> first_new;
