@@ -194,8 +194,8 @@ Bytes encode(const actors::StageStep& x) {
 }
 
 Result<actors::StageStep> decode_stage_step(const Bytes& b) {
-  return read<schema::StageStep>(b, "StageStep",
-                                 [](schema::StageStep::Reader msg) -> Result<actors::StageStep> { return read_stage_step(msg); });
+  return read<schema::StageStep>(
+      b, "StageStep", [](schema::StageStep::Reader msg) -> Result<actors::StageStep> { return read_stage_step(msg); });
 }
 
 Bytes encode(const actors::StepDone& x) {
@@ -224,7 +224,8 @@ Bytes encode(const actors::StepFailed& x) {
 Result<std::variant<actors::StepDone, actors::StepFailed>> decode_step_result(const Bytes& b) {
   using R = std::variant<actors::StepDone, actors::StepFailed>;
   return read<schema::StepResult>(b, "StepResult", [](schema::StepResult::Reader msg) -> Result<R> {
-    if (msg.hasError() && msg.getError().size() > 0) return R{actors::StepFailed{msg.getStepId(), text(msg.getError())}};
+    if (msg.hasError() && msg.getError().size() > 0)
+      return R{actors::StepFailed{msg.getStepId(), text(msg.getError())}};
     actors::StepDone x;
     x.step_no = msg.getStepId();
     x.compute_seconds = msg.getComputeSeconds();
@@ -278,11 +279,10 @@ Bytes encode(const actors::NodeHelloReply& x) {
 }
 
 Result<actors::NodeHelloReply> decode_node_hello_reply(const Bytes& b) {
-  return read<schema::NodeHelloReply>(b, "NodeHelloReply",
-                                      [](schema::NodeHelloReply::Reader msg) -> Result<actors::NodeHelloReply> {
-                                        return actors::NodeHelloReply{text(msg.getError()), text(msg.getModel()),
-                                                                      text(msg.getDevice())};
-                                      });
+  return read<schema::NodeHelloReply>(
+      b, "NodeHelloReply", [](schema::NodeHelloReply::Reader msg) -> Result<actors::NodeHelloReply> {
+        return actors::NodeHelloReply{text(msg.getError()), text(msg.getModel()), text(msg.getDevice())};
+      });
 }
 
 }  // namespace troupe::codec

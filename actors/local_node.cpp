@@ -85,7 +85,8 @@ Result<LocalNode> spawn_local_node(caf::actor_system& sys, const ModelFiles& fil
   std::vector<worker_actor> stage_workers(devices.size());
   for (size_t i = 0; i < devices.size(); ++i) {
     if (!devices[i]) continue;
-    stage_workers[i] = opt.detached_workers ? sys.spawn<caf::detached>(worker_fn, devices[i]) : sys.spawn(worker_fn, devices[i]);
+    stage_workers[i] =
+        opt.detached_workers ? sys.spawn<caf::detached>(worker_fn, devices[i]) : sys.spawn(worker_fn, devices[i]);
     node.workers.push_back(stage_workers[i]);
     node.backends.push_back(devices[i]->backend->name());
   }
@@ -97,9 +98,9 @@ Result<LocalNode> spawn_local_node(caf::actor_system& sys, const ModelFiles& fil
   for (size_t i = devices.size(); i-- > 0;) {
     if (links[i]) {
       const auto& ro = opt.remote_stages.at(static_cast<int32_t>(i));
-      node.stages[i] = spawn_remote_stage(sys, links[i], next,
-                                          "stage " + std::to_string(i) + " on node " + ro.host + ":" + std::to_string(ro.port),
-                                          ro, hellos[i], c.vocab, c.hidden);
+      node.stages[i] = spawn_remote_stage(
+          sys, links[i], next, "stage " + std::to_string(i) + " on node " + ro.host + ":" + std::to_string(ro.port), ro,
+          hellos[i], c.vocab, c.hidden);
     } else {
       node.stages[i] = sys.spawn(stage_fn, stage_workers[i], next, c.vocab,
                                  i + 1 == devices.size() ? tokens : std::shared_ptr<const TokenBytes>());
@@ -119,13 +120,15 @@ Result<LocalNode> spawn_local_node(caf::actor_system& sys, const ModelFiles& fil
   node.kv = sys.spawn(kv_block_fn, KvBlockActorConfig{opt.scheduler.kv, opt.check_kv_invariants});
   node.scheduler = sys.spawn(scheduler_fn, opt.scheduler, node.stages.front(), node.kv, node.board);
   for (size_t i = 0; i < links.size(); ++i)
-    if (links[i]) caf::anon_send(caf::actor_cast<caf::actor>(node.stages[i]), link_scheduler_atom::value, node.scheduler);
+    if (links[i])
+      caf::anon_send(caf::actor_cast<caf::actor>(node.stages[i]), link_scheduler_atom::value, node.scheduler);
   if (tok) {
     std::vector<tokenizer_actor> toks;
     for (int32_t i = 0; i < opt.num_tokenizers; ++i) toks.push_back(sys.spawn(tokenizer_fn, tok, tmpl));
     node.tokenizers = std::make_shared<TokenizerPool>(std::move(toks));
   }
-  node.request_context = RequestContext{node.scheduler, node.tokenizers, tok, std::make_shared<std::atomic<int64_t>>(1)};
+  node.request_context =
+      RequestContext{node.scheduler, node.tokenizers, tok, std::make_shared<std::atomic<int64_t>>(1)};
   return node;
 }
 

@@ -21,20 +21,20 @@
 namespace troupe::actors {
 
 struct NodeOptions {
-  int32_t num_stages = 1;        // layers split evenly over the stages
-  int32_t threads = 0;           // CPU threads per worker (0: all cores)
-  std::string device = "cpu";    // cpu | cuda | cuda:N (every stage on that device)
-  CudaBackendOptions cuda;       // CUDA: batch invariance, graphs, tensor-core matmul (device from `device`)
+  int32_t num_stages = 1;      // layers split evenly over the stages
+  int32_t threads = 0;         // CPU threads per worker (0: all cores)
+  std::string device = "cpu";  // cpu | cuda | cuda:N (every stage on that device)
+  CudaBackendOptions cuda;     // CUDA: batch invariance, graphs, tensor-core matmul (device from `device`)
   int32_t max_batch_tokens = 512;
   int32_t num_tokenizers = 1;
   // false: a model without a tokenizer (dummy weights) is served token ids only: no
   // tokenizer pool, no end-of-generation token (`troupe bench`).
   bool require_tokenizer = true;
-  bool detached_workers = true;  // workers on their own threads (false: deterministic tests)
+  bool detached_workers = true;      // workers on their own threads (false: deterministic tests)
   bool check_kv_invariants = false;  // the KV-block-manager actor checks its invariants after every request
-  uint64_t fail_step = 0;  // fault injection: the last stage's worker fails this step (0: never)
-  uint64_t hang_step = 0;  // fault injection: the last stage's worker hangs in this step until released
-  SchedulerActorConfig scheduler;  // vocab, context and end-of-generation filled in from the model
+  uint64_t fail_step = 0;            // fault injection: the last stage's worker fails this step (0: never)
+  uint64_t hang_step = 0;            // fault injection: the last stage's worker hangs in this step until released
+  SchedulerActorConfig scheduler;    // vocab, context and end-of-generation filled in from the model
   // Stages run by `troupe node` processes (stage index -> node): connected, authenticated
   // and built at spawn time; stage 0 (the embedding) stays here.
   std::map<int32_t, RemoteStageOptions> remote_stages;

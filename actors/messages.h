@@ -31,8 +31,8 @@ struct SeqEvent {
   float logprob = 0;
   std::vector<TokenLogprob> top;
   bool finished = false;
-  bool hit_stop = false;       // finished on a stop token (else length)
-  double queue_seconds = 0;    // first event: submission to first scheduled step
+  bool hit_stop = false;     // finished on a stop token (else length)
+  double queue_seconds = 0;  // first event: submission to first scheduled step
   std::string error;
 };
 
@@ -53,9 +53,9 @@ struct StageStep {
   std::vector<int64_t> logit_seq;  // sequence of each logit row
   int32_t max_blocks_per_seq = 0;
   std::vector<NewSeqSampling> new_seqs;
-  std::vector<int64_t> released;   // sequences whose sampler state can go
+  std::vector<int64_t> released;  // sequences whose sampler state can go
   std::vector<float> hidden;
-  double compute_seconds = 0;      // the earlier stages' layers, summed
+  double compute_seconds = 0;  // the earlier stages' layers, summed
   // Last stage: one per logit row, set by the stage actor from its samplers; rows with
   // on_device are sampled by the worker's backend when it can (Backend::sample).
   std::vector<DeviceSampleParams> sampling;
@@ -137,8 +137,8 @@ struct StatsQuery {};
 
 struct EncodeText {
   std::string text;
-  bool add_special = true;    // BOS/EOS as the model's tokenizer adds them
-  bool parse_special = false; // special-token text in user input stays text
+  bool add_special = true;     // BOS/EOS as the model's tokenizer adds them
+  bool parse_special = false;  // special-token text in user input stays text
 };
 
 struct EncodeChat {
@@ -185,9 +185,9 @@ using scheduler_actor =
 // step's block operations) answered by a KvOpsReply.
 using kv_block_actor = caf::typed_actor<caf::replies_to<KvOpsRequest>::with<KvOpsReply>>;
 
-using tokenizer_actor = caf::typed_actor<caf::replies_to<EncodeText>::with<EncodeResult>,
-                                         caf::replies_to<EncodeChat>::with<EncodeResult>,
-                                         caf::replies_to<DecodeTokens>::with<std::string>>;
+using tokenizer_actor =
+    caf::typed_actor<caf::replies_to<EncodeText>::with<EncodeResult>, caf::replies_to<EncodeChat>::with<EncodeResult>,
+                     caf::replies_to<DecodeTokens>::with<std::string>>;
 
 // A request actor also takes a cancel (its client went away).
 using cancel_atom = caf::atom_constant<caf::atom("cancel")>;

@@ -282,7 +282,8 @@ Status authenticate_as_node(Socket& s, const std::string& key, int timeout_ms) {
   if (RAND_bytes(nn, kNonce) != 1) return make_error("no random bytes for the handshake");
   if (auto ok = s.write_all(hello, sizeof hello); !ok) return ok;
   uint8_t answer[sizeof kMagic + kNonce + kMac];
-  if (auto ok = s.read_exact(answer, sizeof answer, timeout_ms); !ok) return make_error("handshake: " + ok.error().message);
+  if (auto ok = s.read_exact(answer, sizeof answer, timeout_ms); !ok)
+    return make_error("handshake: " + ok.error().message);
   if (std::memcmp(answer, kMagic, sizeof kMagic) != 0) return make_error("handshake: not a troupe head (wrong magic)");
   const uint8_t* nh = answer + sizeof kMagic;
   uint8_t want[kMac];
@@ -295,7 +296,8 @@ Status authenticate_as_node(Socket& s, const std::string& key, int timeout_ms) {
 
 Status authenticate_as_head(Socket& s, const std::string& key, int timeout_ms) {
   uint8_t hello[sizeof kMagic + kNonce];
-  if (auto ok = s.read_exact(hello, sizeof hello, timeout_ms); !ok) return make_error("handshake: " + ok.error().message);
+  if (auto ok = s.read_exact(hello, sizeof hello, timeout_ms); !ok)
+    return make_error("handshake: " + ok.error().message);
   if (std::memcmp(hello, kMagic, sizeof kMagic) != 0) return make_error("handshake: not a troupe node (wrong magic)");
   const uint8_t* nn = hello + sizeof kMagic;
   uint8_t answer[sizeof kMagic + kNonce + kMac];
@@ -308,7 +310,8 @@ Status authenticate_as_head(Socket& s, const std::string& key, int timeout_ms) {
   if (auto ok = s.read_exact(proof, sizeof proof, timeout_ms); !ok)
     return make_error("handshake: the node did not accept the key (" + ok.error().message + ")");
   mac(key, "node", nn, nh, want);
-  if (CRYPTO_memcmp(want, proof, kMac) != 0) return make_error("handshake: the node's proof is wrong (a different key)");
+  if (CRYPTO_memcmp(want, proof, kMac) != 0)
+    return make_error("handshake: the node's proof is wrong (a different key)");
   return {};
 }
 

@@ -27,7 +27,8 @@ using activations_atom = caf::atom_constant<caf::atom("activs")>;
 // (a link's messages carry its generation: those of a replaced link are dropped) and the
 // scheduler it tells when the node is back.
 using remote_stage_actor =
-    stage_actor::extend<caf::reacts_to<StepDone>, caf::reacts_to<StepFailed>, caf::reacts_to<activations_atom, StageStep>,
+    stage_actor::extend<caf::reacts_to<StepDone>, caf::reacts_to<StepFailed>,
+                        caf::reacts_to<activations_atom, StageStep>,
                         caf::reacts_to<link_down_atom, uint64_t, std::string>, caf::reacts_to<link_tick_atom>,
                         caf::reacts_to<link_retry_atom>, caf::reacts_to<link_scheduler_atom, scheduler_actor>>;
 
@@ -89,9 +90,11 @@ Status check_result(const StageStep& sent, const StepDone& d, int32_t vocab) {
     const SampledToken& st = d.sampled[i];
     if (st.seq_id != sent.logit_seq[i]) return make_error("row " + std::to_string(i) + " names another sequence");
     if (bad_token(st.result.token) || std::isnan(st.result.logprob))
-      return make_error("row " + std::to_string(i) + ": token " + std::to_string(st.result.token) + " outside the vocabulary");
+      return make_error("row " + std::to_string(i) + ": token " + std::to_string(st.result.token) +
+                        " outside the vocabulary");
     for (const TokenLogprob& t : st.result.top)
-      if (bad_token(t.token) || std::isnan(t.logprob)) return make_error("row " + std::to_string(i) + ": a bad top token");
+      if (bad_token(t.token) || std::isnan(t.logprob))
+        return make_error("row " + std::to_string(i) + ": a bad top token");
   }
   return {};
 }
@@ -109,9 +112,9 @@ struct RemoteState {
   std::string down;                // non-empty: the link is gone, and why
   RemoteStageOptions opts;         // for reconnecting
   NodeHello hello;
-  scheduler_actor scheduler;       // told when a lost node is back
-  uint64_t gen = 0;                // the link's generation
-  int retries = 0;                 // failed reconnections since the link went down
+  scheduler_actor scheduler;  // told when a lost node is back
+  uint64_t gen = 0;           // the link's generation
+  int retries = 0;            // failed reconnections since the link went down
   static inline const char* name = "remote-stage";
 };
 
@@ -127,9 +130,9 @@ std::string model_fingerprint(const ModelFiles& files) {
     for (const auto& e : std::filesystem::directory_iterator(files.path, ec))
       if (e.is_regular_file(ec) && e.path().extension() == ".safetensors") bytes += e.file_size(ec);
   }
-  return files.format + " " + c.arch + " layers " + std::to_string(c.num_layers) + " hidden " + std::to_string(c.hidden) +
-         " heads " + std::to_string(c.num_heads) + "/" + std::to_string(c.num_kv_heads) + " ffn " +
-         std::to_string(c.ffn) + " vocab " + std::to_string(c.vocab) + " bytes " + std::to_string(bytes);
+  return files.format + " " + c.arch + " layers " + std::to_string(c.num_layers) + " hidden " +
+         std::to_string(c.hidden) + " heads " + std::to_string(c.num_heads) + "/" + std::to_string(c.num_kv_heads) +
+         " ffn " + std::to_string(c.ffn) + " vocab " + std::to_string(c.vocab) + " bytes " + std::to_string(bytes);
 }
 
 Result<std::pair<std::string, int>> parse_host_port(const std::string& s) {
@@ -139,7 +142,8 @@ Result<std::pair<std::string, int>> parse_host_port(const std::string& s) {
   std::string host = s.substr(0, colon);
   if (host.size() >= 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
   const std::string p = s.substr(colon + 1);
-  if (p.size() > 5 || p.find_first_not_of("0123456789") != std::string::npos) return make_error("bad port in '" + s + "'");
+  if (p.size() > 5 || p.find_first_not_of("0123456789") != std::string::npos)
+    return make_error("bad port in '" + s + "'");
   const int port = std::stoi(p);
   if (port < 1 || port > 65535) return make_error("bad port in '" + s + "'");
   return std::make_pair(host, port);
@@ -151,12 +155,14 @@ Result<std::shared_ptr<link::Socket>> connect_stage_node(const RemoteStageOption
   auto sock = link::connect_tcp(o.host, o.port, 5000);
   if (!sock) return sock.error();
   auto s = std::make_shared<link::Socket>(std::move(*sock));
-  if (auto ok = link::authenticate_as_head(*s, o.key); !ok) return make_error("stage node " + where + ": " + ok.error().message);
+  if (auto ok = link::authenticate_as_head(*s, o.key); !ok)
+    return make_error("stage node " + where + ": " + ok.error().message);
   if (auto ok = link::write_frame(*s, link::Frame::Hello, codec::encode(hello)); !ok)
     return make_error("stage node " + where + ": " + ok.error().message);
   auto frame = link::read_frame(*s, static_cast<int>(o.hello_timeout_s * 1000));
   if (!frame) return make_error("stage node " + where + ": no answer to the hello: " + frame.error().message);
-  if (frame->first != link::Frame::HelloReply) return make_error("stage node " + where + ": unexpected answer to the hello");
+  if (frame->first != link::Frame::HelloReply)
+    return make_error("stage node " + where + ": unexpected answer to the hello");
   auto reply = codec::decode_node_hello_reply(frame->second);
   if (!reply) return make_error("stage node " + where + ": " + reply.error().message);
   if (!reply->error.empty()) return make_error("stage node " + where + " refused the stage: " + reply->error);
@@ -243,7 +249,8 @@ stage_actor spawn_remote_stage(caf::actor_system& sys, std::shared_ptr<link::Soc
           self->send(f->sink, std::move(d));
         },
         [=](StepFailed& fail) {
-          if (auto f = take(fail.step_no)) self->send(f->sink, StepFailed{fail.step_no, self->state.node_name + ": " + fail.error});
+          if (auto f = take(fail.step_no))
+            self->send(f->sink, StepFailed{fail.step_no, self->state.node_name + ": " + fail.error});
         },
         [=](activations_atom, StageStep& s) {
           auto f = take(s.step_no);
@@ -251,8 +258,8 @@ stage_actor spawn_remote_stage(caf::actor_system& sys, std::shared_ptr<link::Soc
           auto& st = self->state;
           if (!st.next) return fail_down(*f, "activations from the last stage");
           if (s.hidden.size() != f->sent.token_ids.size() * static_cast<size_t>(st.hidden))
-            return fail_down(*f, "invalid activations from the node: " + std::to_string(s.hidden.size()) + " values for " +
-                                     std::to_string(f->sent.token_ids.size()) + " tokens");
+            return fail_down(*f, "invalid activations from the node: " + std::to_string(s.hidden.size()) +
+                                     " values for " + std::to_string(f->sent.token_ids.size()) + " tokens");
           StageStep out = std::move(f->sent);  // the plan as sent; the node adds its activations only
           out.hidden = std::move(s.hidden);
           out.compute_seconds = sane_seconds(s.compute_seconds);
@@ -288,7 +295,8 @@ stage_actor spawn_remote_stage(caf::actor_system& sys, std::shared_ptr<link::Soc
     };
   };
   // Detached: sending a step is a blocking socket write.
-  auto a = sys.spawn<caf::detached>(fn, std::move(socket), std::move(next), std::move(name), opts, hello, vocab, hidden);
+  auto a =
+      sys.spawn<caf::detached>(fn, std::move(socket), std::move(next), std::move(name), opts, hello, vocab, hidden);
   return caf::actor_cast<stage_actor>(a);
 }
 

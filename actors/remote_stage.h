@@ -30,7 +30,7 @@ struct RemoteStageOptions {
   std::string host;
   int port = 0;
   std::string key;
-  double step_timeout_s = 30;   // a step unanswered this long fails (with every step in flight)
+  double step_timeout_s = 30;    // a step unanswered this long fails (with every step in flight)
   double hello_timeout_s = 300;  // building the stage on the node (loading its layers)
 };
 

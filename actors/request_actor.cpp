@@ -183,11 +183,13 @@ request_actor::behavior_type request_fn(self_ptr self, RequestContext ctx, Reque
   if (st.spec.is_chat) {
     st.prompts.resize(1);
     self->request(st.ctx.tokenizers->pick(), caf::infinite, EncodeChat{st.spec.roles, st.spec.contents, true})
-        .then([=](EncodeResult& r) {
-          if (!r.error.empty()) return fail(self, 400, r.error, "messages");
-          self->state.prompts[0] = std::move(r.ids);
-          submit_all(self);
-        }, on_err);
+        .then(
+            [=](EncodeResult& r) {
+              if (!r.error.empty()) return fail(self, 400, r.error, "messages");
+              self->state.prompts[0] = std::move(r.ids);
+              submit_all(self);
+            },
+            on_err);
   } else {
     st.prompts.resize(st.spec.prompts.size());
     auto pending = std::make_shared<size_t>(0);
@@ -199,10 +201,12 @@ request_actor::behavior_type request_fn(self_ptr self, RequestContext ctx, Reque
       }
       ++*pending;
       self->request(st.ctx.tokenizers->pick(), caf::infinite, EncodeText{*p.text, true, false})
-          .then([=](EncodeResult& r) {
-            self->state.prompts[i] = std::move(r.ids);
-            if (--*pending == 0) submit_all(self);
-          }, on_err);
+          .then(
+              [=](EncodeResult& r) {
+                self->state.prompts[i] = std::move(r.ids);
+                if (--*pending == 0) submit_all(self);
+              },
+              on_err);
     }
     if (*pending == 0) submit_all(self);
   }

@@ -27,16 +27,16 @@ struct PromptInput {
 };
 
 struct RequestSpec {
-  std::string request_id;                       // for logs ("cmpl-...")
+  std::string request_id;  // for logs ("cmpl-...")
   bool is_chat = false;
-  std::vector<PromptInput> prompts;             // completions
-  std::vector<std::string> roles, contents;     // chat
-  std::optional<int32_t> max_tokens;            // nullopt: the rest of the context
+  std::vector<PromptInput> prompts;          // completions
+  std::vector<std::string> roles, contents;  // chat
+  std::optional<int32_t> max_tokens;         // nullopt: the rest of the context
   int32_t n = 1;
   // What every choice's SeqRequest starts from: sampling, stop tokens, ignore_eos, priority
   // (its id, prompt and max_new_tokens are set per choice, its seed is seed + choice).
   SeqRequest seq;
-  bool has_seed = false;                        // choice i uses seed + i
+  bool has_seed = false;  // choice i uses seed + i
   std::vector<std::string> stop;
   bool echo = false;
   bool want_logprobs = false;
@@ -74,7 +74,7 @@ using UpdateFn = std::function<void(RequestUpdate)>;
 struct RequestContext {
   scheduler_actor scheduler;
   std::shared_ptr<TokenizerPool> tokenizers;
-  std::shared_ptr<const Tokenizer> tokenizer;   // detokenization
+  std::shared_ptr<const Tokenizer> tokenizer;  // detokenization
   std::shared_ptr<std::atomic<int64_t>> next_seq_id;
 };
 
@@ -84,7 +84,7 @@ struct RequestState {
   RequestContext ctx;
   RequestSpec spec;
   UpdateFn emit;
-  std::vector<std::vector<int32_t>> prompts;    // encoded
+  std::vector<std::vector<int32_t>> prompts;  // encoded
   std::vector<std::shared_ptr<ChoiceState>> choices;
   int64_t first_seq = 0;
   int32_t num_open = 0;

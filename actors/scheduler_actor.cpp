@@ -74,7 +74,8 @@ void send_kv(self_ptr self, StepPlan plan) {
   self->request(st.kv_actor, caf::infinite, std::move(req))
       .await(
           [=](KvOpsReply& r) {
-            self->state.stats.kv_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - sent).count();
+            self->state.stats.kv_seconds +=
+                std::chrono::duration<double>(std::chrono::steady_clock::now() - sent).count();
             on_kv_reply(self, *pending, *ops, r);
           },
           [=](caf::error& e) {
@@ -202,7 +203,10 @@ void on_step_done(self_ptr self, StepDone& done) {
     ev.logprob = s.result.logprob;
     ev.top = std::move(s.result.top);
     for (const auto& f : finished)
-      if (f.id == s.seq_id) { ev.finished = true; ev.hit_stop = f.hit_stop; }
+      if (f.id == s.seq_id) {
+        ev.finished = true;
+        ev.hit_stop = f.hit_stop;
+      }
     ++st.stats.generation_tokens;
     if (!it->second.sent_first) {
       it->second.sent_first = true;

@@ -32,8 +32,8 @@ struct SchedulerActorConfig {
   SchedulingPolicy policy = SchedulingPolicy::fcfs();
   int32_t vocab_size = 0;
   int32_t max_context = 0;
-  std::function<bool(int32_t)> is_eog;                // the model's end-of-generation tokens
-  std::chrono::milliseconds heartbeat{1000};          // 0: no heartbeat (tests)
+  std::function<bool(int32_t)> is_eog;        // the model's end-of-generation tokens
+  std::chrono::milliseconds heartbeat{1000};  // 0: no heartbeat (tests)
   // Step plans in flight at once (each over sequences no other in-flight plan holds): with N
   // pipeline stages, N plans keep every stage busy. 0: one per pipeline stage.
   int32_t max_plans_in_flight = 0;
@@ -71,8 +71,8 @@ struct SeqInfo {
   bool known_to_worker = false;  // the last stage holds its sampler state
   bool sent_first = false;
   std::chrono::steady_clock::time_point submitted;
-  double queue_seconds = -1;     // submission to first scheduled step
-  NewSeqSampling sampling;       // sent with the first plan that samples it
+  double queue_seconds = -1;  // submission to first scheduled step
+  NewSeqSampling sampling;    // sent with the first plan that samples it
 };
 
 struct SchedulerState {
@@ -81,22 +81,22 @@ struct SchedulerState {
   std::unique_ptr<Scheduler> sched;
   stage_actor first_stage;
   kv_block_actor kv_actor;
-  bool kv_waiting = false;             // a KvOpsRequest is out (awaited)
+  bool kv_waiting = false;  // a KvOpsRequest is out (awaited)
   uint64_t kv_batch = 0;
   std::shared_ptr<StatsBoard> board;
   std::map<int64_t, SeqInfo> seqs;
   std::vector<int64_t> released;
-  std::map<uint64_t, StepPlan> plans;  // the plans in flight, by step number
+  std::map<uint64_t, StepPlan> plans;                              // the plans in flight, by step number
   std::map<uint64_t, std::chrono::steady_clock::time_point> sent;  // when each was sent
   uint64_t step_no = 0;
-  size_t most_in_flight = 0;           // the largest number of plans in flight so far
+  size_t most_in_flight = 0;  // the largest number of plans in flight so far
   EngineStats stats;
-  bool drop_cached = false;            // the next KV request first forgets cached blocks (a stage rejoined)
+  bool drop_cached = false;  // the next KV request first forgets cached blocks (a stage rejoined)
   static inline const char* name = "scheduler";
 };
 
 scheduler_actor::behavior_type scheduler_fn(scheduler_actor::stateful_pointer<SchedulerState> self,
-                                            SchedulerActorConfig cfg, stage_actor first_stage,
-                                            kv_block_actor kv_actor, std::shared_ptr<StatsBoard> board);
+                                            SchedulerActorConfig cfg, stage_actor first_stage, kv_block_actor kv_actor,
+                                            std::shared_ptr<StatsBoard> board);
 
 }  // namespace troupe::actors

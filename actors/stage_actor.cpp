@@ -53,7 +53,8 @@ Result<StepDone> sample_rows(StageState& st, const LayersDone& d) {
   if (any_host && d.logits.size() != rows * static_cast<size_t>(st.vocab))
     return make_error("worker returned logits of the wrong size");
   for (int64_t id : s.logit_seq)
-    if (!st.samplers.count(id)) return make_error("step samples sequence " + std::to_string(id) + " with no sampler state");
+    if (!st.samplers.count(id))
+      return make_error("step samples sequence " + std::to_string(id) + " with no sampler state");
   StepDone done;
   done.step_no = s.step_no;
   for (size_t i = 0; i < rows; ++i) {

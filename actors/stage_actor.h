@@ -17,11 +17,11 @@ namespace troupe::actors {
 struct StageState {
   StageState() = default;  // not an aggregate: CAF would try to build it from the actor pointer
   worker_actor worker;
-  stage_actor next;                       // invalid on the last stage
+  stage_actor next;  // invalid on the last stage
   bool is_last = true;
-  int32_t vocab = 0;                      // last stage: the logits' row length
+  int32_t vocab = 0;                              // last stage: the logits' row length
   std::shared_ptr<const TokenBytes> token_bytes;  // last stage: for JSON mode (null: none)
-  std::map<int64_t, Sampler> samplers;    // last stage only
+  std::map<int64_t, Sampler> samplers;            // last stage only
   // A new sequence whose id still has a sampler (the id was released in a step whose
   // answer has not come back): its sampler waits here, with the step that brought it,
   // until that step's answer installs it after the release.

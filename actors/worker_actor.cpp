@@ -27,7 +27,8 @@ Status check_step_shape(const StageStep& s, int32_t hidden, bool needs_hidden) {
     return make_error("step arrays have inconsistent token counts");
   if (s.query_start.size() < 2 || s.context_lens.size() != s.query_start.size() - 1)
     return make_error("step arrays have inconsistent sequence counts");
-  if (s.max_blocks_per_seq <= 0 || s.block_tables.size() != s.context_lens.size() * static_cast<size_t>(s.max_blocks_per_seq))
+  if (s.max_blocks_per_seq <= 0 ||
+      s.block_tables.size() != s.context_lens.size() * static_cast<size_t>(s.max_blocks_per_seq))
     return make_error("step block tables have the wrong size");
   if (s.logit_rows.size() != s.logit_seq.size()) return make_error("step logit rows and sequences differ in count");
   if (!s.sampling.empty() && s.sampling.size() != s.logit_rows.size())
@@ -103,7 +104,8 @@ worker_actor::behavior_type worker_fn(worker_actor::stateful_pointer<WorkerState
             ok = make_error("injected fault: step " + std::to_string(s.step_no) + " fails (--debug-fail-step)");
           } else if (st.device->hang_step != 0 && s.step_no == st.device->hang_step) {
             while (!g_hangs_released.load()) std::this_thread::sleep_for(std::chrono::milliseconds(10));
-            ok = make_error("injected hang: step " + std::to_string(s.step_no) + " released at shutdown (--debug-hang-step)");
+            ok = make_error("injected hang: step " + std::to_string(s.step_no) +
+                            " released at shutdown (--debug-hang-step)");
           } else {
             ok = run_layers(st, s, done);
           }

@@ -69,7 +69,8 @@ int bench(BenchFlags f) {
     const auto t0 = std::chrono::steady_clock::now();
     TROUPE_TRY(engine.run_seq(std::move(r), [&](const actors::SeqEvent&) { return ++got < expect; }));
     const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    if (got != expect) return make_error("the engine gave " + std::to_string(got) + " of " + std::to_string(expect) + " tokens");
+    if (got != expect)
+      return make_error("the engine gave " + std::to_string(got) + " of " + std::to_string(expect) + " tokens");
     return s;
   };
   std::vector<double> pp, tg;
@@ -93,7 +94,9 @@ int bench(BenchFlags f) {
       if (r) tg.push_back(f.gen / *s);
     }
   }
-  auto mean = [](const std::vector<double>& v) { return v.empty() ? 0.0 : std::accumulate(v.begin(), v.end(), 0.0) / v.size(); };
+  auto mean = [](const std::vector<double>& v) {
+    return v.empty() ? 0.0 : std::accumulate(v.begin(), v.end(), 0.0) / v.size();
+  };
   auto sd = [&](const std::vector<double>& v) {
     if (v.size() < 2) return 0.0;
     const double m = mean(v);
@@ -102,13 +105,18 @@ int bench(BenchFlags f) {
     return std::sqrt(s / (v.size() - 1));
   };
   if (f.json) {
-    std::printf("{\"model\": \"%s\", \"backend\": \"%s\", \"pp_tokens\": %d, \"tg_tokens\": %d, \"pp_tok_s\": %.2f, "
-                "\"pp_sd\": %.2f, \"tg_tok_s\": %.2f, \"tg_sd\": %.2f}\n",
-                engine.files().path.c_str(), engine.device().c_str(), f.prompt, f.gen, mean(pp), sd(pp), mean(tg), sd(tg));
+    std::printf(
+        "{\"model\": \"%s\", \"backend\": \"%s\", \"pp_tokens\": %d, \"tg_tokens\": %d, \"pp_tok_s\": %.2f, "
+        "\"pp_sd\": %.2f, \"tg_tok_s\": %.2f, \"tg_sd\": %.2f}\n",
+        engine.files().path.c_str(), engine.device().c_str(), f.prompt, f.gen, mean(pp), sd(pp), mean(tg), sd(tg));
   } else {
     std::printf("| model | backend | test | tok/s |\n|---|---|---|---|\n");
-    if (f.prompt) std::printf("| %s | %s | pp%d | %.2f ± %.2f |\n", c.name.c_str(), engine.device().c_str(), f.prompt, mean(pp), sd(pp));
-    if (f.gen) std::printf("| %s | %s | tg%d | %.2f ± %.2f |\n", c.name.c_str(), engine.device().c_str(), f.gen, mean(tg), sd(tg));
+    if (f.prompt)
+      std::printf("| %s | %s | pp%d | %.2f ± %.2f |\n", c.name.c_str(), engine.device().c_str(), f.prompt, mean(pp),
+                  sd(pp));
+    if (f.gen)
+      std::printf("| %s | %s | tg%d | %.2f ± %.2f |\n", c.name.c_str(), engine.device().c_str(), f.gen, mean(tg),
+                  sd(tg));
   }
   return 0;
 }
@@ -119,8 +127,10 @@ void add_bench_command(CLI::App& app) {
   auto flags = std::make_shared<BenchFlags>();
   CLI::App* cmd = app.add_subcommand("bench", "Measure prompt processing (pp) and decode (tg) speed of one sequence");
   flags->model.add_to(*cmd);
-  cmd->add_option("-p,--n-prompt", flags->prompt, "prompt tokens processed in one batch (random ids)")->capture_default_str();
-  cmd->add_option("-n,--n-gen", flags->gen, "tokens decoded one at a time from an empty context")->capture_default_str();
+  cmd->add_option("-p,--n-prompt", flags->prompt, "prompt tokens processed in one batch (random ids)")
+      ->capture_default_str();
+  cmd->add_option("-n,--n-gen", flags->gen, "tokens decoded one at a time from an empty context")
+      ->capture_default_str();
   cmd->add_option("-r,--repetitions", flags->reps, "timed repetitions after one warm-up")->capture_default_str();
   cmd->add_flag("--json", flags->json, "print one JSON object instead of a table");
   cmd->callback([flags] { set_exit_code(bench(*flags)); });

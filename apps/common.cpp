@@ -20,7 +20,8 @@ void ModelFlags::add_to(CLI::App& app) {
   app.add_option("--dtype", dtype, "weight type for --load-format dummy: f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1")
       ->capture_default_str();
   app.add_option("-t,--threads", threads, "CPU threads (0: all cores)")->capture_default_str();
-  app.add_option("--device", device, "cpu, cuda or cuda:N (a CUDA GPU; needs a build with nvcc and a GPU); troupe serve also takes "
+  app.add_option("--device", device,
+                 "cpu, cuda or cuda:N (a CUDA GPU; needs a build with nvcc and a GPU); troupe serve also takes "
                  "cuda:N,M,...: its --pipeline-stages spread over those GPUs in order")
       ->capture_default_str();
   app.add_flag("--cuda-cublas", cuda_cublas,
@@ -38,7 +39,8 @@ void ModelFlags::add_to(CLI::App& app) {
       ->capture_default_str()
       ->check(CLI::Range(0, 65536));
   app.add_option("-c,--ctx", ctx, "context length in tokens (capped by the model's)")->capture_default_str();
-  app.add_option("-b,--batch", batch, "largest number of tokens per forward step (prompt chunk)")->capture_default_str();
+  app.add_option("-b,--batch", batch, "largest number of tokens per forward step (prompt chunk)")
+      ->capture_default_str();
 }
 
 void progress_bar(const char* what, size_t done, size_t total) {
@@ -46,7 +48,8 @@ void progress_bar(const char* what, size_t done, size_t total) {
   if (!tty && done != total) return;
   const int width = 30;
   const int fill = total ? static_cast<int>(width * done / total) : width;
-  std::fprintf(stderr, "\r%s [%.*s%*s] %zu/%zu", what, fill, "##############################", width - fill, "", done, total);
+  std::fprintf(stderr, "\r%s [%.*s%*s] %zu/%zu", what, fill, "##############################", width - fill, "", done,
+               total);
   if (done == total) std::fputc('\n', stderr);
   std::fflush(stderr);
 }
@@ -76,7 +79,8 @@ Result<LoadedEngine> load_engine(const ModelFlags& flags) {
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   const auto& c = e.files.config;
   spdlog::info("loaded {} ({}, {}): {} layers, hidden {}, heads {}/{}, vocab {}, on {} in {:.2f} s", e.files.path,
-               e.files.format, c.arch, c.num_layers, c.hidden, c.num_heads, c.num_kv_heads, c.vocab, e.backend->name(), secs);
+               e.files.format, c.arch, c.num_layers, c.hidden, c.num_heads, c.num_kv_heads, c.vocab, e.backend->name(),
+               secs);
   return e;
 }
 

@@ -33,14 +33,16 @@ Result<std::unique_ptr<LocalEngine>> LocalEngine::start(const ModelFlags& flags,
   no.scheduler.heartbeat = std::chrono::milliseconds(0);
   configure_actor_system(e->cfg_);
   e->sys_ = std::make_unique<caf::actor_system>(e->cfg_);
-  auto node = actors::spawn_local_node(*e->sys_, *e->files_, no, [](size_t d, size_t t) { progress_bar("loading", d, t); });
+  auto node =
+      actors::spawn_local_node(*e->sys_, *e->files_, no, [](size_t d, size_t t) { progress_bar("loading", d, t); });
   if (!node) return node.error();
   e->node_ = std::move(*node);
   e->started_ = true;
   e->device_ = e->node_.backends.empty() ? flags.device : e->node_.backends.front();
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   spdlog::info("loaded {} ({}, {}): {} layers, hidden {}, heads {}/{}, vocab {}, on {} in {:.2f} s", e->files_->path,
-               e->files_->format, c.arch, c.num_layers, c.hidden, c.num_heads, c.num_kv_heads, c.vocab, e->device_, secs);
+               e->files_->format, c.arch, c.num_layers, c.hidden, c.num_heads, c.num_kv_heads, c.vocab, e->device_,
+               secs);
   return e;
 }
 

@@ -14,9 +14,9 @@
 namespace troupe::app {
 
 struct LocalEngineOptions {
-  int32_t kv_tokens = 4096;     // KV-cache capacity over all sequences
+  int32_t kv_tokens = 4096;  // KV-cache capacity over all sequences
   int32_t block_size = 16;
-  bool prefix_caching = true;   // a chat's next turn reuses the earlier turns' blocks
+  bool prefix_caching = true;  // a chat's next turn reuses the earlier turns' blocks
   int32_t max_running = 8;
   bool require_tokenizer = true;  // false: dummy weights (bench), token ids only
 };

@@ -21,8 +21,6 @@ int main(int argc, char** argv) {
   troupe::app::add_sim_command(app);
   try {
     app.parse(argc, argv);
-  } catch (const CLI::ParseError& e) {
-    return app.exit(e);
-  }
+  } catch (const CLI::ParseError& e) { return app.exit(e); }
   return troupe::app::exit_code();
 }

@@ -131,7 +131,8 @@ int node(NodeFlags f) {
   opt.threads = f.model.threads;
   opt.cuda = f.model.cuda_options();
   opt.max_batch_tokens = f.model.batch;
-  spdlog::info("stage node for '{}' ({} layers) listening on {}:{}", files->path, files->config.num_layers, f.host, *port);
+  spdlog::info("stage node for '{}' ({} layers) listening on {}:{}", files->path, files->config.num_layers, f.host,
+               *port);
   if (!is_loopback(f.host))
     spdlog::warn("the node link authenticates heads but does not encrypt: bind {} only on a trusted network", f.host);
   Links links;
@@ -141,7 +142,8 @@ int node(NodeFlags f) {
       spdlog::warn("connection from {} refused: {}", peer, ok.error().message);
     } else if (!links.try_claim()) {
       // Authenticated, but the stage is taken: say so in the hello's answer.
-      actors::NodeHelloReply r{"this node already runs a stage for another head", actors::model_fingerprint(*files), ""};
+      actors::NodeHelloReply r{"this node already runs a stage for another head", actors::model_fingerprint(*files),
+                               ""};
       (void)link::read_frame(*sock, 5000);
       (void)link::write_frame(*sock, link::Frame::HelloReply, codec::encode(r));
       spdlog::warn("head {} refused: busy with another head", peer);
@@ -175,9 +177,10 @@ void add_node_command(CLI::App& app) {
   cmd->add_option("model", f->model_positional, "model (same as --model); the head must serve the same file");
   cmd->add_option("--host", f->host, "address to listen on for heads (loopback by default)")->capture_default_str();
   cmd->add_option("--port", f->port, "TCP port for heads (0: any free port)")->capture_default_str();
-  cmd->add_option("--key-file", f->key_file,
-                  "file holding the shared node key (at least 16 bytes; the head's --node-key-file must hold the same): "
-                  "a head must prove it holds the key before anything it sends is decoded")
+  cmd->add_option(
+         "--key-file", f->key_file,
+         "file holding the shared node key (at least 16 bytes; the head's --node-key-file must hold the same): "
+         "a head must prove it holds the key before anything it sends is decoded")
       ->required();
   cmd->add_option("--port-file", f->port_file, "write the bound port to this file once listening (for --port 0)");
   cmd->callback([f] { set_exit_code(node(*f)); });

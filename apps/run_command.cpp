@@ -106,8 +106,9 @@ Status generate(SequenceRunner& runner, const Tokenizer& tok, Sampler& sampler, 
 // Through the engine: submits `tokens` (the whole prompt or conversation; a chat's earlier
 // turns are found in the prefix cache), streams the sampled text to stdout until EOS or
 // max_tokens.
-Status generate_engine(LocalEngine& engine, const Tokenizer& tok, const SamplingParams& sp, const std::vector<int32_t>& tokens,
-                       int max_tokens, bool ignore_eos, Stats& stats, std::string* reply) {
+Status generate_engine(LocalEngine& engine, const Tokenizer& tok, const SamplingParams& sp,
+                       const std::vector<int32_t>& tokens, int max_tokens, bool ignore_eos, Stats& stats,
+                       std::string* reply) {
   const int ctx = engine.files().config.max_context;
   const int room = ctx - static_cast<int>(tokens.size());
   SeqRequest r;
@@ -324,25 +325,35 @@ void set_exit_code(int code) { g_exit_code = code; }
 
 void add_run_command(CLI::App& app) {
   auto flags = std::make_shared<RunFlags>();
-  CLI::App* cmd = app.add_subcommand("run", "Generate text from a prompt (-p) or chat interactively (--chat, the default without -p)");
+  CLI::App* cmd = app.add_subcommand(
+      "run", "Generate text from a prompt (-p) or chat interactively (--chat, the default without -p)");
   flags->model.add_to(*cmd);
-  CLI::Option* prompt = cmd->add_option("-p,--prompt", flags->prompt, "prompt to complete (as plain text, without the chat template)");
-  cmd->add_flag("--chat", flags->chat, "interactive chat using the model's chat template (default when no -p is given)");
+  CLI::Option* prompt =
+      cmd->add_option("-p,--prompt", flags->prompt, "prompt to complete (as plain text, without the chat template)");
+  cmd->add_flag("--chat", flags->chat,
+                "interactive chat using the model's chat template (default when no -p is given)");
   cmd->add_option("--system", flags->system, "system message for --chat");
   cmd->add_flag("--raw", flags->raw, "in --chat, send lines without the chat template");
   cmd->add_option("-n,--max-tokens", flags->max_tokens, "tokens to generate per reply")->capture_default_str();
-  cmd->add_option("--temperature,--temp", flags->temperature, "sampling temperature; 0 is greedy")->capture_default_str();
-  cmd->add_option("--top-p", flags->top_p, "nucleus sampling: keep the smallest set with this much probability (1: off)")->capture_default_str();
+  cmd->add_option("--temperature,--temp", flags->temperature, "sampling temperature; 0 is greedy")
+      ->capture_default_str();
+  cmd->add_option("--top-p", flags->top_p,
+                  "nucleus sampling: keep the smallest set with this much probability (1: off)")
+      ->capture_default_str();
   cmd->add_option("--top-k", flags->top_k, "keep the k most likely tokens (0: off)")->capture_default_str();
-  cmd->add_option("--min-p", flags->min_p, "drop tokens below min-p times the top probability (0: off)")->capture_default_str();
-  cmd->add_option("--repeat-penalty", flags->repeat_penalty, "divide logits of tokens already seen (1: off)")->capture_default_str();
-  cmd->add_option("--seed", flags->seed, "sampling seed; the same seed gives the same output (-1: random)")->capture_default_str();
+  cmd->add_option("--min-p", flags->min_p, "drop tokens below min-p times the top probability (0: off)")
+      ->capture_default_str();
+  cmd->add_option("--repeat-penalty", flags->repeat_penalty, "divide logits of tokens already seen (1: off)")
+      ->capture_default_str();
+  cmd->add_option("--seed", flags->seed, "sampling seed; the same seed gives the same output (-1: random)")
+      ->capture_default_str();
   cmd->add_flag("--ignore-eos", flags->ignore_eos, "keep generating after the end-of-sequence token");
-  cmd->add_option("--draft-max", flags->draft_max,
-                  "prompt-lookup speculative decoding: when the last tokens appeared earlier in the prompt or the reply, "
-                  "feed up to this many of the tokens that followed them as drafts in the same step, and keep those the "
-                  "model samples anyway (the output is the same as without; faster when the text repeats earlier text, "
-                  "slower on a CPU when the drafts miss); 0: off")
+  cmd->add_option(
+         "--draft-max", flags->draft_max,
+         "prompt-lookup speculative decoding: when the last tokens appeared earlier in the prompt or the reply, "
+         "feed up to this many of the tokens that followed them as drafts in the same step, and keep those the "
+         "model samples anyway (the output is the same as without; faster when the text repeats earlier text, "
+         "slower on a CPU when the drafts miss); 0: off")
       ->check(CLI::Range(0, 64))
       ->capture_default_str();
   cmd->callback([flags, prompt] {

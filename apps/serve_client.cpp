@@ -55,9 +55,7 @@ int http_get_status(unsigned short port, const std::string& path) {
     http::response<http::string_body> res;
     http::read(s, buf, res);
     return static_cast<int>(res.result_int());
-  } catch (const std::exception&) {
-    return -1;
-  }
+  } catch (const std::exception&) { return -1; }
 }
 
 }  // namespace
@@ -178,7 +176,8 @@ std::string stream_completion(unsigned short port, const std::vector<int32_t>& p
         if (!j.contains("choices") || j["choices"].empty()) continue;
         const json& c0 = j["choices"][0];
         const auto lpit = c0.is_object() ? c0.find("logprobs") : c0.end();
-        if (lpit == c0.end() || !lpit->is_object() || !lpit->contains("tokens") || !(*lpit)["tokens"].is_array()) continue;
+        if (lpit == c0.end() || !lpit->is_object() || !lpit->contains("tokens") || !(*lpit)["tokens"].is_array())
+          continue;
         const json& lp = *lpit;
         for (size_t k = 0; k < lp["tokens"].size(); ++k) {
           if (rec.first_token < 0) rec.first_token = now;
@@ -191,9 +190,7 @@ std::string stream_completion(unsigned short port, const std::vector<int32_t>& p
     if (usage_tokens != rec.generated)
       return "streamed " + std::to_string(rec.generated) + " deltas but usage says " + std::to_string(usage_tokens) +
              " tokens";
-  } catch (const std::exception& e) {
-    return e.what();
-  }
+  } catch (const std::exception& e) { return e.what(); }
   return "";
 }
 

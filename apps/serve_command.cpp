@@ -61,13 +61,16 @@ Status validate(const ServeFlags& f) {
   if (!(f.drain_timeout >= 0 && f.drain_timeout <= 3600)) return make_error("--drain-timeout must be 0..3600 seconds");
   if (f.read_timeout < 1 || f.read_timeout > 3600) return make_error("--read-timeout must be 1..3600 seconds");
   if (f.http_threads < 1 || f.http_threads > 64) return make_error("--http-threads must be 1..64");
-  if (!(f.stall_timeout >= 0 && f.stall_timeout <= 86400)) return make_error("--stall-timeout must be 0..86400 seconds");
+  if (!(f.stall_timeout >= 0 && f.stall_timeout <= 86400))
+    return make_error("--stall-timeout must be 0..86400 seconds");
   if (f.max_connections < 1 || f.max_connections > 1000000) return make_error("--max-connections must be 1..1000000");
-  if (f.max_body_bytes < 1024 || f.max_header_bytes < 1024) return make_error("body and header limits must be at least 1024 bytes");
+  if (f.max_body_bytes < 1024 || f.max_header_bytes < 1024)
+    return make_error("body and header limits must be at least 1024 bytes");
   if (!(f.node_timeout >= 0.5 && f.node_timeout <= 3600)) return make_error("--node-timeout must be 0.5..3600 seconds");
   if (!f.remote_stages.empty() && f.node_key_file.empty()) return make_error("--remote-stage needs --node-key-file");
   if (f.limits.max_n < 1 || f.limits.max_n > 256) return make_error("--max-n must be 1..256");
-  if (f.limits.max_top_logprobs < 0 || f.limits.max_top_logprobs > 100) return make_error("--max-top-logprobs must be 0..100");
+  if (f.limits.max_top_logprobs < 0 || f.limits.max_top_logprobs > 100)
+    return make_error("--max-top-logprobs must be 0..100");
   if (f.limits.max_stop < 0 || f.limits.max_stop > 64) return make_error("--max-stop must be 0..64");
   if (f.limits.max_stop_len < 1 || f.limits.max_stop_len > 4096) return make_error("--max-stop-len must be 1..4096");
   return {};
@@ -104,13 +107,16 @@ int serve(ServeFlags f) {
   constexpr int kReservedFds = 64;
   hl.max_connections = serve::fit_connections(f.max_connections, kReservedFds, &nofile);
   if (hl.max_connections < 1) {
-    spdlog::error("the open-file limit ({}) leaves no room for connections beside {} other descriptors; raise it "
-                  "(ulimit -n)", nofile, kReservedFds);
+    spdlog::error(
+        "the open-file limit ({}) leaves no room for connections beside {} other descriptors; raise it "
+        "(ulimit -n)",
+        nofile, kReservedFds);
     return 1;
   }
   if (hl.max_connections < f.max_connections)
-    spdlog::warn("--max-connections {} lowered to {}: the open-file limit is {} (hard limit reached; raise it with ulimit -Hn)",
-                 f.max_connections, hl.max_connections, nofile);
+    spdlog::warn(
+        "--max-connections {} lowered to {}: the open-file limit is {} (hard limit reached; raise it with ulimit -Hn)",
+        f.max_connections, hl.max_connections, nofile);
   serve::HttpServer http(io, hl, [&server](std::shared_ptr<serve::Exchange> ex) { server.handle(ex); });
   unsigned short port = 0;
   try {
@@ -170,7 +176,8 @@ int serve(ServeFlags f) {
     }
   }
   if (f.debug_fail_step != 0)
-    spdlog::warn("--debug-fail-step {}: that engine step will fail on purpose (fault injection for tests)", f.debug_fail_step);
+    spdlog::warn("--debug-fail-step {}: that engine step will fail on purpose (fault injection for tests)",
+                 f.debug_fail_step);
   if (f.debug_hang_step != 0)
     spdlog::warn("--debug-hang-step {}: that engine step will hang until shutdown (fault injection for tests)",
                  f.debug_hang_step);
@@ -218,9 +225,11 @@ int serve(ServeFlags f) {
   };
   signals.async_wait([&](const boost::system::error_code& ec, int sig) {
     if (ec) return;
-    spdlog::info("signal {}: draining ({} request(s) in flight, up to {} s)", sig, server.active_requests(), f.drain_timeout);
+    spdlog::info("signal {}: draining ({} request(s) in flight, up to {} s)", sig, server.active_requests(),
+                 f.drain_timeout);
     server.start_drain();
-    deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(static_cast<int64_t>(f.drain_timeout * 1000));
+    deadline =
+        std::chrono::steady_clock::now() + std::chrono::milliseconds(static_cast<int64_t>(f.drain_timeout * 1000));
     poll();
   });
   for (auto& t : threads) t.join();
@@ -234,41 +243,57 @@ int serve(ServeFlags f) {
 
 void add_serve_command(CLI::App& app) {
   auto f = std::make_shared<ServeFlags>();
-  CLI::App* cmd = app.add_subcommand("serve", "Serve a model over an OpenAI-compatible HTTP API (completions, chat, SSE streaming)");
+  CLI::App* cmd = app.add_subcommand(
+      "serve", "Serve a model over an OpenAI-compatible HTTP API (completions, chat, SSE streaming)");
   f->model.add_to(*cmd);
   cmd->add_option("model", f->model_positional, "model (same as --model)");
-  cmd->add_option("--host", f->host, "address to bind (loopback by default; elsewhere, set --api-key)")->capture_default_str();
+  cmd->add_option("--host", f->host, "address to bind (loopback by default; elsewhere, set --api-key)")
+      ->capture_default_str();
   cmd->add_option("--port", f->port, "TCP port (0: any free port)")->capture_default_str();
   cmd->add_option("--api-key", f->api_key, "require 'Authorization: Bearer KEY' on every route but /health");
   cmd->add_option("--served-model-name", f->served_model_name, "model id in the API (default: the file name)");
   cmd->add_option("--max-num-seqs", f->max_num_seqs, "most sequences in the running batch")->capture_default_str();
-  cmd->add_option("--max-num-batched-tokens", f->max_num_batched_tokens, "token budget per step (0: --batch)")->capture_default_str();
-  cmd->add_option("--kv-cache-tokens", f->kv_cache_tokens, "KV-cache capacity in tokens, over all sequences")->capture_default_str();
+  cmd->add_option("--max-num-batched-tokens", f->max_num_batched_tokens, "token budget per step (0: --batch)")
+      ->capture_default_str();
+  cmd->add_option("--kv-cache-tokens", f->kv_cache_tokens, "KV-cache capacity in tokens, over all sequences")
+      ->capture_default_str();
   cmd->add_option("--block-size", f->block_size, "tokens per KV block")->capture_default_str();
   cmd->add_flag("--no-prefix-caching", f->no_prefix_caching, "turn automatic prefix caching off");
   cmd->add_flag("--no-chunked-prefill", f->no_chunked_prefill,
                 "compute each prompt in one step (waiting for room) instead of in chunks mixed with decodes; "
                 "prompts longer than the token budget are refused");
-  cmd->add_option("--itl-target-ms", f->itl_target_ms,
-                  "inter-token latency target: while requests stream, a step's tokens are capped so that its time, as "
-                  "learned from past steps, stays within this or three times a step of the decodes alone (prefill then goes "
-                  "on in smaller chunks); 0: off, every step fills --max-num-batched-tokens; needs chunked prefill")
+  cmd->add_option(
+         "--itl-target-ms", f->itl_target_ms,
+         "inter-token latency target: while requests stream, a step's tokens are capped so that its time, as "
+         "learned from past steps, stays within this or three times a step of the decodes alone (prefill then goes "
+         "on in smaller chunks); 0: off, every step fills --max-num-batched-tokens; needs chunked prefill")
       ->capture_default_str();
-  cmd->add_option("--scheduling-policy", f->policy, "fcfs, or priority (lower 'priority' runs first)")->capture_default_str();
-  cmd->add_option("--pipeline-stages", f->pipeline_stages, "pipeline-stage actors the layers are split over (with --device cuda:N,M,...: in contiguous groups, one group per GPU)")->capture_default_str();
+  cmd->add_option("--scheduling-policy", f->policy, "fcfs, or priority (lower 'priority' runs first)")
+      ->capture_default_str();
+  cmd->add_option("--pipeline-stages", f->pipeline_stages,
+                  "pipeline-stage actors the layers are split over (with --device cuda:N,M,...: in contiguous groups, "
+                  "one group per GPU)")
+      ->capture_default_str();
   cmd->add_option("--tokenizer-actors", f->tokenizer_actors, "tokenizer actors in the pool")->capture_default_str();
   cmd->add_option("--http-threads", f->http_threads, "threads running the HTTP server")->capture_default_str();
-  cmd->add_option("--max-queue", f->max_queue, "sequences that may wait beyond --max-num-seqs before 429")->capture_default_str();
-  cmd->add_option("--drain-timeout", f->drain_timeout, "seconds in-flight requests get after SIGTERM")->capture_default_str();
+  cmd->add_option("--max-queue", f->max_queue, "sequences that may wait beyond --max-num-seqs before 429")
+      ->capture_default_str();
+  cmd->add_option("--drain-timeout", f->drain_timeout, "seconds in-flight requests get after SIGTERM")
+      ->capture_default_str();
   cmd->add_option("--max-body-bytes", f->max_body_bytes, "largest request body (413 above)")->capture_default_str();
-  cmd->add_option("--max-header-bytes", f->max_header_bytes, "largest request header block (431 above)")->capture_default_str();
-  cmd->add_option("--read-timeout", f->read_timeout, "seconds a request's headers and body may take to arrive (408)")->capture_default_str();
-  cmd->add_option("--max-connections", f->max_connections,
-                  "most open HTTP connections; one more is answered 503 and closed (the open-file limit is raised to fit, "
-                  "or this lowered)")->capture_default_str();
+  cmd->add_option("--max-header-bytes", f->max_header_bytes, "largest request header block (431 above)")
+      ->capture_default_str();
+  cmd->add_option("--read-timeout", f->read_timeout, "seconds a request's headers and body may take to arrive (408)")
+      ->capture_default_str();
+  cmd->add_option(
+         "--max-connections", f->max_connections,
+         "most open HTTP connections; one more is answered 503 and closed (the open-file limit is raised to fit, "
+         "or this lowered)")
+      ->capture_default_str();
   cmd->add_option("--debug-fail-step", f->debug_fail_step,
                   "fault injection for tests: engine step N fails as a broken device would (every running request "
-                  "ends with an error, /health turns 503); 0: off")->capture_default_str();
+                  "ends with an error, /health turns 503); 0: off")
+      ->capture_default_str();
   cmd->add_option("--debug-hang-step", f->debug_hang_step,
                   "fault injection for tests: engine step N hangs, as a hung device would, until shutdown; 0: off")
       ->capture_default_str();

@@ -40,10 +40,9 @@ struct Scenario {
 // 48 sequences (their first steps are packed prefill chunks), decode over long contexts,
 // and a stream of arrivals whose prompts share steps with the others' decodes.
 constexpr Scenario kScenarios[] = {
-    {"prefill 32", 1, 32, 1},         {"prefill 128", 1, 128, 1},     {"prefill 256", 1, 256, 1},
-    {"prefill 512", 1, 512, 1},       {"decode x1", 1, 32, 24},       {"decode x4", 4, 32, 24},
-    {"decode x16", 16, 32, 16},       {"decode x48", 48, 24, 12},     {"long-context x2", 2, 900, 12},
-    {"mixed", 14, 160, 40, 5},
+    {"prefill 32", 1, 32, 1},        {"prefill 128", 1, 128, 1}, {"prefill 256", 1, 256, 1}, {"prefill 512", 1, 512, 1},
+    {"decode x1", 1, 32, 24},        {"decode x4", 4, 32, 24},   {"decode x16", 16, 32, 16}, {"decode x48", 48, 24, 12},
+    {"long-context x2", 2, 900, 12}, {"mixed", 14, 160, 40, 5},
 };
 
 double median(std::vector<double> v) {
@@ -56,7 +55,8 @@ double median(std::vector<double> v) {
 // decode steps of 1 and of 16 sequences are timed through a real `troupe serve` (the gaps
 // between a request's streamed tokens) and compared with the fitted engine profile. The
 // difference becomes extra per-step and per-sampled-row overhead.
-Status add_serving_overhead(const ServeSpec& spec, const ModelConfig& mc, sim::HardwareProfile& hw, const std::string& log) {
+Status add_serving_overhead(const ServeSpec& spec, const ModelConfig& mc, sim::HardwareProfile& hw,
+                            const std::string& log) {
   ServerProcess server;
   TROUPE_TRY(server.start(spec, log));
   const sim::CostModel cm(mc, hw);
@@ -73,7 +73,8 @@ Status add_serving_overhead(const ServeSpec& spec, const ModelConfig& mc, sim::H
       for (const auto& rec : rp.records) {
         const auto& tt = rec.token_times;
         for (size_t k = 1; k < tt.size(); ++k) {
-          std::vector<sim::SeqShape> step(static_cast<size_t>(batch), sim::SeqShape{static_cast<int32_t>(kPrompt + k - 1), 1, true});
+          std::vector<sim::SeqShape> step(static_cast<size_t>(batch),
+                                          sim::SeqShape{static_cast<int32_t>(kPrompt + k - 1), 1, true});
           diffs.push_back(tt[k] - tt[k - 1] - cm.step_seconds(step));
         }
       }
@@ -99,9 +100,10 @@ Status add_serving_overhead(const ServeSpec& spec, const ModelConfig& mc, sim::H
   const double slope = (n * sxy - sx * sy) / (n * sxx - sx * sx);
   const double per_row = std::max(0.0, slope);
   const double per_step = std::max(0.0, (sy - per_row * sx) / n);
-  spdlog::info("serving adds {:.3f} ms per step and {:.3f} ms per sampled row (median decode gaps through troupe serve "
-               "against the engine fit: {})",
-               per_step * 1e3, per_row * 1e3, seen);
+  spdlog::info(
+      "serving adds {:.3f} ms per step and {:.3f} ms per sampled row (median decode gaps through troupe serve "
+      "against the engine fit: {})",
+      per_step * 1e3, per_row * 1e3, seen);
   hw.step_overhead_s += per_step;
   hw.sample_overhead_s += per_row;
   server.stop();
@@ -173,8 +175,8 @@ int calibrate(CalibrateFlags f) {
     }
     return {};
   };
-  spdlog::info("calibrating on {} ({}): {} scenarios x {} repetition(s) after a warm-up", mc.name,
-               backend_name, std::size(kScenarios), f.repetitions);
+  spdlog::info("calibrating on {} ({}): {} scenarios x {} repetition(s) after a warm-up", mc.name, backend_name,
+               std::size(kScenarios), f.repetitions);
   if (auto w = run({"warm-up", 2, 64, 4}, false); !w) {
     spdlog::error("{}", w.error().message);
     return 1;
@@ -233,10 +235,11 @@ int calibrate(CalibrateFlags f) {
     }
   }
   const auto& p = fit->profile;
-  std::printf("fitted on %zu steps: matmul efficiency %.3f, attention %.3f, bandwidth %.3f, step overhead %.3f ms, "
-              "per sampled row %.3f ms\n",
-              fit->samples, p.flops_efficiency, p.attention_efficiency, p.bw_efficiency, p.step_overhead_s * 1e3,
-              p.sample_overhead_s * 1e3);
+  std::printf(
+      "fitted on %zu steps: matmul efficiency %.3f, attention %.3f, bandwidth %.3f, step overhead %.3f ms, "
+      "per sampled row %.3f ms\n",
+      fit->samples, p.flops_efficiency, p.attention_efficiency, p.bw_efficiency, p.step_overhead_s * 1e3,
+      p.sample_overhead_s * 1e3);
   std::printf("step-time error |predicted/measured - 1|: median %.1f%%, p90 %.1f%%, max %.1f%%\n",
               100 * fit->median_abs_error, 100 * fit->p90_abs_error, 100 * fit->max_abs_error);
   std::printf("wrote %s%s%s\n", f.out.c_str(), f.samples_out.empty() ? "" : " and ", f.samples_out.c_str());
@@ -247,21 +250,26 @@ int calibrate(CalibrateFlags f) {
 
 void add_sim_calibrate(CLI::App& sim) {
   auto f = std::make_shared<CalibrateFlags>();
-  auto* cmd = sim.add_subcommand("calibrate", "Time the real engine over a fixed set of step shapes on this machine and "
-                                               "fit a hardware profile's efficiencies and overheads to them");
+  auto* cmd = sim.add_subcommand("calibrate",
+                                 "Time the real engine over a fixed set of step shapes on this machine and "
+                                 "fit a hardware profile's efficiencies and overheads to them");
   f->model.add_to(*cmd);
-  cmd->add_option("--hardware", f->base, "base profile: peak rates and byte sizes kept, efficiencies and overheads fitted")
+  cmd->add_option("--hardware", f->base,
+                  "base profile: peak rates and byte sizes kept, efficiencies and overheads fitted")
       ->capture_default_str();
   cmd->add_option("--out", f->out, "where to write the fitted profile JSON")->required();
-  cmd->add_option("--samples-out", f->samples_out, "also write every measured step (shape, measured and predicted s) as CSV");
+  cmd->add_option("--samples-out", f->samples_out,
+                  "also write every measured step (shape, measured and predicted s) as CSV");
   cmd->add_option("--name", f->name, "profile name (default: the base's, marked calibrated)");
   cmd->add_option("--temperature", f->temperature,
-                  "sampling temperature of the measured steps (0: greedy, as `sim validate` sends; the profile's per-row cost is for this setting)")
+                  "sampling temperature of the measured steps (0: greedy, as `sim validate` sends; the profile's "
+                  "per-row cost is for this setting)")
       ->capture_default_str();
   cmd->add_flag("--no-serve", f->no_serve,
                 "fit the engine's steps only; by default decode steps are also timed through a real troupe serve and "
                 "what serving adds becomes extra per-step and per-row overhead");
-  cmd->add_option("--repetitions", f->repetitions, "passes over the scenarios (every step is a sample)")->capture_default_str();
+  cmd->add_option("--repetitions", f->repetitions, "passes over the scenarios (every step is a sample)")
+      ->capture_default_str();
   cmd->callback([f] { set_exit_code(calibrate(*f)); });
 }
 

@@ -24,19 +24,19 @@ struct SimFlags {
   uint64_t seed = 0;
   std::string prompt_len = "fixed:256", output_len = "fixed:64";
   int prefix_groups = 0, prefix_tokens = 0, priority_levels = 1;
-  std::vector<double> rates;            // sweep
-  std::vector<std::string> policies;    // sweep
+  std::vector<double> rates;          // sweep
+  std::vector<std::string> policies;  // sweep
   std::string trace, out, policy = "fcfs", tokenizer;
   std::string model_config = sim_source_path("configs/smollm2-135m.json");
   std::string hardware = sim_source_path("sim/profiles/cpu-local.json");
   int max_num_batched_tokens = 512, max_num_seqs = 64, kv_cache_tokens = 32768, block_size = 16;
   bool no_prefix_caching = false, no_chunked_prefill = false, log_decisions = false;
-  double itl_target_ms = 100;           // as troupe serve (0: off)
-  std::string param;                    // sweep: a scheduler flag to vary
-  std::vector<double> values;           // sweep: its values
-  std::string metric = "ttft";          // sweep: ttft | itl | e2el
+  double itl_target_ms = 100;   // as troupe serve (0: off)
+  std::string param;            // sweep: a scheduler flag to vary
+  std::vector<double> values;   // sweep: its values
+  std::string metric = "ttft";  // sweep: ttft | itl | e2el
   double slo_ttft_ms = 0, slo_itl_ms = 0;
-  sim::Layout layout;  // parallel layout (cost model); experts filled from the model config
+  sim::Layout layout;          // parallel layout (cost model); experts filled from the model config
   sim::ClusterConfig cluster;  // replicas or prefill/decode disaggregation
 };
 
@@ -57,7 +57,8 @@ struct Prepared {
 Result<Prepared> prepare(const SimFlags& f) {
   if (f.out.empty()) return make_error("--out DIR is required");
   if (f.max_num_batched_tokens < 1 || f.max_num_seqs < 1 || f.block_size < 1 || f.kv_cache_tokens < f.block_size)
-    return make_error("--max-num-batched-tokens, --max-num-seqs and --block-size must be >= 1, --kv-cache-tokens >= --block-size");
+    return make_error(
+        "--max-num-batched-tokens, --max-num-seqs and --block-size must be >= 1, --kv-cache-tokens >= --block-size");
   if (!(f.itl_target_ms >= 0 && f.itl_target_ms <= 600000)) return make_error("--itl-target-ms must be 0..600000");
   auto cfg = read_hf_config(f.model_config, true);
   if (!cfg) return cfg.error();
@@ -79,9 +80,8 @@ Result<sim::TokenCounter> token_counter(const SimFlags& f) {
   if (!files) return files.error();
   if (!files->tokenizer) return make_error("--tokenizer " + f.tokenizer + ": the model has no tokenizer");
   auto tok = std::make_shared<Tokenizer>(std::move(*files->tokenizer));
-  return sim::TokenCounter([tok](std::string_view text) {
-    return static_cast<int32_t>(tok->encode(text, false, false).size());
-  });
+  return sim::TokenCounter(
+      [tok](std::string_view text) { return static_cast<int32_t>(tok->encode(text, false, false).size()); });
 }
 
 Result<std::vector<sim::SimRequest>> make_workload(const SimFlags& f, double rate) {
@@ -178,25 +178,37 @@ int run_sim(const SimFlags& f) {
 }
 
 // The flags `sim sweep --param` can vary; value 0/1 turns the two switches off/on.
-const char* kSweepParams[] = {"max-num-batched-tokens", "max-num-seqs", "kv-cache-tokens", "block-size",
-                              "chunked-prefill", "prefix-caching", "pipeline-stages", "micro-batches", "ep-degree",
-                              "instances", "prefill-instances", "decode-instances", "itl-target-ms"};
+const char* kSweepParams[] = {
+    "max-num-batched-tokens", "max-num-seqs",     "kv-cache-tokens", "block-size", "chunked-prefill",
+    "prefix-caching",         "pipeline-stages",  "micro-batches",   "ep-degree",  "instances",
+    "prefill-instances",      "decode-instances", "itl-target-ms"};
 
 Status set_param(SimFlags& f, const std::string& name, double v) {
   if (!(v >= 0 && v <= 1e9)) return make_error("--values for " + name + " must be 0..1000000000");
   const int i = static_cast<int>(v);
   if (v != i) return make_error("--values for " + name + " must be integers");
-  if (name == "max-num-batched-tokens") f.max_num_batched_tokens = i;
-  else if (name == "max-num-seqs") f.max_num_seqs = i;
-  else if (name == "kv-cache-tokens") f.kv_cache_tokens = i;
-  else if (name == "block-size") f.block_size = i;
-  else if (name == "pipeline-stages") f.layout.pipeline_stages = i;
-  else if (name == "micro-batches") f.layout.micro_batches = i;
-  else if (name == "ep-degree") f.layout.ep_degree = i;
-  else if (name == "instances") f.cluster.instances = i;
-  else if (name == "prefill-instances") f.cluster.prefill_instances = i;
-  else if (name == "decode-instances") f.cluster.decode_instances = i;
-  else if (name == "itl-target-ms") f.itl_target_ms = i;
+  if (name == "max-num-batched-tokens")
+    f.max_num_batched_tokens = i;
+  else if (name == "max-num-seqs")
+    f.max_num_seqs = i;
+  else if (name == "kv-cache-tokens")
+    f.kv_cache_tokens = i;
+  else if (name == "block-size")
+    f.block_size = i;
+  else if (name == "pipeline-stages")
+    f.layout.pipeline_stages = i;
+  else if (name == "micro-batches")
+    f.layout.micro_batches = i;
+  else if (name == "ep-degree")
+    f.layout.ep_degree = i;
+  else if (name == "instances")
+    f.cluster.instances = i;
+  else if (name == "prefill-instances")
+    f.cluster.prefill_instances = i;
+  else if (name == "decode-instances")
+    f.cluster.decode_instances = i;
+  else if (name == "itl-target-ms")
+    f.itl_target_ms = i;
   else if (name == "chunked-prefill" || name == "prefix-caching") {
     if (i != 0 && i != 1) return make_error("--values for " + name + " must be 0 (off) or 1 (on)");
     (name == "chunked-prefill" ? f.no_chunked_prefill : f.no_prefix_caching) = i == 0;
@@ -246,13 +258,14 @@ int run_sweep(const SimFlags& f) {
     return 1;
   }
   const std::string m = f.metric + "_ms";
-  std::string csv = "policy," + (f.param.empty() ? std::string() : f.param + ",") +
-                    "rate,request_throughput,output_throughput,ttft_p50_ms,ttft_p90_ms,ttft_p99_ms,itl_p50_ms,itl_p99_ms,"
-                    "e2el_p50_ms,e2el_p99_ms,preemptions,slo_attainment,goodput\n";
+  std::string csv =
+      "policy," + (f.param.empty() ? std::string() : f.param + ",") +
+      "rate,request_throughput,output_throughput,ttft_p50_ms,ttft_p90_ms,ttft_p99_ms,itl_p50_ms,itl_p99_ms,"
+      "e2el_p50_ms,e2el_p99_ms,preemptions,slo_attainment,goodput\n";
   std::vector<sim::Series> series;
   const int vw = f.param.empty() ? 0 : 10;  // the value column only when a flag varies
-  std::printf("%-10s %-*s %8s %10s %12s %12s %12s %10s\n", "policy", vw, f.param.empty() ? "" : "value", "rate", "req/s",
-              (f.metric + " p50 ms").c_str(), (f.metric + " p99 ms").c_str(), "ITL p99 ms", "preempt");
+  std::printf("%-10s %-*s %8s %10s %12s %12s %12s %10s\n", "policy", vw, f.param.empty() ? "" : "value", "rate",
+              "req/s", (f.metric + " p50 ms").c_str(), (f.metric + " p99 ms").c_str(), "ITL p99 ms", "preempt");
   for (const auto& policy : f.policies) {
     for (size_t vi = 0; vi < variants.size(); ++vi) {
       const SimFlags& g = variants[vi];
@@ -307,12 +320,16 @@ int run_sweep(const SimFlags& f) {
       series.push_back(p99);
     }
   }
-  const char* metric_name = f.metric == "ttft" ? "Time to first token" : f.metric == "itl" ? "Inter-token latency"
-                                                                                            : "End-to-end latency";
+  const char* metric_name = f.metric == "ttft"  ? "Time to first token"
+                            : f.metric == "itl" ? "Inter-token latency"
+                                                : "End-to-end latency";
   std::ofstream(f.out + "/sweep.csv") << csv;
   std::ofstream(f.out + "/sweep.svg") << sim::line_chart_svg(
       std::string(metric_name) + " vs load (" + prep->hw.name.substr(0, prep->hw.name.find(' ')) + ", simulated)",
-      "request rate (requests/s)", f.metric == "ttft" ? "TTFT (ms)" : f.metric == "itl" ? "ITL (ms)" : "E2E latency (ms)",
+      "request rate (requests/s)",
+      f.metric == "ttft"  ? "TTFT (ms)"
+      : f.metric == "itl" ? "ITL (ms)"
+                          : "E2E latency (ms)",
       series, true);
   std::printf("wrote %s/sweep.csv and %s/sweep.svg\n", f.out.c_str(), f.out.c_str());
   return 0;
@@ -323,30 +340,45 @@ int run_sweep(const SimFlags& f) {
 namespace {
 void add_common(CLI::App* cmd, SimFlags& f) {
   cmd->add_option("--requests", f.requests, "synthetic workload: number of requests")->capture_default_str();
-  cmd->add_option("--cv", f.cv, "inter-arrival coefficient of variation (1: Poisson, else gamma)")->capture_default_str();
+  cmd->add_option("--cv", f.cv, "inter-arrival coefficient of variation (1: Poisson, else gamma)")
+      ->capture_default_str();
   cmd->add_option("--seed", f.seed, "random seed (the same seed gives byte-identical outputs)")->capture_default_str();
-  cmd->add_option("--prompt-len", f.prompt_len, "prompt lengths: fixed:N, uniform:A:B, lognormal:MU:SIGMA or trace:FILE (a trace's prompt lengths)")->capture_default_str();
-  cmd->add_option("--output-len", f.output_len, "output lengths: fixed:N, uniform:A:B, lognormal:MU:SIGMA or trace:FILE (a trace's output lengths)")->capture_default_str();
-  cmd->add_option("--prefix-groups", f.prefix_groups, "requests draw one of G shared-prefix groups (0: none)")->capture_default_str();
+  cmd->add_option("--prompt-len", f.prompt_len,
+                  "prompt lengths: fixed:N, uniform:A:B, lognormal:MU:SIGMA or trace:FILE (a trace's prompt lengths)")
+      ->capture_default_str();
+  cmd->add_option("--output-len", f.output_len,
+                  "output lengths: fixed:N, uniform:A:B, lognormal:MU:SIGMA or trace:FILE (a trace's output lengths)")
+      ->capture_default_str();
+  cmd->add_option("--prefix-groups", f.prefix_groups, "requests draw one of G shared-prefix groups (0: none)")
+      ->capture_default_str();
   cmd->add_option("--prefix-tokens", f.prefix_tokens, "tokens of the shared prefix per group")->capture_default_str();
-  cmd->add_option("--priority-levels", f.priority_levels, "priorities drawn uniformly from 0..N-1 (lower runs first under --policy priority)")->capture_default_str();
-  cmd->add_option("--trace", f.trace,
-                  "trace instead of a synthetic workload (sim/examples/): CSV or JSONL (arrival_s, prompt_tokens, "
-                  "output_tokens, ...), an Azure LLM inference CSV, or ShareGPT JSON (arrivals from --rate/--cv/--seed, "
-                  "at most --requests conversations)");
-  cmd->add_option("--tokenizer", f.tokenizer, "model whose tokenizer counts ShareGPT text (default: 4 bytes per token)");
-  cmd->add_option("--model-config", f.model_config, "Hugging Face config.json of the simulated model")->capture_default_str();
+  cmd->add_option("--priority-levels", f.priority_levels,
+                  "priorities drawn uniformly from 0..N-1 (lower runs first under --policy priority)")
+      ->capture_default_str();
+  cmd->add_option(
+      "--trace", f.trace,
+      "trace instead of a synthetic workload (sim/examples/): CSV or JSONL (arrival_s, prompt_tokens, "
+      "output_tokens, ...), an Azure LLM inference CSV, or ShareGPT JSON (arrivals from --rate/--cv/--seed, "
+      "at most --requests conversations)");
+  cmd->add_option("--tokenizer", f.tokenizer,
+                  "model whose tokenizer counts ShareGPT text (default: 4 bytes per token)");
+  cmd->add_option("--model-config", f.model_config, "Hugging Face config.json of the simulated model")
+      ->capture_default_str();
   cmd->add_option("--hardware", f.hardware, "hardware profile JSON (sim/profiles/)")->capture_default_str();
-  cmd->add_option("--max-num-batched-tokens", f.max_num_batched_tokens, "token budget per step (as troupe serve)")->capture_default_str();
-  cmd->add_option("--max-num-seqs", f.max_num_seqs, "cap on running sequences (as troupe serve)")->capture_default_str();
-  cmd->add_option("--kv-cache-tokens", f.kv_cache_tokens, "KV-cache capacity in tokens (as troupe serve)")->capture_default_str();
+  cmd->add_option("--max-num-batched-tokens", f.max_num_batched_tokens, "token budget per step (as troupe serve)")
+      ->capture_default_str();
+  cmd->add_option("--max-num-seqs", f.max_num_seqs, "cap on running sequences (as troupe serve)")
+      ->capture_default_str();
+  cmd->add_option("--kv-cache-tokens", f.kv_cache_tokens, "KV-cache capacity in tokens (as troupe serve)")
+      ->capture_default_str();
   cmd->add_option("--block-size", f.block_size, "KV block size in tokens (as troupe serve)")->capture_default_str();
   cmd->add_flag("--no-prefix-caching", f.no_prefix_caching, "turn automatic prefix caching off (as troupe serve)");
   cmd->add_flag("--no-chunked-prefill", f.no_chunked_prefill,
                 "compute each prompt in one step or wait; refuse prompts over the budget (as troupe serve)");
-  cmd->add_option("--itl-target-ms", f.itl_target_ms,
-                  "inter-token latency target: cap a step with streaming requests so that its time, as learned from "
-                  "the simulated steps, stays within this or three times the decodes' own step (as troupe serve; 0: off)")
+  cmd->add_option(
+         "--itl-target-ms", f.itl_target_ms,
+         "inter-token latency target: cap a step with streaming requests so that its time, as learned from "
+         "the simulated steps, stays within this or three times the decodes' own step (as troupe serve; 0: off)")
       ->capture_default_str();
   cmd->add_option("--pipeline-stages", f.layout.pipeline_stages,
                   "layout: pipeline stages the layers are split over (cost model; one device per stage)")
@@ -382,23 +414,27 @@ void add_common(CLI::App* cmd, SimFlags& f) {
   cmd->add_option("--kv-transfer-latency-s", f.cluster.kv_transfer_latency_s,
                   "disaggregation: fixed seconds per KV-cache transfer")
       ->capture_default_str();
-  cmd->add_option("--slo-ttft-ms", f.slo_ttft_ms, "SLO on time to first token for goodput (0: none)")->capture_default_str();
-  cmd->add_option("--slo-itl-ms", f.slo_itl_ms, "SLO on the worst inter-token latency (0: none)")->capture_default_str();
+  cmd->add_option("--slo-ttft-ms", f.slo_ttft_ms, "SLO on time to first token for goodput (0: none)")
+      ->capture_default_str();
+  cmd->add_option("--slo-itl-ms", f.slo_itl_ms, "SLO on the worst inter-token latency (0: none)")
+      ->capture_default_str();
 }
 }  // namespace
 
 void add_sim_command(CLI::App& app) {
   auto f = std::make_shared<SimFlags>();
-  auto* cmd = app.add_subcommand("sim", "Simulate scheduling on a virtual clock: the production scheduler and KV-block "
-                                        "manager, a roofline step-cost model, synthetic or trace workloads");
+  auto* cmd = app.add_subcommand("sim",
+                                 "Simulate scheduling on a virtual clock: the production scheduler and KV-block "
+                                 "manager, a roofline step-cost model, synthetic or trace workloads");
   add_common(cmd, *f);
   cmd->add_option("--rate", f->rate, "synthetic workload: mean arrival rate (requests/s)")->capture_default_str();
   cmd->add_option("--policy", f->policy, "fcfs or priority (as troupe serve)")->capture_default_str();
   cmd->add_flag("--log-decisions", f->log_decisions, "write every step's scheduling decisions to OUT/decisions.log");
   cmd->add_option("--out", f->out, "output folder: summary.json, requests.csv");
   auto sf = std::make_shared<SimFlags>();
-  auto* sweep = cmd->add_subcommand("sweep", "Run the same workload over several request rates and policies; writes "
-                                             "OUT/sweep.csv and an SVG plot of TTFT percentiles vs load, one line per policy");
+  auto* sweep = cmd->add_subcommand("sweep",
+                                    "Run the same workload over several request rates and policies; writes "
+                                    "OUT/sweep.csv and an SVG plot of TTFT percentiles vs load, one line per policy");
   add_common(sweep, *sf);
   sweep->add_option("--rates", sf->rates, "request rates (requests/s), comma-separated")->delimiter(',')->required();
   sf->policies = {"fcfs", "priority"};

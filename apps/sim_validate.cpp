@@ -129,8 +129,8 @@ int validate(ValidateFlags f) {
     for (double r : rates) list += (list.empty() ? "" : ", ") + std::to_string(r);
     spdlog::info("simulated capacity {:.3f} req/s; load levels {} req/s", capacity, list);
   }
-  json report = {{"trace", f.trace}, {"profile", hw->name}, {"model", model_path}, {"requests", base->size()},
-                 {"capacity_req_s", capacity}, {"levels", json::array()}};
+  json report = {{"trace", f.trace},         {"profile", hw->name},        {"model", model_path},
+                 {"requests", base->size()}, {"capacity_req_s", capacity}, {"levels", json::array()}};
   std::string md;
   md += "| load | rate (req/s) | metric | real serve | simulator | error |\n|---|---:|---|---:|---:|---:|\n";
   bool all_ok = true;
@@ -187,8 +187,8 @@ int validate(ValidateFlags f) {
     json lv = {{"level", load}, {"rate_req_s", rate}, {"real", realj}, {"sim", simj}, {"metrics", json::array()}};
     for (const Metric& m : compare(realj, simj)) {
       char line[256];
-      std::snprintf(line, sizeof line, "| %s | %.3f | %s | %.1f | %.1f | %+.1f%% |\n", load.c_str(), rate, m.name, m.real,
-                    m.sim, 100 * m.error());
+      std::snprintf(line, sizeof line, "| %s | %.3f | %s | %.1f | %.1f | %+.1f%% |\n", load.c_str(), rate, m.name,
+                    m.real, m.sim, 100 * m.error());
       md += line;
       lv["metrics"].push_back({{"metric", m.name}, {"real", m.real}, {"sim", m.sim}, {"error", m.error()}});
     }
@@ -205,23 +205,29 @@ int validate(ValidateFlags f) {
 
 void add_sim_validate(CLI::App& sim) {
   auto f = std::make_shared<ValidateFlags>();
-  auto* cmd = sim.add_subcommand("validate", "Replay one trace through the real troupe serve and through the simulator "
-                                              "at several loads; print the simulator's error per metric");
+  auto* cmd = sim.add_subcommand("validate",
+                                 "Replay one trace through the real troupe serve and through the simulator "
+                                 "at several loads; print the simulator's error per metric");
   f->model.add_to(*cmd);
-  cmd->add_option("--trace", f->trace, "trace to replay (its arrival times are rescaled per load level)")->capture_default_str();
-  cmd->add_option("--hardware", f->hardware, "the simulator's hardware profile (from troupe sim calibrate)")->capture_default_str();
+  cmd->add_option("--trace", f->trace, "trace to replay (its arrival times are rescaled per load level)")
+      ->capture_default_str();
+  cmd->add_option("--hardware", f->hardware, "the simulator's hardware profile (from troupe sim calibrate)")
+      ->capture_default_str();
   cmd->add_option("--loads", f->loads, "load levels as fractions of the simulated capacity, comma-separated")
-      ->delimiter(',')->capture_default_str();
+      ->delimiter(',')
+      ->capture_default_str();
   cmd->add_option("--rates", f->rates, "explicit request rates (req/s) instead of --loads")->delimiter(',');
   cmd->add_option("--max-num-seqs", f->max_num_seqs, "as troupe serve")->capture_default_str();
-  cmd->add_option("--max-num-batched-tokens", f->max_num_batched_tokens, "as troupe serve (0: --batch)")->capture_default_str();
+  cmd->add_option("--max-num-batched-tokens", f->max_num_batched_tokens, "as troupe serve (0: --batch)")
+      ->capture_default_str();
   cmd->add_option("--kv-cache-tokens", f->kv_cache_tokens, "as troupe serve")->capture_default_str();
   cmd->add_option("--block-size", f->block_size, "as troupe serve")->capture_default_str();
   cmd->add_flag("--no-prefix-caching", f->no_prefix_caching, "as troupe serve");
   cmd->add_flag("--no-chunked-prefill", f->no_chunked_prefill, "as troupe serve");
   cmd->add_option("--itl-target-ms", f->itl_target_ms, "as troupe serve (0: off)")->capture_default_str();
   cmd->add_option("--scheduling-policy", f->policy, "fcfs or priority (as troupe serve)")->capture_default_str();
-  cmd->add_option("--out", f->out, "output folder: validation.md, validation.json, per-level summaries and logs")->required();
+  cmd->add_option("--out", f->out, "output folder: validation.md, validation.json, per-level summaries and logs")
+      ->required();
   cmd->callback([f] { set_exit_code(validate(*f)); });
 }
 

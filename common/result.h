@@ -49,8 +49,8 @@ inline Error make_error(std::string msg) { return Error{std::move(msg)}; }
 
 }  // namespace troupe
 
-#define TROUPE_TRY(expr)                          \
-  do {                                            \
-    auto troupe_status_ = (expr);                 \
+#define TROUPE_TRY(expr)                                     \
+  do {                                                       \
+    auto troupe_status_ = (expr);                            \
     if (!troupe_status_.ok()) return troupe_status_.error(); \
   } while (0)

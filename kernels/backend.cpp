@@ -123,8 +123,9 @@ Result<std::unique_ptr<Backend>> make_backend(const std::string& device, int cpu
   if (device.rfind("cuda:", 0) == 0) {
     const std::string num = device.substr(5);
     if (num.find(',') != std::string::npos)
-      return make_error("--device '" + device +
-                        "' names several GPUs: only troupe serve takes a list, spreading its --pipeline-stages over them");
+      return make_error(
+          "--device '" + device +
+          "' names several GPUs: only troupe serve takes a list, spreading its --pipeline-stages over them");
     if (num.empty() || num.size() > 3 || num.find_first_not_of("0123456789") != std::string::npos)
       return make_error("--device '" + device + "': expected cuda:N with N a device number");
     opts.device = std::stoi(num);

@@ -59,8 +59,8 @@ class Backend {
 
   // Prepares one weight from host data in GGUF layout; several parts (same type and cols)
   // are concatenated by rows (fused QKV, gate/up). `src` may need to outlive the weight.
-  virtual Result<std::unique_ptr<Weight>> make_weight(
-      DType type, int64_t cols, const std::vector<std::pair<const void*, int64_t>>& parts) = 0;
+  virtual Result<std::unique_ptr<Weight>> make_weight(DType type, int64_t cols,
+                                                      const std::vector<std::pair<const void*, int64_t>>& parts) = 0;
   virtual Result<std::unique_ptr<KvCache>> make_kv_cache(const KvCacheShape& shape) = 0;
   virtual float* alloc(size_t num_floats) = 0;  // activation scratch owned by the backend
 
@@ -103,16 +103,16 @@ class Backend {
   virtual void matmul(const Weight& w, const float* x, int64_t n, float* y, int64_t ldy) = 0;
   virtual void add_bias(float* y, int64_t ld, const float* bias, int64_t n, int64_t dim) = 0;
   // Rotates heads in place. cos_sin: [n, head_dim] as (cos, sin) pairs per frequency.
-  virtual void rope(float* x, int64_t ld, int64_t n, int64_t num_heads, int64_t head_dim,
-                    const float* cos_sin, RopeKind kind) = 0;
+  virtual void rope(float* x, int64_t ld, int64_t n, int64_t num_heads, int64_t head_dim, const float* cos_sin,
+                    RopeKind kind) = 0;
   // Writes k and v rows (stride ld) into the cache slots of the current step.
   virtual void kv_write(KvCache& cache, int32_t layer, const float* k, const float* v, int64_t ld) = 0;
   // Causal attention of the step's queries over the paged cache.
   // q: [n, num_heads * head_dim] at stride ld_q; out: [n, num_heads * head_dim] contiguous.
   // next: the matmul that reads out next, if known (a hint, as for rms_norm: a backend may
   // prepare its input on the way out; the result is the same).
-  virtual void attention(KvCache& cache, int32_t layer, const float* q, int64_t ld_q, int32_t num_heads,
-                         float scale, float* out, const Weight* next = nullptr) = 0;
+  virtual void attention(KvCache& cache, int32_t layer, const float* q, int64_t ld_q, int32_t num_heads, float scale,
+                         float* out, const Weight* next = nullptr) = 0;
   // out[r, j] = silu(gate_up[r, j]) * gate_up[r, ffn + j]  gate_up: [n, 2 ffn], out: [n, ffn].
   // next: the matmul that reads out next, if known (a hint, as for rms_norm).
   virtual void silu_mul(const float* gate_up, int64_t n, int64_t ffn, float* out, const Weight* next = nullptr) = 0;
@@ -168,12 +168,12 @@ struct CudaBackendOptions {
 // Each takes only the values listed there; any other value is an error naming the
 // variable, its value and what it takes (not silently the default).
 struct CudaEnvOptions {
-  bool simple_gemv = false;  // TROUPE_CUDA_GEMV=simple: the f32-activation GEMV for every type
-  bool direct_k = false;     // TROUPE_CUDA_ATTN=direct (or staged): K rows read from global memory
-  bool tc_attention = false; // TROUPE_CUDA_ATTN=tc or wmma: every token's attention on tensor cores (batch-invariant)
+  bool simple_gemv = false;   // TROUPE_CUDA_GEMV=simple: the f32-activation GEMV for every type
+  bool direct_k = false;      // TROUPE_CUDA_ATTN=direct (or staged): K rows read from global memory
+  bool tc_attention = false;  // TROUPE_CUDA_ATTN=tc or wmma: every token's attention on tensor cores (batch-invariant)
   bool wmma_attention = false;  // TROUPE_CUDA_ATTN=wmma: tensor-core attention on WMMA kernels, not mma.sync
-  bool fuse = true;          // TROUPE_CUDA_FUSE=0|1: fused GEMV epilogues, quantization, half inputs for cuBLAS
-  int64_t q8_mma_min = 0;    // TROUPE_CUDA_Q8_MMA=N: int8 matmuls of N+ tokens on tensor cores (0: never)
+  bool fuse = true;             // TROUPE_CUDA_FUSE=0|1: fused GEMV epilogues, quantization, half inputs for cuBLAS
+  int64_t q8_mma_min = 0;       // TROUPE_CUDA_Q8_MMA=N: int8 matmuls of N+ tokens on tensor cores (0: never)
 };
 Result<CudaEnvOptions> cuda_env_options();
 // TROUPE_CPU_ISA (scalar, avx2 or avx512, the last no cap): an error for any other value.

@@ -15,7 +15,10 @@ inline float f16_to_f32(uint16_t h) {
       bits = sign;
     } else {  // subnormal: normalise
       int e = -1;
-      do { ++e; mant <<= 1; } while ((mant & 0x400) == 0);
+      do {
+        ++e;
+        mant <<= 1;
+      } while ((mant & 0x400) == 0);
       mant &= 0x3ff;
       bits = sign | static_cast<uint32_t>(127 - 15 - e) << 23 | mant << 13;
     }
@@ -37,7 +40,7 @@ inline uint16_t f32_to_f16(float f) {
   uint32_t abs = x & 0x7fffffff;
   if (abs >= 0x7f800000) return static_cast<uint16_t>(sign | 0x7c00 | (abs > 0x7f800000 ? 0x200 : 0));
   if (abs >= 0x477ff000) return static_cast<uint16_t>(sign | 0x7c00);  // overflow to inf
-  if (abs < 0x38800000) {  // subnormal or zero in f16
+  if (abs < 0x38800000) {                                              // subnormal or zero in f16
     if (abs < 0x33000000) return static_cast<uint16_t>(sign);
     const uint32_t e = abs >> 23;
     const uint32_t m = (abs & 0x7fffff) | 0x800000;

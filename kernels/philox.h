@@ -35,9 +35,9 @@ TROUPE_HD Philox4 philox4x32_10(Philox4 ctr, uint32_t k0, uint32_t k1) {
 
 // The sampling draw for (seed, counter): 53 random bits as a double in [0, 1).
 TROUPE_HD double philox_uniform(uint64_t seed, uint64_t counter) {
-  const Philox4 r = philox4x32_10(
-      Philox4{{static_cast<uint32_t>(counter), static_cast<uint32_t>(counter >> 32), 0u, 0u}},
-      static_cast<uint32_t>(seed), static_cast<uint32_t>(seed >> 32));
+  const Philox4 r =
+      philox4x32_10(Philox4{{static_cast<uint32_t>(counter), static_cast<uint32_t>(counter >> 32), 0u, 0u}},
+                    static_cast<uint32_t>(seed), static_cast<uint32_t>(seed >> 32));
   const uint64_t bits = (static_cast<uint64_t>(r.v[0]) << 32 | r.v[1]) >> 11;
   return static_cast<double>(bits) * (1.0 / 9007199254740992.0);
 }

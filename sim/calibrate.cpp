@@ -35,7 +35,8 @@ Point clamp(Point x) {
 
 }  // namespace
 
-std::vector<double> relative_errors(const ModelConfig& model, const HardwareProfile& hw, const std::vector<StepSample>& samples) {
+std::vector<double> relative_errors(const ModelConfig& model, const HardwareProfile& hw,
+                                    const std::vector<StepSample>& samples) {
   const CostModel cm(model, hw);
   std::vector<double> e;
   e.reserve(samples.size());
@@ -43,8 +44,10 @@ std::vector<double> relative_errors(const ModelConfig& model, const HardwareProf
   return e;
 }
 
-Result<FitReport> fit_profile(const ModelConfig& model, const HardwareProfile& base, const std::vector<StepSample>& samples) {
-  if (samples.size() < 5) return make_error("calibration needs at least 5 measured steps, got " + std::to_string(samples.size()));
+Result<FitReport> fit_profile(const ModelConfig& model, const HardwareProfile& base,
+                              const std::vector<StepSample>& samples) {
+  if (samples.size() < 5)
+    return make_error("calibration needs at least 5 measured steps, got " + std::to_string(samples.size()));
   for (const auto& s : samples)
     if (!(s.seconds > 0) || !std::isfinite(s.seconds) || s.seqs.empty())
       return make_error("calibration samples need a positive time and at least one sequence");
@@ -66,60 +69,70 @@ Result<FitReport> fit_profile(const ModelConfig& model, const HardwareProfile& b
   double best_loss = INFINITY;
   bool best_overlap = true;
   for (bool overlap : {true, false})
-  for (double e0 : {0.05, 0.3, 0.8}) {
-    for (double o0 : {1e-5, 1e-3}) {
-      base_overlap = overlap;
-      Point start{std::log(e0), std::log(e0), std::log(e0), std::log(e0), std::log(o0), std::log(o0 / 10)};
-      std::array<Point, kDims + 1> simplex;
-      std::array<double, kDims + 1> f;
-      for (int i = 0; i <= kDims; ++i) {
-        simplex[i] = start;
-        if (i) simplex[i][i - 1] += 1.0;
-        f[i] = loss(simplex[i]);
-      }
-      for (int iter = 0; iter < 3000; ++iter) {
-        std::array<int, kDims + 1> order;
-        for (int i = 0; i <= kDims; ++i) order[i] = i;
-        std::sort(order.begin(), order.end(), [&](int a, int b) { return f[a] < f[b]; });
-        const int lo = order[0], hi = order[kDims], second = order[kDims - 1];
-        if (std::fabs(f[hi] - f[lo]) < 1e-12 * (1 + std::fabs(f[lo])) && iter > 50) break;
-        Point c{};
-        for (int i = 0; i <= kDims; ++i)
-          if (i != hi)
-            for (int d = 0; d < kDims; ++d) c[d] += simplex[i][d] / kDims;
-        auto along = [&](double t) {
-          Point p;
-          for (int d = 0; d < kDims; ++d) p[d] = c[d] + t * (simplex[hi][d] - c[d]);
-          return p;
-        };
-        const Point xr = along(-1.0);
-        const double fr = loss(xr);
-        if (fr < f[lo]) {
-          const Point xe = along(-2.0);
-          const double fe = loss(xe);
-          if (fe < fr) { simplex[hi] = xe; f[hi] = fe; } else { simplex[hi] = xr; f[hi] = fr; }
-        } else if (fr < f[second]) {
-          simplex[hi] = xr;
-          f[hi] = fr;
-        } else {
-          const Point xc = fr < f[hi] ? along(-0.5) : along(0.5);
-          const double fc = loss(xc);
-          if (fc < std::min(fr, f[hi])) {
-            simplex[hi] = xc;
-            f[hi] = fc;
-          } else {  // shrink toward the best
-            for (int i = 0; i <= kDims; ++i) {
-              if (i == lo) continue;
-              for (int d = 0; d < kDims; ++d) simplex[i][d] = simplex[lo][d] + 0.5 * (simplex[i][d] - simplex[lo][d]);
-              f[i] = loss(simplex[i]);
+    for (double e0 : {0.05, 0.3, 0.8}) {
+      for (double o0 : {1e-5, 1e-3}) {
+        base_overlap = overlap;
+        Point start{std::log(e0), std::log(e0), std::log(e0), std::log(e0), std::log(o0), std::log(o0 / 10)};
+        std::array<Point, kDims + 1> simplex;
+        std::array<double, kDims + 1> f;
+        for (int i = 0; i <= kDims; ++i) {
+          simplex[i] = start;
+          if (i) simplex[i][i - 1] += 1.0;
+          f[i] = loss(simplex[i]);
+        }
+        for (int iter = 0; iter < 3000; ++iter) {
+          std::array<int, kDims + 1> order;
+          for (int i = 0; i <= kDims; ++i) order[i] = i;
+          std::sort(order.begin(), order.end(), [&](int a, int b) { return f[a] < f[b]; });
+          const int lo = order[0], hi = order[kDims], second = order[kDims - 1];
+          if (std::fabs(f[hi] - f[lo]) < 1e-12 * (1 + std::fabs(f[lo])) && iter > 50) break;
+          Point c{};
+          for (int i = 0; i <= kDims; ++i)
+            if (i != hi)
+              for (int d = 0; d < kDims; ++d) c[d] += simplex[i][d] / kDims;
+          auto along = [&](double t) {
+            Point p;
+            for (int d = 0; d < kDims; ++d) p[d] = c[d] + t * (simplex[hi][d] - c[d]);
+            return p;
+          };
+          const Point xr = along(-1.0);
+          const double fr = loss(xr);
+          if (fr < f[lo]) {
+            const Point xe = along(-2.0);
+            const double fe = loss(xe);
+            if (fe < fr) {
+              simplex[hi] = xe;
+              f[hi] = fe;
+            } else {
+              simplex[hi] = xr;
+              f[hi] = fr;
+            }
+          } else if (fr < f[second]) {
+            simplex[hi] = xr;
+            f[hi] = fr;
+          } else {
+            const Point xc = fr < f[hi] ? along(-0.5) : along(0.5);
+            const double fc = loss(xc);
+            if (fc < std::min(fr, f[hi])) {
+              simplex[hi] = xc;
+              f[hi] = fc;
+            } else {  // shrink toward the best
+              for (int i = 0; i <= kDims; ++i) {
+                if (i == lo) continue;
+                for (int d = 0; d < kDims; ++d) simplex[i][d] = simplex[lo][d] + 0.5 * (simplex[i][d] - simplex[lo][d]);
+                f[i] = loss(simplex[i]);
+              }
             }
           }
         }
+        for (int i = 0; i <= kDims; ++i)
+          if (f[i] < best_loss) {
+            best_loss = f[i];
+            best = simplex[i];
+            best_overlap = overlap;
+          }
       }
-      for (int i = 0; i <= kDims; ++i)
-        if (f[i] < best_loss) { best_loss = f[i]; best = simplex[i]; best_overlap = overlap; }
     }
-  }
   FitReport rep;
   rep.profile = with_params(base, clamp(best));
   rep.profile.overlap = best_overlap;

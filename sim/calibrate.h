@@ -27,9 +27,11 @@ struct FitReport {
 // step_overhead_s, sample_overhead_s and whether compute and memory overlap (peak rates, byte
 // sizes and the name come from `base`) by minimising the squared log error of the predicted
 // step times (Nelder-Mead from several starts; deterministic). Needs at least 5 samples with positive times.
-Result<FitReport> fit_profile(const ModelConfig& model, const HardwareProfile& base, const std::vector<StepSample>& samples);
+Result<FitReport> fit_profile(const ModelConfig& model, const HardwareProfile& base,
+                              const std::vector<StepSample>& samples);
 
 // Relative errors |predicted / measured - 1| of a profile on samples.
-std::vector<double> relative_errors(const ModelConfig& model, const HardwareProfile& hw, const std::vector<StepSample>& samples);
+std::vector<double> relative_errors(const ModelConfig& model, const HardwareProfile& hw,
+                                    const std::vector<StepSample>& samples);
 
 }  // namespace troupe::sim

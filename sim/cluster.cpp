@@ -180,7 +180,8 @@ Result<SimResult> simulate_cluster(const std::vector<SimRequest>& reqs, const Si
           continue;
         }
         const double bytes = kv_bytes_per_token * (reqs[i].prompt_tokens + 1);
-        const double ready = now + cc.kv_transfer_latency_s + (cc.kv_transfer_bandwidth > 0 ? bytes / cc.kv_transfer_bandwidth : 0);
+        const double ready =
+            now + cc.kv_transfer_latency_s + (cc.kv_transfer_bandwidth > 0 ? bytes / cc.kv_transfer_bandwidth : 0);
         transfers.push({ready, i});
       }
       TROUPE_TRY(start(k_step));

@@ -25,12 +25,9 @@ Result<HardwareProfile> load_profile(const std::string& path) {
     p.sample_overhead_s = j.value("sample_overhead_s", 0.0);
     p.weight_bytes_per_param = j.value("weight_bytes_per_param", 2.0);
     p.kv_bytes_per_elem = j.value("kv_bytes_per_elem", 2.0);
-  } catch (const std::exception& e) {
-    return make_error(path + ": " + e.what());
-  }
-  for (double v : {p.peak_flops, p.mem_bandwidth, p.flops_efficiency, p.bw_efficiency, p.attention_efficiency, p.kv_bw_efficiency,
-                   p.weight_bytes_per_param,
-                   p.kv_bytes_per_elem})
+  } catch (const std::exception& e) { return make_error(path + ": " + e.what()); }
+  for (double v : {p.peak_flops, p.mem_bandwidth, p.flops_efficiency, p.bw_efficiency, p.attention_efficiency,
+                   p.kv_bw_efficiency, p.weight_bytes_per_param, p.kv_bytes_per_elem})
     if (!(v > 0) || !std::isfinite(v)) return make_error(path + ": rates, efficiencies and sizes must be > 0");
   if (!(p.step_overhead_s >= 0) || !(p.sample_overhead_s >= 0))
     return make_error(path + ": step_overhead_s and sample_overhead_s must be >= 0");
@@ -96,8 +93,9 @@ Status check_layout(const Layout& l, const ModelConfig& c) {
     return make_error("--ep-degree " + std::to_string(l.ep_degree) + " needs a mixture-of-experts model whose " +
                       std::to_string(l.num_experts) + " experts it divides");
   if (l.num_experts > 0 && l.pipeline_stages > 1)
-    return make_error("pipeline stages are modelled for dense models only; use --pipeline-stages 1 with a "
-                      "mixture-of-experts config");
+    return make_error(
+        "pipeline stages are modelled for dense models only; use --pipeline-stages 1 with a "
+        "mixture-of-experts config");
   return {};
 }
 
@@ -206,8 +204,8 @@ double CostModel::step_seconds(const std::vector<SeqShape>& seqs) const {
   for (const auto& g : groups) {
     double tokens = 0;
     for (const auto& s : g) tokens += s.num_new;
-    const double hop = (l.stage_bandwidth > 0 ? tokens * cfg_.hidden * l.activation_bytes / l.stage_bandwidth : 0) +
-                       l.stage_latency_s;
+    const double hop =
+        (l.stage_bandwidth > 0 ? tokens * cfg_.hidden * l.activation_bytes / l.stage_bandwidth : 0) + l.stage_latency_s;
     // P - 1 boundary crossings per micro-batch, spread over its P stage slots.
     const double t = device_seconds(g, 1.0 / P) + hop * (P - 1) / P;
     sum += t;

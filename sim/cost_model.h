@@ -24,8 +24,8 @@ struct HardwareProfile {
   // true: a step takes the larger of its compute and memory times (a GPU overlaps them);
   // false: their sum (a CPU core streaming weights is not also multiplying).
   bool overlap = true;
-  double step_overhead_s = 0.0;   // fixed cost per step (launches, scheduling, planning)
-  double sample_overhead_s = 0.0; // cost per sampled row beyond its logits matmul (softmax, sampling)
+  double step_overhead_s = 0.0;         // fixed cost per step (launches, scheduling, planning)
+  double sample_overhead_s = 0.0;       // cost per sampled row beyond its logits matmul (softmax, sampling)
   double weight_bytes_per_param = 2.0;  // 2: bf16; 0.625: Q4_1
   double kv_bytes_per_elem = 2.0;       // f16 KV cache
 };

@@ -9,10 +9,14 @@ namespace {
 std::string esc(const std::string& s) {
   std::string o;
   for (char c : s) {
-    if (c == '<') o += "&lt;";
-    else if (c == '>') o += "&gt;";
-    else if (c == '&') o += "&amp;";
-    else o += c;
+    if (c == '<')
+      o += "&lt;";
+    else if (c == '>')
+      o += "&gt;";
+    else if (c == '&')
+      o += "&amp;";
+    else
+      o += c;
   }
   return o;
 }
@@ -42,21 +46,27 @@ std::string line_chart_svg(const std::string& title, const std::string& x_label,
   if (y1 == y0) y1 = y0 + 1;
   auto px = [&](double x) { return L + (x - x0) / (x1 - x0) * (W - L - R); };
   auto py = [&](double y) { return H - B - (y - y0) / (y1 - y0) * (H - T - B); };
-  static const char* colors[] = {"#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f"};
-  std::string o = "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"" + num(W) + "\" height=\"" + num(H) +
-                  "\" font-family=\"sans-serif\" font-size=\"12\">\n<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n";
+  static const char* colors[] = {"#1f77b4", "#d62728", "#2ca02c", "#ff7f0e",
+                                 "#9467bd", "#8c564b", "#e377c2", "#7f7f7f"};
+  std::string o =
+      "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"" + num(W) + "\" height=\"" + num(H) +
+      "\" font-family=\"sans-serif\" font-size=\"12\">\n<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n";
   o += "<text x=\"" + num(W / 2) + "\" y=\"22\" text-anchor=\"middle\" font-size=\"15\">" + esc(title) + "</text>\n";
-  o += "<line x1=\"" + num(L) + "\" y1=\"" + num(H - B) + "\" x2=\"" + num(W - R) + "\" y2=\"" + num(H - B) + "\" stroke=\"black\"/>\n";
-  o += "<line x1=\"" + num(L) + "\" y1=\"" + num(T) + "\" x2=\"" + num(L) + "\" y2=\"" + num(H - B) + "\" stroke=\"black\"/>\n";
+  o += "<line x1=\"" + num(L) + "\" y1=\"" + num(H - B) + "\" x2=\"" + num(W - R) + "\" y2=\"" + num(H - B) +
+       "\" stroke=\"black\"/>\n";
+  o += "<line x1=\"" + num(L) + "\" y1=\"" + num(T) + "\" x2=\"" + num(L) + "\" y2=\"" + num(H - B) +
+       "\" stroke=\"black\"/>\n";
   for (int i = 0; i <= 5; ++i) {
     const double xv = x0 + (x1 - x0) * i / 5, yv = y0 + (y1 - y0) * i / 5;
-    o += "<text x=\"" + num(px(xv)) + "\" y=\"" + num(H - B + 18) + "\" text-anchor=\"middle\">" + num(xv) + "</text>\n";
+    o +=
+        "<text x=\"" + num(px(xv)) + "\" y=\"" + num(H - B + 18) + "\" text-anchor=\"middle\">" + num(xv) + "</text>\n";
     o += "<text x=\"" + num(L - 6) + "\" y=\"" + num(py(yv) + 4) + "\" text-anchor=\"end\">" +
          num(log_y ? std::pow(10.0, yv) : yv) + "</text>\n";
     o += "<line x1=\"" + num(L) + "\" y1=\"" + num(py(yv)) + "\" x2=\"" + num(W - R) + "\" y2=\"" + num(py(yv)) +
          "\" stroke=\"#ddd\"/>\n";
   }
-  o += "<text x=\"" + num((L + W - R) / 2) + "\" y=\"" + num(H - 15) + "\" text-anchor=\"middle\">" + esc(x_label) + "</text>\n";
+  o += "<text x=\"" + num((L + W - R) / 2) + "\" y=\"" + num(H - 15) + "\" text-anchor=\"middle\">" + esc(x_label) +
+       "</text>\n";
   o += "<text transform=\"translate(18," + num((T + H - B) / 2) + ") rotate(-90)\" text-anchor=\"middle\">" +
        esc(y_label + (log_y ? " (log scale)" : "")) + "</text>\n";
   for (size_t k = 0; k < series.size(); ++k) {

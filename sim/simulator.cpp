@@ -32,7 +32,8 @@ double pct(std::vector<double> xs, double p) {
 nlohmann::json summarize(const std::vector<double>& ms) {
   double sum = 0;
   for (double v : ms) sum += v;
-  return {{"mean", ms.empty() ? 0.0 : sum / ms.size()}, {"p50", pct(ms, 50)}, {"p90", pct(ms, 90)}, {"p99", pct(ms, 99)}};
+  return {
+      {"mean", ms.empty() ? 0.0 : sum / ms.size()}, {"p50", pct(ms, 50)}, {"p90", pct(ms, 90)}, {"p99", pct(ms, 99)}};
 }
 
 }  // namespace
@@ -105,7 +106,8 @@ Result<SimResult> simulate(const std::vector<SimRequest>& reqs, const SimConfig&
     sampled.clear();
     for (const auto& s : plan.seqs) {
       shapes.push_back({s.num_computed, s.num_new, s.samples});
-      if (s.samples) sampled.push_back(static_cast<int32_t>(token_hash(0xC0FFEE + static_cast<uint64_t>(s.id), s.num_computed)));
+      if (s.samples)
+        sampled.push_back(static_cast<int32_t>(token_hash(0xC0FFEE + static_cast<uint64_t>(s.id), s.num_computed)));
     }
     for (int64_t id : plan.preempted) {
       ++out.requests[index.at(id)].preemptions;
@@ -198,7 +200,9 @@ std::string summary_json(const SimResult& r, const Slo& slo) {
 }
 
 std::string requests_csv(const SimResult& r) {
-  std::string s = "id,arrival_s,first_token_s,finish_s,prompt_tokens,output_tokens,ttft_ms,e2e_ms,mean_itl_ms,preemptions,rejected\n";
+  std::string s =
+      "id,arrival_s,first_token_s,finish_s,prompt_tokens,output_tokens,ttft_ms,e2e_ms,mean_itl_ms,preemptions,"
+      "rejected\n";
   char buf[256];
   for (const auto& q : r.requests) {
     const double itl = q.generated > 1 ? (q.finish - q.first_token) * 1e3 / (q.generated - 1) : 0;

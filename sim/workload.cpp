@@ -30,9 +30,7 @@ Result<double> number(const std::string& s, const std::string& what) {
     const double v = std::stod(s, &used);
     if (used != s.size() || !std::isfinite(v)) throw std::invalid_argument(s);
     return v;
-  } catch (const std::exception&) {
-    return make_error(what + ": '" + s + "' is not a number");
-  }
+  } catch (const std::exception&) { return make_error(what + ": '" + s + "' is not a number"); }
 }
 
 // "2023-11-16 18:15:46.6805900" (Azure LLM inference traces) -> seconds since 1970.
@@ -54,7 +52,8 @@ Result<double> azure_time(const std::string& t, const std::string& where) {
 
 Status check_request(const SimRequest& r, const std::string& where) {
   if (!(r.arrival_s >= 0)) return make_error(where + ": arrival_s must be >= 0");
-  if (r.prompt_tokens < 1 || r.output_tokens < 1) return make_error(where + ": prompt_tokens and output_tokens must be >= 1");
+  if (r.prompt_tokens < 1 || r.output_tokens < 1)
+    return make_error(where + ": prompt_tokens and output_tokens must be >= 1");
   if (r.prefix_group >= 0 && r.prefix_tokens > r.prompt_tokens)
     return make_error(where + ": prefix_tokens exceeds prompt_tokens");
   return {};
@@ -202,9 +201,7 @@ Result<std::vector<SimRequest>> read_trace(const std::string& path) {
         r.priority = j.value("priority", 0);
         r.prefix_group = j.value("prefix_group", -1);
         r.prefix_tokens = j.value("prefix_tokens", 0);
-      } catch (const std::exception& e) {
-        return make_error(where + ": " + e.what());
-      }
+      } catch (const std::exception& e) { return make_error(where + ": " + e.what()); }
     } else {
       std::vector<std::string> cells;
       std::stringstream ss(line);
@@ -242,7 +239,8 @@ Result<std::vector<SimRequest>> read_trace(const std::string& path) {
         return number(cells[it->second], where + " " + name);
       };
       double v[6];
-      const char* names[6] = {"arrival_s", "prompt_tokens", "output_tokens", "priority", "prefix_group", "prefix_tokens"};
+      const char* names[6] = {"arrival_s", "prompt_tokens", "output_tokens",
+                              "priority",  "prefix_group",  "prefix_tokens"};
       const double dflt[6] = {0, 0, 0, 0, -1, 0};
       for (int k = 0; k < 6; ++k) {
         auto x = get(names[k], dflt[k]);
@@ -261,7 +259,8 @@ Result<std::vector<SimRequest>> read_trace(const std::string& path) {
     TROUPE_TRY(check_request(r, where));
     out.push_back(r);
   }
-  std::stable_sort(out.begin(), out.end(), [](const SimRequest& a, const SimRequest& b) { return a.arrival_s < b.arrival_s; });
+  std::stable_sort(out.begin(), out.end(),
+                   [](const SimRequest& a, const SimRequest& b) { return a.arrival_s < b.arrival_s; });
   const double t0 = azure && !out.empty() ? out.front().arrival_s : 0;  // Azure: seconds from the first request
   for (size_t i = 0; i < out.size(); ++i) {
     out[i].id = static_cast<int64_t>(i);

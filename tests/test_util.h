@@ -15,12 +15,16 @@ struct EnvScope {
     const char* o = std::getenv(n);
     had = o != nullptr;
     if (had) old = o;
-    if (value) setenv(n, value, 1);
-    else unsetenv(n);
+    if (value)
+      setenv(n, value, 1);
+    else
+      unsetenv(n);
   }
   ~EnvScope() {
-    if (had) setenv(name.c_str(), old.c_str(), 1);
-    else unsetenv(name.c_str());
+    if (had)
+      setenv(name.c_str(), old.c_str(), 1);
+    else
+      unsetenv(name.c_str());
   }
   EnvScope(const EnvScope&) = delete;
   EnvScope& operator=(const EnvScope&) = delete;
@@ -48,8 +52,7 @@ inline bool file_exists(const std::string& path) {
 }
 
 inline std::string model_missing_message(const std::string& path) {
-  return "model file not found: " + path +
-         " -- run scripts/fetch-model (or set TROUPE_MODEL_PATH / TROUPE_HOME)";
+  return "model file not found: " + path + " -- run scripts/fetch-model (or set TROUPE_MODEL_PATH / TROUPE_HOME)";
 }
 
 // Directory of the source tree, for golden data (set by CMake; falls back to the cwd).

@@ -39,7 +39,8 @@ class Generation : public std::enable_shared_from_this<Generation> {
   Generation(OpenAiServer& server, std::shared_ptr<Exchange> ex, api::GenerationRequest req, int64_t seqs)
       : server_(server), ex_(std::move(ex)), req_(std::move(req)), seqs_(seqs) {
     id_ = random_id(req_.is_chat ? "chatcmpl-" : "cmpl-");
-    created_ = std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
+    created_ =
+        std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
     model_ = req_.model.empty() ? server_.options().model_name : req_.model;
   }
   ~Generation() { release_once(); }
@@ -55,17 +56,24 @@ class Generation : public std::enable_shared_from_this<Generation> {
   // Called on the request actor's thread, one update at a time.
   void on_update(RequestUpdate u) {
     switch (u.kind) {
-      case RequestUpdate::Kind::started: return on_started(u);
-      case RequestUpdate::Kind::delta: return on_delta(u);
-      case RequestUpdate::Kind::finished: return on_finished(u);
-      case RequestUpdate::Kind::failed: return on_failed(u);
-      case RequestUpdate::Kind::done: return on_done(u);
+      case RequestUpdate::Kind::started:
+        return on_started(u);
+      case RequestUpdate::Kind::delta:
+        return on_delta(u);
+      case RequestUpdate::Kind::finished:
+        return on_finished(u);
+      case RequestUpdate::Kind::failed:
+        return on_failed(u);
+      case RequestUpdate::Kind::done:
+        return on_done(u);
     }
   }
 
  private:
   json chunk_base() const {
-    return json{{"id", id_}, {"object", req_.is_chat ? "chat.completion.chunk" : "text_completion"}, {"created", created_},
+    return json{{"id", id_},
+                {"object", req_.is_chat ? "chat.completion.chunk" : "text_completion"},
+                {"created", created_},
                 {"model", model_}};
   }
   void send_event(const json& j) { ex_->send_chunk("data: " + api::to_json_text(j) + "\n\n"); }
@@ -84,10 +92,13 @@ class Generation : public std::enable_shared_from_this<Generation> {
     for (size_t k = 0; k < n; ++k) {
       json c = chunk_base();
       if (req_.is_chat)
-        c["choices"] = json::array({{{"index", k}, {"delta", {{"role", "assistant"}, {"content", ""}}}, {"logprobs", nullptr},
+        c["choices"] = json::array({{{"index", k},
+                                     {"delta", {{"role", "assistant"}, {"content", ""}}},
+                                     {"logprobs", nullptr},
                                      {"finish_reason", nullptr}}});
       else if (req_.echo)
-        c["choices"] = json::array({{{"index", k}, {"text", choices_[k].text}, {"logprobs", nullptr}, {"finish_reason", nullptr}}});
+        c["choices"] = json::array(
+            {{{"index", k}, {"text", choices_[k].text}, {"logprobs", nullptr}, {"finish_reason", nullptr}}});
       else
         continue;
       send_event(c);
@@ -101,7 +112,8 @@ class Generation : public std::enable_shared_from_this<Generation> {
       for (const auto& t : toks) {
         json top = json::array();
         for (const auto& [s, lp] : t.top) top.push_back({{"token", s}, {"logprob", lp}, {"bytes", bytes_of(s)}});
-        content.push_back({{"token", t.text}, {"logprob", t.logprob}, {"bytes", bytes_of(t.text)}, {"top_logprobs", top}});
+        content.push_back(
+            {{"token", t.text}, {"logprob", t.logprob}, {"bytes", bytes_of(t.text)}, {"top_logprobs", top}});
       }
       return json{{"content", content}};
     }
@@ -196,8 +208,9 @@ class Generation : public std::enable_shared_from_this<Generation> {
         choice["text"] = c.text;
       out.push_back(std::move(choice));
     }
-    json r = {{"id", id_}, {"object", req_.is_chat ? "chat.completion" : "text_completion"}, {"created", created_},
-              {"model", model_}, {"choices", out}, {"usage", usage(u.completion_total)}};
+    json r = {{"id", id_},           {"object", req_.is_chat ? "chat.completion" : "text_completion"},
+              {"created", created_}, {"model", model_},
+              {"choices", out},      {"usage", usage(u.completion_total)}};
     ex_->respond(200, "application/json", api::to_json_text(r));
   }
 

@@ -41,7 +41,8 @@ class ExchangeImpl : public Exchange {
     auto it = req_.find(name);
     return it == req_.end() ? std::string() : std::string(it->value());
   }
-  void respond(int status, std::string content_type, std::string body, std::map<std::string, std::string> extra) override;
+  void respond(int status, std::string content_type, std::string body,
+               std::map<std::string, std::string> extra) override;
   void start_stream(std::string content_type) override;
   void send_chunk(std::string data) override;
   void end_stream() override;
@@ -103,17 +104,19 @@ class Session : public std::enable_shared_from_this<Session> {
       beast::error_code e;
       self->stream_.socket().cancel(e);
     });
-    http::async_read(stream_, buf_, *parser_, [self = shared_from_this()](beast::error_code ec, size_t) { self->on_read(ec); });
+    http::async_read(stream_, buf_, *parser_,
+                     [self = shared_from_this()](beast::error_code ec, size_t) { self->on_read(ec); });
   }
 
   void reply_error_and_close(int status, const std::string& message) {
-    const std::string body = R"({"error":{"message":")" + message + R"(","type":"invalid_request_error","param":null,"code":null}})";
+    const std::string body =
+        R"({"error":{"message":")" + message + R"(","type":"invalid_request_error","param":null,"code":null}})";
     ++exchange_id_;
     response_ended_ = true;
     close_after_ = true;
     linger_ = true;  // the client may still be sending the request we did not read
-    outq_.push_back(status_line(status) + "Content-Type: application/json\r\nContent-Length: " + std::to_string(body.size()) +
-                    "\r\nConnection: close\r\n\r\n" + body);
+    outq_.push_back(status_line(status) + "Content-Type: application/json\r\nContent-Length: " +
+                    std::to_string(body.size()) + "\r\nConnection: close\r\n\r\n" + body);
     if (!writing_) write_next();
   }
 
@@ -184,12 +187,13 @@ class Session : public std::enable_shared_from_this<Session> {
   }
   void drain() {
     if (!drain_buf_) drain_buf_ = std::make_unique<std::array<char, 16384>>();
-    stream_.socket().async_read_some(net::buffer(*drain_buf_), [self = shared_from_this()](beast::error_code ec, size_t n) {
-      if (self->closed_) return;
-      self->drained_ += n;
-      if (ec || self->drained_ > kLingerBytes) return self->close();
-      self->drain();
-    });
+    stream_.socket().async_read_some(net::buffer(*drain_buf_),
+                                     [self = shared_from_this()](beast::error_code ec, size_t n) {
+                                       if (self->closed_) return;
+                                       self->drained_ += n;
+                                       if (ec || self->drained_ > kLingerBytes) return self->close();
+                                       self->drain();
+                                     });
   }
 
   void close() {
@@ -229,18 +233,22 @@ class Session : public std::enable_shared_from_this<Session> {
   std::shared_ptr<std::atomic<int>> open_;
 };
 
-void ExchangeImpl::respond(int status, std::string content_type, std::string body, std::map<std::string, std::string> extra) {
-  std::string head = status_line(status) + "Content-Type: " + content_type + "\r\nContent-Length: " + std::to_string(body.size()) + "\r\n";
+void ExchangeImpl::respond(int status, std::string content_type, std::string body,
+                           std::map<std::string, std::string> extra) {
+  std::string head = status_line(status) + "Content-Type: " + content_type +
+                     "\r\nContent-Length: " + std::to_string(body.size()) + "\r\n";
   for (const auto& [k, v] : extra) head += k + ": " + v + "\r\n";
   head += keep_alive() ? "Connection: keep-alive\r\n\r\n" : "Connection: close\r\n\r\n";
-  net::post(session_->executor(), [s = session_, data = head + body, id = id_]() mutable { s->write(std::move(data), true, id); });
+  net::post(session_->executor(),
+            [s = session_, data = head + body, id = id_]() mutable { s->write(std::move(data), true, id); });
 }
 
 void ExchangeImpl::start_stream(std::string content_type) {
   std::string head = status_line(200) + "Content-Type: " + content_type +
                      "\r\nCache-Control: no-cache\r\nTransfer-Encoding: chunked\r\n";
   head += keep_alive() ? "Connection: keep-alive\r\n\r\n" : "Connection: close\r\n\r\n";
-  net::post(session_->executor(), [s = session_, data = std::move(head), id = id_]() mutable { s->write(std::move(data), false, id); });
+  net::post(session_->executor(),
+            [s = session_, data = std::move(head), id = id_]() mutable { s->write(std::move(data), false, id); });
 }
 
 void ExchangeImpl::send_chunk(std::string data) {
@@ -248,7 +256,8 @@ void ExchangeImpl::send_chunk(std::string data) {
   char hex[32];
   std::snprintf(hex, sizeof hex, "%zx\r\n", data.size());
   std::string framed = hex + data + "\r\n";
-  net::post(session_->executor(), [s = session_, data = std::move(framed), id = id_]() mutable { s->write(std::move(data), false, id); });
+  net::post(session_->executor(),
+            [s = session_, data = std::move(framed), id = id_]() mutable { s->write(std::move(data), false, id); });
 }
 
 void ExchangeImpl::end_stream() {
@@ -256,7 +265,8 @@ void ExchangeImpl::end_stream() {
 }
 
 void ExchangeImpl::on_disconnect(std::function<void()> fn) {
-  net::post(session_->executor(), [s = session_, fn = std::move(fn), id = id_]() mutable { s->set_disconnect(std::move(fn), id); });
+  net::post(session_->executor(),
+            [s = session_, fn = std::move(fn), id = id_]() mutable { s->set_disconnect(std::move(fn), id); });
 }
 
 }  // namespace
@@ -307,9 +317,10 @@ void HttpServer::accept() {
 // into a new socket's empty send buffer), then closed, so it holds no descriptor.
 void HttpServer::refuse(tcp::socket sock) {
   if (refused_++ % 1000 == 0)
-    spdlog::warn("{} connections open (--max-connections): refusing new ones with 503 ({} so far)", limits_.max_connections,
-                 refused_);
-  const std::string body = R"({"error":{"message":"too many open connections (limit )" + std::to_string(limits_.max_connections) +
+    spdlog::warn("{} connections open (--max-connections): refusing new ones with 503 ({} so far)",
+                 limits_.max_connections, refused_);
+  const std::string body = R"({"error":{"message":"too many open connections (limit )" +
+                           std::to_string(limits_.max_connections) +
                            R"(); try again later","type":"server_error","param":null,"code":null}})";
   const std::string resp = status_line(503) + "Content-Type: application/json\r\nRetry-After: 1\r\nContent-Length: " +
                            std::to_string(body.size()) + "\r\nConnection: close\r\n\r\n" + body;

@@ -20,9 +20,9 @@ namespace troupe::serve {
 struct HttpLimits {
   size_t max_body_bytes = 8u << 20;
   size_t max_header_bytes = 16u << 10;
-  int read_timeout_seconds = 30;    // a request's headers and body must arrive within this
-  int idle_timeout_seconds = 120;   // keep-alive connections idle longer are closed
-  int max_connections = 1024;       // open connections; one more gets a 503 and is closed at once
+  int read_timeout_seconds = 30;   // a request's headers and body must arrive within this
+  int idle_timeout_seconds = 120;  // keep-alive connections idle longer are closed
+  int max_connections = 1024;      // open connections; one more gets a 503 and is closed at once
 };
 
 class Exchange {

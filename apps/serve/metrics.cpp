@@ -46,7 +46,8 @@ std::string Histogram::render(const std::string& name, const std::string& help, 
 }
 
 Metrics::Metrics()
-    : ttft_({0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0}),
+    : ttft_({0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0,
+             80.0}),
       itl_({0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0}),
       e2e_({0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0, 480.0}),
       queue_({0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0}),
@@ -84,7 +85,8 @@ std::string Metrics::render(const actors::EngineStats& s, const std::string& mod
   gauge("troupe:kv_cache_usage_perc", "Fraction of KV-cache blocks in use (1 = full).",
         s.kv_blocks ? 1.0 - static_cast<double>(s.kv_free) / s.kv_blocks : 0.0);
   gauge("troupe:kv_cache_free_blocks", "KV-cache blocks free (cached or empty).", s.kv_free);
-  gauge("troupe:engine_heartbeat_age_seconds", "Seconds since the scheduler actor's last heartbeat.", s.heartbeat_age_seconds);
+  gauge("troupe:engine_heartbeat_age_seconds", "Seconds since the scheduler actor's last heartbeat.",
+        s.heartbeat_age_seconds);
   gauge("troupe:engine_oldest_step_seconds", "Seconds the oldest engine step in flight has run (0: none).",
         s.oldest_step_seconds);
   counter("troupe:prefix_cache_queries_total", "Prompt tokens looked up in the prefix cache (full blocks).",
@@ -111,7 +113,8 @@ std::string Metrics::render(const actors::EngineStats& s, const std::string& mod
   counter("troupe:engine_step_seconds_total", "Wall time of finished steps, from sending the plan to its result.",
           s.step_seconds);
   counter("troupe:engine_compute_seconds_total",
-          "Time in the stages' layers and the sampling, summed over stages (one stage, one plan in flight: step minus compute is the actor hops).",
+          "Time in the stages' layers and the sampling, summed over stages (one stage, one plan in flight: step minus "
+          "compute is the actor hops).",
           s.compute_seconds);
   counter("troupe:engine_kv_seconds_total",
           "Time in KV-block-manager round trips (a step's block operations sent, applied and answered), summed.",
@@ -120,12 +123,15 @@ std::string Metrics::render(const actors::EngineStats& s, const std::string& mod
         static_cast<double>(s.most_plans_in_flight));
   {
     std::lock_guard<std::mutex> l(mu_);
-    out += "# HELP troupe:request_success_total Finished requests by finish reason.\n# TYPE troupe:request_success_total counter\n";
+    out +=
+        "# HELP troupe:request_success_total Finished requests by finish reason.\n# TYPE troupe:request_success_total "
+        "counter\n";
     for (const auto& [r, n] : finished_)
       out += "troupe:request_success_total{" + lbl + ",finished_reason=\"" + r + "\"} " + std::to_string(n) + "\n";
     out += "# HELP troupe:http_responses_total HTTP responses by status.\n# TYPE troupe:http_responses_total counter\n";
     for (const auto& [code, n] : http_)
-      out += "troupe:http_responses_total{" + lbl + ",status=\"" + std::to_string(code) + "\"} " + std::to_string(n) + "\n";
+      out += "troupe:http_responses_total{" + lbl + ",status=\"" + std::to_string(code) + "\"} " + std::to_string(n) +
+             "\n";
   }
   out += ttft_.render("troupe:time_to_first_token_seconds", "Time to first token.", lbl);
   out += itl_.render("troupe:inter_token_latency_seconds", "Time between consecutive output tokens.", lbl);

@@ -53,9 +53,12 @@ bool depth_within(std::string_view s, int32_t max_depth) {
   bool in_string = false, escaped = false;
   for (char c : s) {
     if (in_string) {
-      if (escaped) escaped = false;
-      else if (c == '\\') escaped = true;
-      else if (c == '"') in_string = false;
+      if (escaped)
+        escaped = false;
+      else if (c == '\\')
+        escaped = true;
+      else if (c == '"')
+        in_string = false;
     } else if (c == '"') {
       in_string = true;
     } else if (c == '[' || c == '{') {
@@ -77,9 +80,7 @@ json parse_object(std::string_view body, const Limits& lim) {
     reject("", "request body is not valid JSON (error at byte " + std::to_string(e.byte) + ")");
   } catch (const json::out_of_range&) {
     reject("", "request body contains a number that is out of range");
-  } catch (const json::exception&) {
-    reject("", "request body is not valid JSON");
-  }
+  } catch (const json::exception&) { reject("", "request body is not valid JSON"); }
   if (!j.is_object()) reject("", "request body must be a JSON object");
   return j;
 }
@@ -146,7 +147,8 @@ std::optional<float> opt_real(const json& o, const char* key, double lo, double 
   const double d = v->get<double>();
   const bool low_ok = lo_open ? d > lo : d >= lo;
   if (!std::isfinite(d) || !low_ok || d > hi)
-    reject(key, q(key) + " must be in " + (lo_open ? "(" : "[") + num_str(lo) + ", " + num_str(hi) + "], got " + num_str(d));
+    reject(key,
+           q(key) + " must be in " + (lo_open ? "(" : "[") + num_str(lo) + ", " + num_str(hi) + "], got " + num_str(d));
   return static_cast<float>(d);
 }
 
@@ -155,7 +157,8 @@ int32_t token_id(const json& v, const std::string& name, const Limits& lim) {
   const bool in_vocab = v.is_number_unsigned() ? v.get<uint64_t>() < static_cast<uint64_t>(std::max(lim.vocab_size, 0))
                                                : (v.get<int64_t>() >= 0 && v.get<int64_t>() < lim.vocab_size);
   if (!in_vocab)
-    reject(name, "token id " + v.dump() + " in " + q(name) + " is outside the vocabulary [0, " + std::to_string(lim.vocab_size) + ")");
+    reject(name, "token id " + v.dump() + " in " + q(name) + " is outside the vocabulary [0, " +
+                     std::to_string(lim.vocab_size) + ")");
   return static_cast<int32_t>(v.get<int64_t>());
 }
 
@@ -206,7 +209,8 @@ std::vector<Prompt> parse_prompts(const json& o, const Limits& lim) {
   if (v->empty()) reject("prompt", "'prompt' must not be empty");
   if ((*v)[0].is_number()) return {one_prompt(*v, lim)};  // one prompt of token ids
   if (v->size() > static_cast<size_t>(lim.max_prompts))
-    reject("prompt", "'prompt' has " + std::to_string(v->size()) + " prompts; at most " + std::to_string(lim.max_prompts) + " are allowed");
+    reject("prompt", "'prompt' has " + std::to_string(v->size()) + " prompts; at most " +
+                         std::to_string(lim.max_prompts) + " are allowed");
   const bool strings = (*v)[0].is_string();
   std::vector<Prompt> out;
   for (const json& p : *v) {
@@ -247,8 +251,10 @@ ChatMessage one_message(const json& m, size_t i) {
     reject("messages", where + ".role must be one of system, user, assistant, developer, tool");
   ChatMessage out{role->get<std::string>(), ""};
   const json* content = field(m, "content");
-  if (content) out.content = content_text(*content, where);
-  else if (out.role != "assistant") reject("messages", where + ".content is required");
+  if (content)
+    out.content = content_text(*content, where);
+  else if (out.role != "assistant")
+    reject("messages", where + ".content is required");
   return out;
 }
 
@@ -258,7 +264,8 @@ std::vector<ChatMessage> parse_messages(const json& o, const Limits& lim) {
   if (!v->is_array()) reject("messages", "'messages' must be an array");
   if (v->empty()) reject("messages", "'messages' must not be empty");
   if (v->size() > static_cast<size_t>(lim.max_messages))
-    reject("messages", "'messages' has " + std::to_string(v->size()) + " entries; at most " + std::to_string(lim.max_messages) + " are allowed");
+    reject("messages", "'messages' has " + std::to_string(v->size()) + " entries; at most " +
+                           std::to_string(lim.max_messages) + " are allowed");
   std::vector<ChatMessage> out;
   out.reserve(v->size());
   for (size_t i = 0; i < v->size(); ++i) out.push_back(one_message((*v)[i], i));
@@ -271,8 +278,10 @@ void parse_max_tokens(const json& o, const Limits& lim, GenerationRequest& r) {
   const int64_t hi = lim.max_context > 0 ? lim.max_context : std::numeric_limits<int32_t>::max();
   const auto max_tokens = opt_int(o, "max_tokens", 1, hi);
   const auto max_completion = opt_int(o, "max_completion_tokens", 1, hi);
-  if (max_completion) r.max_tokens = static_cast<int32_t>(*max_completion);  // the newer name wins
-  else if (max_tokens) r.max_tokens = static_cast<int32_t>(*max_tokens);
+  if (max_completion)
+    r.max_tokens = static_cast<int32_t>(*max_completion);  // the newer name wins
+  else if (max_tokens)
+    r.max_tokens = static_cast<int32_t>(*max_tokens);
 }
 
 void parse_sampling(const json& o, SamplingParams& s) {
@@ -305,12 +314,14 @@ void parse_stop(const json& o, const Limits& lim, GenerationRequest& r) {
     const json list = v->is_string() ? json::array({*v}) : *v;
     if (!list.is_array()) reject("stop", "'stop' must be a string or an array of strings");
     if (list.size() > static_cast<size_t>(lim.max_stop))
-      reject("stop", "'stop' has " + std::to_string(list.size()) + " entries; at most " + std::to_string(lim.max_stop) + " are allowed");
+      reject("stop", "'stop' has " + std::to_string(list.size()) + " entries; at most " + std::to_string(lim.max_stop) +
+                         " are allowed");
     for (const json& s : list) {
       if (!s.is_string()) reject("stop", "'stop' must be a string or an array of strings");
       const auto& str = s.get_ref<const std::string&>();
       if (str.empty() || str.size() > static_cast<size_t>(lim.max_stop_len))
-        reject("stop", "each stop string must be 1 to " + std::to_string(lim.max_stop_len) + " bytes, got " + std::to_string(str.size()));
+        reject("stop", "each stop string must be 1 to " + std::to_string(lim.max_stop_len) + " bytes, got " +
+                           std::to_string(str.size()));
       r.stop.push_back(str);
     }
   }
@@ -328,15 +339,19 @@ void parse_logit_bias(const json& o, const Limits& lim, SamplingParams& s) {
   if (!v) return;
   if (!v->is_object()) reject("logit_bias", "'logit_bias' must be an object mapping token ids to numbers");
   if (v->size() > static_cast<size_t>(lim.max_logit_bias))
-    reject("logit_bias", "'logit_bias' has " + std::to_string(v->size()) + " entries; at most " + std::to_string(lim.max_logit_bias) + " are allowed");
+    reject("logit_bias", "'logit_bias' has " + std::to_string(v->size()) + " entries; at most " +
+                             std::to_string(lim.max_logit_bias) + " are allowed");
   for (const auto& [key, bias] : v->items()) {
-    const bool digits = !key.empty() && key.size() <= 10 && std::all_of(key.begin(), key.end(), [](char c) { return c >= '0' && c <= '9'; });
+    const bool digits = !key.empty() && key.size() <= 10 &&
+                        std::all_of(key.begin(), key.end(), [](char c) { return c >= '0' && c <= '9'; });
     const int64_t id = digits ? std::stoll(key) : -1;
     if (id < 0 || id >= lim.vocab_size)
-      reject("logit_bias", "'logit_bias' key '" + clip(key) + "' is not a token id in [0, " + std::to_string(lim.vocab_size) + ")");
+      reject("logit_bias",
+             "'logit_bias' key '" + clip(key) + "' is not a token id in [0, " + std::to_string(lim.vocab_size) + ")");
     if (!bias.is_number()) reject("logit_bias", "'logit_bias' values must be numbers");
     const double b = bias.get<double>();
-    if (!std::isfinite(b) || b < -100 || b > 100) reject("logit_bias", "'logit_bias' values must be in [-100, 100], got " + num_str(b));
+    if (!std::isfinite(b) || b < -100 || b > 100)
+      reject("logit_bias", "'logit_bias' values must be in [-100, 100], got " + num_str(b));
     s.logit_bias[static_cast<int32_t>(id)] = static_cast<float>(b);
   }
 }
@@ -381,9 +396,11 @@ void parse_response_format(const json& o, GenerationRequest& r) {
   const std::string type = t->get<std::string>();
   if (type == "text") return;
   if (type == "json_schema")
-    reject("response_format", "'response_format' type 'json_schema' is not supported (json_object is: the output is one "
-                              "JSON object)");
-  if (type != "json_object") reject("response_format", "'response_format.type' must be 'text' or 'json_object', got '" + clip(type) + "'");
+    reject("response_format",
+           "'response_format' type 'json_schema' is not supported (json_object is: the output is one "
+           "JSON object)");
+  if (type != "json_object")
+    reject("response_format", "'response_format.type' must be 'text' or 'json_object', got '" + clip(type) + "'");
   if (r.seq.ignore_eos) reject("response_format", "'ignore_eos' cannot be combined with a json_object response_format");
   r.seq.sampling.json_object = true;
 }
@@ -400,9 +417,7 @@ template <typename T, typename F>
 std::variant<T, ApiError> guarded(F&& f) {
   try {
     return f();
-  } catch (Reject& r) {
-    return std::move(r.e);
-  }
+  } catch (Reject& r) { return std::move(r.e); }
 }
 
 }  // namespace
@@ -421,8 +436,10 @@ std::variant<GenerationRequest, ApiError> parse_generation(std::string_view body
     r.is_chat = is_chat;
     r.model = parse_model(o, lim);
     r.n = static_cast<int32_t>(opt_int(o, "n", 1, lim.max_n).value_or(1));  // before any fan-out
-    if (is_chat) r.messages = parse_messages(o, lim);
-    else r.prompts = parse_prompts(o, lim);
+    if (is_chat)
+      r.messages = parse_messages(o, lim);
+    else
+      r.prompts = parse_prompts(o, lim);
     parse_max_tokens(o, lim, r);
     parse_sampling(o, r.seq.sampling);
     parse_logprobs(o, lim, r);
@@ -445,7 +462,9 @@ std::variant<int32_t, ApiError> check_prompt_fits(size_t prompt_tokens, const Ge
   return f.max_new_tokens;
 }
 
-std::string to_json_text(const nlohmann::json& j) { return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace); }
+std::string to_json_text(const nlohmann::json& j) {
+  return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+}
 
 std::variant<TokenizeRequest, ApiError> parse_tokenize(std::string_view body, const Limits& lim) {
   return guarded<TokenizeRequest>([&] {
@@ -453,9 +472,12 @@ std::variant<TokenizeRequest, ApiError> parse_tokenize(std::string_view body, co
     parse_model(o, lim);
     TokenizeRequest t;
     const bool has_prompt = field(o, "prompt") != nullptr, has_messages = field(o, "messages") != nullptr;
-    if (has_prompt == has_messages) reject(has_prompt ? "messages" : "prompt", "exactly one of 'prompt' or 'messages' is required");
-    if (has_prompt) t.prompt = opt_string(o, "prompt");
-    else t.messages = parse_messages(o, lim);
+    if (has_prompt == has_messages)
+      reject(has_prompt ? "messages" : "prompt", "exactly one of 'prompt' or 'messages' is required");
+    if (has_prompt)
+      t.prompt = opt_string(o, "prompt");
+    else
+      t.messages = parse_messages(o, lim);
     t.add_special_tokens = opt_bool(o, "add_special_tokens").value_or(true);
     t.add_generation_prompt = opt_bool(o, "add_generation_prompt").value_or(true);
     return t;

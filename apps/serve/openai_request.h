@@ -17,11 +17,11 @@
 namespace troupe::api {
 
 struct ApiError {
-  int status = 400;                              // HTTP status
-  std::string message;                           // human-readable, names the parameter
-  std::string type = "invalid_request_error";    // OpenAI error type
-  std::string param;                             // offending parameter ("" if none)
-  std::string code;                              // optional OpenAI code ("" → null)
+  int status = 400;                            // HTTP status
+  std::string message;                         // human-readable, names the parameter
+  std::string type = "invalid_request_error";  // OpenAI error type
+  std::string param;                           // offending parameter ("" if none)
+  std::string code;                            // optional OpenAI code ("" → null)
 };
 
 // {"error": {"message": ..., "type": ..., "param": ... | null, "code": ... | null}}
@@ -32,17 +32,17 @@ std::string to_json_text(const nlohmann::json& j);
 
 // Caps (flags of `troupe serve`) and model facts used for validation.
 struct Limits {
-  int32_t vocab_size = 0;          // token ids must be in [0, vocab_size)
-  int32_t max_context = 0;         // prompt + max_tokens must fit
+  int32_t vocab_size = 0;   // token ids must be in [0, vocab_size)
+  int32_t max_context = 0;  // prompt + max_tokens must fit
   int32_t max_n = 16;
   int32_t max_top_logprobs = 20;
-  int32_t max_stop = 4;            // stop strings
-  int32_t max_stop_len = 256;      // bytes per stop string
+  int32_t max_stop = 4;        // stop strings
+  int32_t max_stop_len = 256;  // bytes per stop string
   int32_t max_stop_token_ids = 64;
-  int32_t max_logit_bias = 1024;   // entries
-  int32_t max_prompts = 64;        // completions: prompts in one request (list form)
-  int32_t max_messages = 1024;     // chat: messages
-  int32_t max_json_depth = 64;     // nesting depth of the body
+  int32_t max_logit_bias = 1024;         // entries
+  int32_t max_prompts = 64;              // completions: prompts in one request (list form)
+  int32_t max_messages = 1024;           // chat: messages
+  int32_t max_json_depth = 64;           // nesting depth of the body
   std::vector<std::string> model_names;  // accepted values of "model" (empty list: any)
 };
 
@@ -67,14 +67,14 @@ struct GenerationRequest {
   // penalties, logit_bias, seed), stop_token_ids, ignore_eos, priority.
   SeqRequest seq;
   bool has_seed = false;
-  bool logprobs = false;              // completions: logprobs:int → logprobs=true, top_logprobs=int
-  int32_t top_logprobs = 0;           // chat: logprobs:bool + top_logprobs:int
+  bool logprobs = false;     // completions: logprobs:int → logprobs=true, top_logprobs=int
+  int32_t top_logprobs = 0;  // chat: logprobs:bool + top_logprobs:int
   int32_t n = 1;
   std::vector<std::string> stop;
-  bool echo = false;                  // completions only
+  bool echo = false;  // completions only
   bool stream = false;
-  bool include_usage = false;         // stream_options.include_usage
-  std::string user;                   // accepted and ignored
+  bool include_usage = false;  // stream_options.include_usage
+  std::string user;            // accepted and ignored
 };
 
 // Parses a /v1/completions (is_chat = false) or /v1/chat/completions body.

@@ -26,15 +26,15 @@ std::string path_of(const std::string& target) { return target.substr(0, target.
 template <class Msg, class Reply>
 void ask_tokenizer(caf::actor_system& sys, actors::tokenizer_actor t, Msg msg, std::function<void(Reply)> cb) {
   sys.spawn([t, msg, cb](caf::event_based_actor* self) {
-    self->request(t, caf::infinite, msg).then([=](Reply& r) { cb(std::move(r)); },
-                                               [=](caf::error&) { cb(Reply{}); });
+    self->request(t, caf::infinite, msg).then([=](Reply& r) { cb(std::move(r)); }, [=](caf::error&) { cb(Reply{}); });
   });
 }
 
 }  // namespace
 
 OpenAiServer::OpenAiServer(caf::actor_system& sys, ServerOptions opt) : sys_(sys), opt_(std::move(opt)) {
-  created_ = std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
+  created_ =
+      std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
 }
 
 void OpenAiServer::attach(std::shared_ptr<actors::LocalNode> node, const ServerOptions& loaded) {
@@ -53,7 +53,8 @@ void OpenAiServer::respond(const std::shared_ptr<Exchange>& ex, int status, cons
   ex->respond(status, "application/json", body, std::move(extra));
 }
 
-void OpenAiServer::error(const std::shared_ptr<Exchange>& ex, const api::ApiError& e, std::map<std::string, std::string> extra) {
+void OpenAiServer::error(const std::shared_ptr<Exchange>& ex, const api::ApiError& e,
+                         std::map<std::string, std::string> extra) {
   respond(ex, e.status, api::error_json(e), std::move(extra));
 }
 
@@ -73,7 +74,8 @@ void OpenAiServer::handle(const std::shared_ptr<Exchange>& ex) {
   const std::string path = path_of(ex->target());
   const std::string& m = ex->method();
   if (path == "/health") return health(ex);
-  if (!authorized(*ex)) return error(ex, {401, "invalid or missing API key", "authentication_error", "", "invalid_api_key"});
+  if (!authorized(*ex))
+    return error(ex, {401, "invalid or missing API key", "authentication_error", "", "invalid_api_key"});
   struct Route {
     const char* path;
     const char* method;
@@ -85,7 +87,8 @@ void OpenAiServer::handle(const std::shared_ptr<Exchange>& ex) {
     if (path == r.path) route = &r;
   if (!route) return error(ex, {404, "no route for " + path.substr(0, 200), "not_found_error", "", ""});
   if (m != route->method)
-    return error(ex, {405, std::string("use ") + route->method + " for " + route->path, "invalid_request_error", "", ""});
+    return error(ex,
+                 {405, std::string("use ") + route->method + " for " + route->path, "invalid_request_error", "", ""});
   if (path == "/metrics") {
     const std::string body = ready_ ? metrics_.render(node_->board->read(), opt_.model_name, opt_.block_size) : "";
     metrics_.count_http(200);
@@ -135,7 +138,10 @@ void OpenAiServer::health(const std::shared_ptr<Exchange>& ex) {
 }
 
 void OpenAiServer::models(const std::shared_ptr<Exchange>& ex) {
-  json m = {{"id", opt_.model_name}, {"object", "model"}, {"created", created_}, {"owned_by", "troupe"},
+  json m = {{"id", opt_.model_name},
+            {"object", "model"},
+            {"created", created_},
+            {"owned_by", "troupe"},
             {"max_model_len", opt_.limits.max_context}};
   respond(ex, 200, api::to_json_text(json{{"object", "list"}, {"data", json::array({m})}}));
 }
@@ -147,7 +153,8 @@ void OpenAiServer::tokenize(const std::shared_ptr<Exchange>& ex) {
   const int32_t max_len = opt_.limits.max_context;
   auto reply = [this, ex, max_len](actors::EncodeResult res) {
     if (!res.error.empty()) return error(ex, {400, res.error, "invalid_request_error", "messages", ""});
-    respond(ex, 200, api::to_json_text(json{{"tokens", res.ids}, {"count", res.ids.size()}, {"max_model_len", max_len}}));
+    respond(ex, 200,
+            api::to_json_text(json{{"tokens", res.ids}, {"count", res.ids.size()}, {"max_model_len", max_len}}));
   };
   auto tok = node_->tokenizers->pick();
   if (r.prompt) {
@@ -168,7 +175,9 @@ void OpenAiServer::detokenize(const std::shared_ptr<Exchange>& ex) {
   if (auto* e = std::get_if<api::ApiError>(&parsed)) return error(ex, *e);
   auto ids = std::get<std::vector<int32_t>>(std::move(parsed));
   ask_tokenizer<actors::DecodeTokens, std::string>(sys_, node_->tokenizers->pick(), {std::move(ids)},
-                                                   [this, ex](std::string text) { respond(ex, 200, api::to_json_text(json{{"prompt", text}})); });
+                                                   [this, ex](std::string text) {
+                                                     respond(ex, 200, api::to_json_text(json{{"prompt", text}}));
+                                                   });
 }
 
 void OpenAiServer::generate(const std::shared_ptr<Exchange>& ex, bool is_chat) {
@@ -179,8 +188,10 @@ void OpenAiServer::generate(const std::shared_ptr<Exchange>& ex, bool is_chat) {
   auto& req = std::get<api::GenerationRequest>(parsed);
   const int64_t seqs = static_cast<int64_t>(is_chat ? 1 : req.prompts.size()) * req.n;
   if (opt_.max_active_seqs > 0 && seqs > opt_.max_active_seqs)
-    return error(ex, {400, "the request asks for " + std::to_string(seqs) + " sequences; this server takes at most " +
-                               std::to_string(opt_.max_active_seqs) + " at once", "invalid_request_error", "n", ""});
+    return error(ex, {400,
+                      "the request asks for " + std::to_string(seqs) + " sequences; this server takes at most " +
+                          std::to_string(opt_.max_active_seqs) + " at once",
+                      "invalid_request_error", "n", ""});
   if (opt_.max_active_seqs > 0 && active_seqs_.fetch_add(seqs) + seqs > opt_.max_active_seqs) {
     active_seqs_ -= seqs;
     return error(ex, {429, "the server is at capacity (--max-queue); retry later", "rate_limit_error", "", ""},

@@ -20,9 +20,9 @@
 namespace troupe::serve {
 
 struct ServerOptions {
-  std::string model_name;            // the id in /v1/models; also accepted as "model"
-  std::string api_key;               // "" = no authentication
-  int32_t max_active_seqs = 0;       // running + queued sequences before 429 (0: no cap)
+  std::string model_name;       // the id in /v1/models; also accepted as "model"
+  std::string api_key;          // "" = no authentication
+  int32_t max_active_seqs = 0;  // running + queued sequences before 429 (0: no cap)
   int32_t block_size = 16;
   double stall_timeout_seconds = 120;  // /health 503 when a step has run longer (0: never)
   api::Limits limits;
@@ -68,7 +68,8 @@ class OpenAiServer {
  private:
   void respond(const std::shared_ptr<Exchange>& ex, int status, const std::string& body,
                std::map<std::string, std::string> extra = {});
-  void error(const std::shared_ptr<Exchange>& ex, const api::ApiError& e, std::map<std::string, std::string> extra = {});
+  void error(const std::shared_ptr<Exchange>& ex, const api::ApiError& e,
+             std::map<std::string, std::string> extra = {});
   bool authorized(const Exchange& ex) const;
   void health(const std::shared_ptr<Exchange>& ex);
   void models(const std::shared_ptr<Exchange>& ex);

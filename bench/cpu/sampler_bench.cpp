@@ -51,7 +51,8 @@ int main(int argc, char** argv) {
                {"T=1 min_p=0.05", 1, 1, 0.05f, 0},
                {"T=0.8 top_k=40", 0.8f, 1, 0, 40},
                {"T=1.5 top_p=0.95", 1.5f, 0.95f, 0, 0}};
-  std::printf("| setting | full sort ms/token | staged ms/token | speed-up | same tokens |\n|---|---:|---:|---:|---:|\n");
+  std::printf(
+      "| setting | full sort ms/token | staged ms/token | speed-up | same tokens |\n|---|---:|---:|---:|---:|\n");
   for (const auto& c : cases) {
     SamplingParams p;
     p.temperature = c.t;
@@ -86,7 +87,8 @@ int main(int argc, char** argv) {
     const double full = std::chrono::duration<double, std::milli>(Clock::now() - t0).count() / (reps * rows.size());
     size_t same = 0;
     for (size_t i = 0; i < staged_tokens.size(); ++i) same += staged_tokens[i] == full_tokens[i];
-    std::printf("| %s | %.3f | %.3f | %.1fx | %zu/%zu |\n", c.name, full, staged, full / staged, same, staged_tokens.size());
+    std::printf("| %s | %.3f | %.3f | %.1fx | %zu/%zu |\n", c.name, full, staged, full / staged, same,
+                staged_tokens.size());
     if (sink < 0) std::printf("(unreachable)\n");
   }
   return 0;

@@ -33,10 +33,10 @@ struct Sizes {
 };
 extern Sizes S;
 
-double now();                    // seconds, steady clock
-extern nlohmann::json out;       // gpu-check.json's fields besides the rows
-void add(Row r);                 // prints a row; the table and JSON are written again
-void fail(std::string what);     // a failed check: listed, the bench goes on and exits 1
+double now();                 // seconds, steady clock
+extern nlohmann::json out;    // gpu-check.json's fields besides the rows
+void add(Row r);              // prints a row; the table and JSON are written again
+void fail(std::string what);  // a failed check: listed, the bench goes on and exits 1
 // Runs fn (which queues work) over enough repetitions for >= 100 ms of wall time, then
 // sync (which waits for that work); returns ms per call. Every figure the tables compare
 // (kernels and the ceilings they are a percentage of) is taken this way: a GPU kept busy
@@ -44,7 +44,7 @@ void fail(std::string what);     // a failed check: listed, the bench goes on an
 // in a burst would flatter itself against the kernels.
 double loop_ms(const std::function<void()>& fn, const std::function<void()>& sync);
 double time_ms(troupe::Backend& be, const std::function<void()>& fn);  // loop_ms with be.sync()
-std::vector<uint16_t> random_bf16(size_t n, float scale);      // uniform in [-scale, scale)
+std::vector<uint16_t> random_bf16(size_t n, float scale);              // uniform in [-scale, scale)
 
 // A backend, weight or cache, or the bench stops with the reason.
 template <typename R>

@@ -108,7 +108,9 @@ std::vector<uint16_t> random_bf16(size_t n, float scale) {
     th.emplace_back([&, t] {
       uint64_t s = 0x9E3779B97F4A7C15ull * (t + 1);
       for (size_t i = n * t / nt; i < n * (t + 1) / nt; ++i) {
-        s ^= s << 13; s ^= s >> 7; s ^= s << 17;
+        s ^= s << 13;
+        s ^= s >> 7;
+        s ^= s << 17;
         const float f = scale * (static_cast<float>(s >> 40) / static_cast<float>(1 << 24) * 2.0f - 1.0f);
         uint32_t bits;
         std::memcpy(&bits, &f, 4);
@@ -125,13 +127,13 @@ using namespace gpu_bench;
 
 namespace {
 
-#define CK(call)                                                                                        \
-  do {                                                                                                  \
-    cudaError_t e_ = (call);                                                                            \
-    if (e_ != cudaSuccess) {                                                                            \
+#define CK(call)                                                                                          \
+  do {                                                                                                    \
+    cudaError_t e_ = (call);                                                                              \
+    if (e_ != cudaSuccess) {                                                                              \
       std::fprintf(stderr, "%s failed: %s (%s:%d)\n", #call, cudaGetErrorString(e_), __FILE__, __LINE__); \
-      std::exit(1);                                                                                     \
-    }                                                                                                   \
+      std::exit(1);                                                                                       \
+    }                                                                                                     \
   } while (0)
 
 // Work on the default stream (the ceilings).
@@ -178,7 +180,6 @@ double copy_bandwidth() {
   add({"(not a ceiling) the same copy, a burst of 10", "4 GiB", burst, rate(burst), "GB/s", -1, ""});
   return gbs;
 }
-
 
 // cuBLAS bf16 GEMM, C[m, n] = A[m, k] B[k, n] with f32 accumulation: ms per call kept busy
 // as the kernels are (loop_ms; the ceiling), and in a burst of 10 after 3 warm-up calls
@@ -244,9 +245,10 @@ void bench_gemv(double copy_gbs, bool simple) {
       const double ms = time_ms(**be, [&] { (*be)->matmul(*ws[k++ % copies], x, n, y, rows); });
       const double gbs = data.size() / (ms * 1e-3) / 1e9;
       const bool q8 = t != DType::BF16;  // every quantized type: int8 activations
-      const std::string kernel = simple ? " (f32 x in shared memory)"
+      const std::string kernel = simple             ? " (f32 x in shared memory)"
                                  : t == DType::BF16 ? " (coalesced, f32 x)"
-                                 : q8 ? " (int8 x, dp4a)" : " (f32 x in shared memory)";
+                                 : q8               ? " (int8 x, dp4a)"
+                                                    : " (f32 x in shared memory)";
       add({std::string("GEMV ") + std::string(dtype_traits(t).name) + kernel,
            std::to_string(rows) + "x" + std::to_string(cols) + ", n=" + std::to_string(n), ms, gbs, "GB/s",
            100.0 * gbs / copy_gbs, "copy"});
@@ -290,7 +292,8 @@ void bench_gemv_silu(double copy_gbs) {
       size_t k = 0;
       const double ms = time_ms(**be, [&] { (*be)->matmul_silu(*ws[k++ % copies], x, 1, ffn, gu, act); });
       const double gbs = data.size() / (ms * 1e-3) / 1e9;
-      add({std::string("gate/up GEMV + silu_mul ") + std::string(dtype_traits(t).name) + (fused ? " (fused epilogue)" : " (two launches)"),
+      add({std::string("gate/up GEMV + silu_mul ") + std::string(dtype_traits(t).name) +
+               (fused ? " (fused epilogue)" : " (two launches)"),
            "2x14336x4096, n=1", ms, gbs, "GB/s", 100.0 * gbs / copy_gbs, "copy"});
     }
   }
@@ -398,9 +401,8 @@ void bench_prefill_matmul(double norm_copy_ms) {
     size_t differ = 0;
     for (size_t i = 0; i < out[0].size(); ++i) differ += std::memcmp(&out[0][i], &out[1][i], 4) != 0;
     if (differ) {
-      fail("int8 tensor-core matmul " + std::string(dtype_traits(t).name) + " at " + std::to_string(nq) +
-           " tokens: " + std::to_string(differ) + " of " + std::to_string(out[0].size()) +
-           " outputs differ from the GEMV's bits");
+      fail("int8 tensor-core matmul " + std::string(dtype_traits(t).name) + " at " + std::to_string(nq) + " tokens: " +
+           std::to_string(differ) + " of " + std::to_string(out[0].size()) + " outputs differ from the GEMV's bits");
     }
   }
 }
@@ -603,9 +605,12 @@ int gpu_bench::run(int argc, char** argv) {
   bool e2e = true;
   S = Sizes{};
   for (int i = 2; i < argc; ++i) {
-    if (!std::strcmp(argv[i], "--config") && i + 1 < argc) config = argv[++i];
-    else if (!std::strcmp(argv[i], "--skip-e2e")) e2e = false;
-    else if (!std::strcmp(argv[i], "--smoke")) S = Sizes::smoke();
+    if (!std::strcmp(argv[i], "--config") && i + 1 < argc)
+      config = argv[++i];
+    else if (!std::strcmp(argv[i], "--skip-e2e"))
+      e2e = false;
+    else if (!std::strcmp(argv[i], "--smoke"))
+      S = Sizes::smoke();
   }
   rows.clear();
   out = json::object();
@@ -674,8 +679,13 @@ void write_outputs(bool last) {
     std::snprintf(buf, sizeof buf, "%.1f%% of %s", r.pct, r.of.c_str());
     md << "| " << r.what << " | " << r.shape << " | " << r.ms << " | " << r.rate << " | " << r.unit << " | "
        << (r.pct >= 0 ? buf : "") << " |\n";
-    jr.push_back({{"what", r.what}, {"shape", r.shape}, {"ms", r.ms}, {"rate", r.rate}, {"unit", r.unit},
-                  {"pct", r.pct}, {"of", r.of}});
+    jr.push_back({{"what", r.what},
+                  {"shape", r.shape},
+                  {"ms", r.ms},
+                  {"rate", r.rate},
+                  {"unit", r.unit},
+                  {"pct", r.pct},
+                  {"of", r.of}});
   }
   out["rows"] = jr;
   const double parts_ms = out.contains("decode_parts_ms") ? out["decode_parts_ms"].get<double>() : -1;

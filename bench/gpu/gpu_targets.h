@@ -80,8 +80,12 @@ inline nlohmann::json targets_table(const std::vector<Row>& rows, double decode_
     std::snprintf(goal, sizeof goal, "%s %.0f%%", t.at_most ? "<=" : ">=", t.goal);
     md << "| " << t.name << " | " << got << " | " << goal << " | " << (met ? "yes" : "no") << " | " << t.row << " |\n";
     if (print) std::printf("  %-80s %12s  goal %-6s %s\n", t.name.c_str(), got, goal, met ? "met" : "MISSED");
-    jt.push_back({{"target", t.name}, {"measured_pct", t.got}, {"goal_pct", t.goal}, {"at_most", t.at_most},
-                  {"met", met}, {"from", t.row}});
+    jt.push_back({{"target", t.name},
+                  {"measured_pct", t.got},
+                  {"goal_pct", t.goal},
+                  {"at_most", t.at_most},
+                  {"met", met},
+                  {"from", t.row}});
   }
   return jt;
 }

@@ -56,7 +56,8 @@ class SharedDummySource : public WeightSource {
     put("output.weight", mat("out", c.vocab, H, ws));
     put_norm("output_norm.weight");
     auto wq = mat("q", q, H, ws), wk = mat("k", kv, H, ws), wv = mat("v", kv, H, ws), wo = mat("o", H, q, ws);
-    auto wg = mat("g", c.ffn, H, ws), wu = mat("u", c.ffn, H, ws), wd = mat("d", H, c.ffn, 1.0f / std::sqrt(float(c.ffn)));
+    auto wg = mat("g", c.ffn, H, ws), wu = mat("u", c.ffn, H, ws),
+         wd = mat("d", H, c.ffn, 1.0f / std::sqrt(float(c.ffn)));
     for (int32_t i = 0; i < c.num_layers; ++i) {
       const std::string p = "blk." + std::to_string(i) + ".";
       put(p + "attn_q.weight", wq);
@@ -153,8 +154,9 @@ void bench_end_to_end(const ModelConfig& cfg, double copy_gbs) {
   std::printf("building Llama-3-8B-shaped dummy bf16 weights...\n");
   std::fflush(stdout);
   SharedDummySource src(cfg);
-  const double layer_bytes = 2.0 * cfg.hidden * (int64_t{cfg.num_heads} * cfg.head_dim + 2 * int64_t{cfg.num_kv_heads} * cfg.head_dim) +
-                             2.0 * cfg.hidden * int64_t{cfg.num_heads} * cfg.head_dim + 3 * 2.0 * cfg.hidden * cfg.ffn;
+  const double layer_bytes =
+      2.0 * cfg.hidden * (int64_t{cfg.num_heads} * cfg.head_dim + 2 * int64_t{cfg.num_kv_heads} * cfg.head_dim) +
+      2.0 * cfg.hidden * int64_t{cfg.num_heads} * cfg.head_dim + 3 * 2.0 * cfg.hidden * cfg.ffn;
   const double step_bytes = cfg.num_layers * layer_bytes + 2.0 * cfg.vocab * cfg.hidden;  // + output matrix
   json e2e = json::array();
   for (int mode : {0, 2, 4, 1, 3}) {  // (the kernels the H200 run measured first)
@@ -198,12 +200,21 @@ void bench_end_to_end(const ModelConfig& cfg, double copy_gbs) {
       logits.resize(size_t(B) * cfg.vocab);
       auto step = [&] {
         auto r = (*model)->forward(st, **cache, rows_.data(), B, logits.data());
-        if (!r.ok()) { std::fprintf(stderr, "%s\n", r.error().message.c_str()); std::exit(1); }
+        if (!r.ok()) {
+          std::fprintf(stderr, "%s\n", r.error().message.c_str());
+          std::exit(1);
+        }
       };
       step();
       const double ms = time_ms(**be, step);
       const double tps = B / (ms * 1e-3);
-      Row r{"decode Llama-3-8B dummy bf16, " + mode_name, "batch " + std::to_string(B) + ", ctx 1024", ms, tps, "tok/s", -1, ""};
+      Row r{"decode Llama-3-8B dummy bf16, " + mode_name,
+            "batch " + std::to_string(B) + ", ctx 1024",
+            ms,
+            tps,
+            "tok/s",
+            -1,
+            ""};
       if (B == 1) {
         const double ideal_ms = step_bytes / (copy_gbs * 1e9) * 1e3;
         r.pct = 100.0 * ideal_ms / ms;
@@ -224,7 +235,10 @@ void bench_end_to_end(const ModelConfig& cfg, double copy_gbs) {
       logits.resize(cfg.vocab);
       auto step = [&] {
         auto r = (*model)->forward(st, **cache, row.data(), 1, logits.data());
-        if (!r.ok()) { std::fprintf(stderr, "%s\n", r.error().message.c_str()); std::exit(1); }
+        if (!r.ok()) {
+          std::fprintf(stderr, "%s\n", r.error().message.c_str());
+          std::exit(1);
+        }
       };
       const double ms = time_ms(**be, step);
       add({"prefill Llama-3-8B dummy bf16, " + mode_name, "2048 tokens", ms, n / (ms * 1e-3), "tok/s", -1, ""});

@@ -75,9 +75,10 @@ void cold_decode(int32_t hd, int32_t group, int32_t nkv, int32_t bs, std::mt1993
     best = std::min(best, std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count());
   }
   const double tiles = double(layers) * seqs * nkv, bytes = 2.0 * layers * seqs * ctx * row * 2;
-  std::printf("\nServing-like decode (cache cold): %d sequences x %d positions x %d layers, %.0f MB of KV: "
-              "%.1f us/tile, %.2f ms per step, %.1f GB/s of KV\n",
-              seqs, ctx, layers, double(elems) * 4 / 1e6, best / tiles, best / 1e3, bytes / best * 1e-3);
+  std::printf(
+      "\nServing-like decode (cache cold): %d sequences x %d positions x %d layers, %.0f MB of KV: "
+      "%.1f us/tile, %.2f ms per step, %.1f GB/s of KV\n",
+      seqs, ctx, layers, double(elems) * 4 / 1e6, best / tiles, best / 1e3, bytes / best * 1e-3);
 }
 
 }  // namespace
@@ -94,7 +95,9 @@ int main() {
   std::vector<int32_t> table(static_cast<size_t>(nblocks));
   std::iota(table.begin(), table.end(), 0);
   std::shuffle(table.begin(), table.end(), rng);
-  std::printf("| queries | context | portable us/tile | blocked us/tile | speed-up | blocked GFLOP/s |\n|---:|---:|---:|---:|---:|---:|\n");
+  std::printf(
+      "| queries | context | portable us/tile | blocked us/tile | speed-up | blocked GFLOP/s "
+      "|\n|---:|---:|---:|---:|---:|---:|\n");
   for (int32_t num : {1, 4, 8}) {
     for (int32_t ctx : {128, 512, 2048}) {
       std::vector<int32_t> pos(static_cast<size_t>(num));

@@ -23,13 +23,18 @@ int main(int argc, char** argv) {
   ThreadPool pool(threads);
   std::mt19937 rng(1);
   std::normal_distribution<float> nd;
-  struct Shape { int64_t rows, cols; const char* what; };
-  const Shape shapes[] = {{576, 576, "576x576 (L2-resident)"}, {3072, 576, "3072x576 (gate+up)"}, {49152, 576, "49152x576 (logits)"}};
+  struct Shape {
+    int64_t rows, cols;
+    const char* what;
+  };
+  const Shape shapes[] = {
+      {576, 576, "576x576 (L2-resident)"}, {3072, 576, "3072x576 (gate+up)"}, {49152, 576, "49152x576 (logits)"}};
   const DType types[] = {DType::Q4_1, DType::Q8_0, DType::Q4_0, DType::Q4_K, DType::Q6_K, DType::F16};
   std::vector<Isa> isas{Isa::Scalar};
   if (detect_isa() >= Isa::Avx2) isas.push_back(Isa::Avx2);
   if (detect_isa() >= Isa::Avx512) isas.push_back(Isa::Avx512);
-  std::printf("| type | shape | isa | tokens | ms/call | weight GB/s | ns/block/token |\n|---|---|---|---|---|---|---|\n");
+  std::printf(
+      "| type | shape | isa | tokens | ms/call | weight GB/s | ns/block/token |\n|---|---|---|---|---|---|---|\n");
   for (DType t : types) {
     if (!only_type.empty() && only_type != dtype_traits(t).name) continue;
     for (const auto& s : shapes) {
@@ -67,8 +72,9 @@ int main(int argc, char** argv) {
           }
           const double bytes = static_cast<double>(packed->row_stride) * s.rows;
           const double blocks = static_cast<double>(s.rows) * cols / 32;
-          std::printf("| %s | %s | %s | %ld | %.3f | %.1f | %.2f |\n", dtype_traits(t).name.data(), s.what, isa_name(isa),
-                      static_cast<long>(n), per * 1e3, bytes / per / 1e9, per * 1e9 / blocks / n * threads);
+          std::printf("| %s | %s | %s | %ld | %.3f | %.1f | %.2f |\n", dtype_traits(t).name.data(), s.what,
+                      isa_name(isa), static_cast<long>(n), per * 1e3, bytes / per / 1e9,
+                      per * 1e9 / blocks / n * threads);
         }
       }
     }

@@ -49,13 +49,16 @@ void attention_tile_portable(const AttentionTile& a) {
   f16_to_f32_row(qh.data(), qr.data(), static_cast<int64_t>(qr.size()));
   scores.resize(static_cast<size_t>(nq) * len);
   row.resize(static_cast<size_t>(hd));
-  auto slot_of = [&](int32_t p) { return static_cast<int64_t>(a.block_table[p / a.block_size]) * a.block_size + p % a.block_size; };
+  auto slot_of = [&](int32_t p) {
+    return static_cast<int64_t>(a.block_table[p / a.block_size]) * a.block_size + p % a.block_size;
+  };
   for (int32_t p = 0; p < len; ++p) {
     f16_to_f32_row(a.k + slot_of(p) * a.row + int64_t{a.kv_head} * hd, row.data(), hd);
     for (int32_t i = 0; i < a.num; ++i) {
       if (p > a.positions[i]) continue;
       for (int32_t g = 0; g < G; ++g)
-        scores[static_cast<size_t>(i * G + g) * len + p] = dot_f32(row.data(), qr.data() + (int64_t{i} * G + g) * hd, hd) * a.scale;
+        scores[static_cast<size_t>(i * G + g) * len + p] =
+            dot_f32(row.data(), qr.data() + (int64_t{i} * G + g) * hd, hd) * a.scale;
     }
   }
   for (int32_t i = 0; i < a.num; ++i) {
@@ -65,7 +68,10 @@ void attention_tile_portable(const AttentionTile& a) {
       float mx = -std::numeric_limits<float>::infinity();
       for (int32_t p = 0; p < n; ++p) mx = std::max(mx, sc[p]);
       double sum = 0;
-      for (int32_t p = 0; p < n; ++p) { sc[p] = std::exp(sc[p] - mx); sum += sc[p]; }
+      for (int32_t p = 0; p < n; ++p) {
+        sc[p] = std::exp(sc[p] - mx);
+        sum += sc[p];
+      }
       const float inv = static_cast<float>(1.0 / sum);
       // Weights rounded to f16 like the f16 values they scale (as GGML does).
       for (int32_t p = 0; p < n; ++p) sc[p] *= inv;

@@ -10,7 +10,7 @@ namespace troupe::cpu {
 struct AttentionTile {
   const uint16_t* k = nullptr;  // layer base of K: [slots, num_kv_heads, head_dim] f16
   const uint16_t* v = nullptr;
-  int64_t row = 0;              // num_kv_heads * head_dim
+  int64_t row = 0;  // num_kv_heads * head_dim
   int32_t head_dim = 0, block_size = 0, group = 0, kv_head = 0;
   const int32_t* block_table = nullptr;
   float scale = 1.0f;
@@ -19,7 +19,7 @@ struct AttentionTile {
   int64_t ld_q = 0;
   const int32_t* positions = nullptr;  // [num] position of each query (attends to 0..pos)
   int32_t num = 0;
-  float* out = nullptr;                // token i at out + i * ld_out, same head layout as q
+  float* out = nullptr;  // token i at out + i * ld_out, same head layout as q
   int64_t ld_out = 0;
   // KV heads' parts of each cache row the SIMD bodies prefetch, from kv_head on: 1 = this
   // head's only; more when the next heads' tiles follow on the same thread (their rows are

@@ -22,8 +22,8 @@
 namespace troupe::cpu {
 namespace {
 
-constexpr int kKeys = 8;    // keys scored at once (one lane each after the transpose)
-constexpr int kVBlock = 32; // V rows converted at once for P·V
+constexpr int kKeys = 8;     // keys scored at once (one lane each after the transpose)
+constexpr int kVBlock = 32;  // V rows converted at once for P·V
 using simd::kAhead;
 using simd::load_f16x8;
 using simd::prefetch_l2;
@@ -47,8 +47,9 @@ struct Exp2fTable {
 
 inline __m128 expf4_from(__m128 x, const long long* tab) {
   const __m256d inv_ln2_n = _mm256_set1_pd(0x1.71547652b82fep+0 * 32), shift = _mm256_set1_pd(0x1.8p+52);
-  const __m256d c0 = _mm256_set1_pd(0x1.c6af84b912394p-5 / 32 / 32 / 32), c1 = _mm256_set1_pd(0x1.ebfce50fac4f3p-3 / 32 / 32),
-                c2 = _mm256_set1_pd(0x1.62e42ff0c52d6p-1 / 32), one = _mm256_set1_pd(1.0);
+  const __m256d c0 = _mm256_set1_pd(0x1.c6af84b912394p-5 / 32 / 32 / 32),
+                c1 = _mm256_set1_pd(0x1.ebfce50fac4f3p-3 / 32 / 32), c2 = _mm256_set1_pd(0x1.62e42ff0c52d6p-1 / 32),
+                one = _mm256_set1_pd(1.0);
   const __m256d xd = _mm256_cvtps_pd(x);
   __m256d kd = _mm256_fmadd_pd(inv_ln2_n, xd, shift);
   const __m256i ki = _mm256_castpd_si256(kd);
@@ -86,7 +87,6 @@ void exp_sub_row_avx2(float* x, int32_t n, float sub) {
   for (; i < n; ++i) x[i] = std::exp(x[i] - sub);
 }
 
-
 void attention_tile_avx2(const AttentionTile& a) {
   const int32_t hd = a.head_dim, G = a.group, nq = a.num * G;
   int32_t len = 0;
@@ -98,8 +98,8 @@ void attention_tile_avx2(const AttentionTile& a) {
   const size_t n_kt = static_cast<size_t>(hd) * kKeys, n_vf = static_cast<size_t>(kVBlock) * hd;
   const size_t n_qh = std::max(n_qr, static_cast<size_t>(len8));
   auto round16 = [](size_t n) { return (n + 15) / 16 * 16; };  // floats: 64-byte boundaries
-  float* qr = static_cast<float*>(thread_scratch(2, (round16(n_qr) + round16(n_sc) + round16(n_kt) + round16(n_vf) +
-                                                     round16((n_qh + 1) / 2)) * sizeof(float)));
+  float* qr = static_cast<float*>(thread_scratch(
+      2, (round16(n_qr) + round16(n_sc) + round16(n_kt) + round16(n_vf) + round16((n_qh + 1) / 2)) * sizeof(float)));
   float* scores = qr + round16(n_qr);
   float* kt = scores + round16(n_sc);
   float* vf = kt + round16(n_kt);
@@ -108,7 +108,9 @@ void attention_tile_avx2(const AttentionTile& a) {
   for (int32_t i = 0; i < a.num; ++i)
     f32_to_f16_row(a.q + i * a.ld_q + int64_t{a.kv_head} * G * hd, qh + int64_t{i} * G * hd, int64_t{G} * hd);
   f16_to_f32_row(qh, qr, static_cast<int64_t>(n_qr));
-  auto slot_of = [&](int32_t p) { return static_cast<int64_t>(a.block_table[p / a.block_size]) * a.block_size + p % a.block_size; };
+  auto slot_of = [&](int32_t p) {
+    return static_cast<int64_t>(a.block_table[p / a.block_size]) * a.block_size + p % a.block_size;
+  };
   const uint16_t* k_head = a.k + int64_t{a.kv_head} * hd;
   const uint16_t* v_head = a.v + int64_t{a.kv_head} * hd;
 
@@ -145,7 +147,8 @@ void attention_tile_avx2(const AttentionTile& a) {
             acc[j] = _mm256_fmadd_ps(_mm256_loadu_ps(kt + int64_t{j} * hd + c), qc, acc[j]);
         }
         simd::transpose8(acc);  // acc[l] = lane l of every key's accumulator
-        _mm256_storeu_ps(scores + static_cast<size_t>(i * G + g) * len8 + p0, _mm256_mul_ps(simd::reduce8_lanes(acc), scale));
+        _mm256_storeu_ps(scores + static_cast<size_t>(i * G + g) * len8 + p0,
+                         _mm256_mul_ps(simd::reduce8_lanes(acc), scale));
       }
     }
   }

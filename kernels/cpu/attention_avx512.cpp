@@ -154,9 +154,15 @@ void attention_tile_avx512(const AttentionTile& a) {
       float* s = sc + static_cast<int64_t>(g) * len8;
       float* o = out + int64_t{g} * hd;
       switch (std::min(3, G - g)) {
-        case 3: heads<3>(q, hd, a, k_head, v_head, off, n, z, s, len8, h, o); break;
-        case 2: heads<2>(q, hd, a, k_head, v_head, off, n, z, s, len8, h, o); break;
-        default: heads<1>(q, hd, a, k_head, v_head, off, n, z, s, len8, h, o); break;
+        case 3:
+          heads<3>(q, hd, a, k_head, v_head, off, n, z, s, len8, h, o);
+          break;
+        case 2:
+          heads<2>(q, hd, a, k_head, v_head, off, n, z, s, len8, h, o);
+          break;
+        default:
+          heads<1>(q, hd, a, k_head, v_head, off, n, z, s, len8, h, o);
+          break;
       }
     }
   }

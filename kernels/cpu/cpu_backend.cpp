@@ -45,8 +45,8 @@ class CpuBackend final : public Backend {
     return std::string("cpu(") + cpu::isa_name(isa_) + ", " + std::to_string(pool_.size()) + " threads)";
   }
 
-  Result<std::unique_ptr<Weight>> make_weight(
-      DType type, int64_t cols, const std::vector<std::pair<const void*, int64_t>>& parts) override {
+  Result<std::unique_ptr<Weight>> make_weight(DType type, int64_t cols,
+                                              const std::vector<std::pair<const void*, int64_t>>& parts) override {
     auto w = std::make_unique<CpuWeight>();
     auto packed = parts.size() == 1 ? cpu::pack_weight(type, parts[0].second, cols, parts[0].first)
                                     : cpu::pack_concat(type, cols, parts);
@@ -66,7 +66,8 @@ class CpuBackend final : public Backend {
     const size_t bytes = c->layer_elems * s.num_layers * sizeof(uint16_t);
     for (auto* h : {&c->k, &c->v}) {
       h->mem = cpu::AlignedBytes::allocate(bytes);
-      if (!h->mem.ptr) return make_error("out of memory allocating the KV cache (" + std::to_string(bytes >> 20) + " MiB)");
+      if (!h->mem.ptr)
+        return make_error("out of memory allocating the KV cache (" + std::to_string(bytes >> 20) + " MiB)");
       std::memset(h->mem.ptr.get(), 0, bytes);
     }
     return std::unique_ptr<KvCache>(std::move(c));
@@ -77,9 +78,7 @@ class CpuBackend final : public Backend {
     return buffers_.back().data();
   }
 
-  void begin_step(const StepInputs& step) override {
-    step_ = step;
-  }
+  void begin_step(const StepInputs& step) override { step_ = step; }
 
   void embed(const Weight& table, const int32_t* ids, int64_t n, float* out) override {
     const auto& w = static_cast<const CpuWeight&>(table).packed;
@@ -113,7 +112,8 @@ class CpuBackend final : public Backend {
   void rope(float* x, int64_t ld, int64_t n, int64_t num_heads, int64_t head_dim, const float* cos_sin,
             RopeKind kind) override {
     const auto style = kind == RopeKind::Neox ? cpu::RopeStyle::Neox : cpu::RopeStyle::Interleaved;
-    pool_.parallel_for(n, [&](int64_t a, int64_t b) { cpu::rope_rows(x, ld, a, b, num_heads, head_dim, cos_sin, style); });
+    pool_.parallel_for(n,
+                       [&](int64_t a, int64_t b) { cpu::rope_rows(x, ld, a, b, num_heads, head_dim, cos_sin, style); });
   }
 
   void kv_write(KvCache& cache, int32_t layer, const float* k, const float* v, int64_t ld) override {
@@ -195,7 +195,8 @@ class CpuBackend final : public Backend {
   }
 
   void gather_rows(const float* x, int64_t dim, const int32_t* rows, int64_t n, float* out) override {
-    for (int64_t i = 0; i < n; ++i) std::memcpy(out + i * dim, x + static_cast<int64_t>(rows[i]) * dim, dim * sizeof(float));
+    for (int64_t i = 0; i < n; ++i)
+      std::memcpy(out + i * dim, x + static_cast<int64_t>(rows[i]) * dim, dim * sizeof(float));
   }
 
  private:

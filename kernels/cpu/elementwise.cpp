@@ -18,8 +18,8 @@ void rms_norm_rows(const float* x, const float* w, float eps, int64_t r0, int64_
   }
 }
 
-void rope_rows(float* x, int64_t ld, int64_t r0, int64_t r1, int64_t num_heads, int64_t head_dim,
-               const float* cos_sin, RopeStyle style) {
+void rope_rows(float* x, int64_t ld, int64_t r0, int64_t r1, int64_t num_heads, int64_t head_dim, const float* cos_sin,
+               RopeStyle style) {
   const int64_t half = head_dim / 2;
   for (int64_t r = r0; r < r1; ++r) {
     const float* cs = cos_sin + r * head_dim;

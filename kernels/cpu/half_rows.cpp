@@ -44,7 +44,8 @@ __attribute__((target("avx2,fma,f16c"))) float dot_avx2(const float* a, const fl
 __attribute__((target("avx2,fma,f16c"))) void axpy_avx2(float alpha, const float* x, float* y, int64_t n) {
   const __m256 va = _mm256_set1_ps(alpha);
   int64_t i = 0;
-  for (; i + 8 <= n; i += 8) _mm256_storeu_ps(y + i, _mm256_fmadd_ps(va, _mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i)));
+  for (; i + 8 <= n; i += 8)
+    _mm256_storeu_ps(y + i, _mm256_fmadd_ps(va, _mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i)));
   for (; i < n; ++i) y[i] += alpha * x[i];
 }
 

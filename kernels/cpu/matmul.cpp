@@ -50,8 +50,10 @@ Isa detect_isa() {
         best = Isa::Avx512;
     }
     if (const char* env = std::getenv("TROUPE_CPU_ISA")) {
-      if (!std::strcmp(env, "scalar")) best = Isa::Scalar;
-      else if (!std::strcmp(env, "avx2") && best == Isa::Avx512) best = Isa::Avx2;
+      if (!std::strcmp(env, "scalar"))
+        best = Isa::Scalar;
+      else if (!std::strcmp(env, "avx2") && best == Isa::Avx512)
+        best = Isa::Avx2;
     }
     return best;
   }();
@@ -60,9 +62,12 @@ Isa detect_isa() {
 
 const char* isa_name(Isa isa) {
   switch (isa) {
-    case Isa::Scalar: return "scalar";
-    case Isa::Avx2: return "avx2";
-    case Isa::Avx512: return "avx512-vnni";
+    case Isa::Scalar:
+      return "scalar";
+    case Isa::Avx2:
+      return "avx2";
+    case Isa::Avx512:
+      return "avx512-vnni";
   }
   return "?";
 }
@@ -83,14 +88,17 @@ void* thread_scratch(int slot, size_t bytes) {
 
 const MatmulKernels& kernels_for(Isa isa) {
   switch (isa) {
-    case Isa::Avx512: return avx512_kernels();
-    case Isa::Avx2: return avx2_kernels();
-    default: return scalar_kernels();
+    case Isa::Avx512:
+      return avx512_kernels();
+    case Isa::Avx2:
+      return avx2_kernels();
+    default:
+      return scalar_kernels();
   }
 }
 
-void matmul(const PackedWeight& w, const float* x, int64_t n_tokens, float* y, ThreadPool& pool,
-            MatmulScratch& scratch, Isa isa) {
+void matmul(const PackedWeight& w, const float* x, int64_t n_tokens, float* y, ThreadPool& pool, MatmulScratch& scratch,
+            Isa isa) {
   const MatmulKernels& k = kernels_for(isa);
   if (n_tokens <= 0) return;
   // Rows per task: small enough to balance, large enough to amortise activation reloads.
@@ -101,9 +109,8 @@ void matmul(const PackedWeight& w, const float* x, int64_t n_tokens, float* y, T
   // up the whole matmul; decode (memory-bound) takes one contiguous 1/T share per task,
   // which streams faster (a thread that finishes early may take a second share).
   const int64_t threads = pool.size();
-  const int64_t chunks_per_task = n_tokens > kMaxTile
-                                      ? std::clamp<int64_t>(num_row_chunks / (2 * threads), 1, 4)
-                                      : (num_row_chunks + threads - 1) / threads;
+  const int64_t chunks_per_task = n_tokens > kMaxTile ? std::clamp<int64_t>(num_row_chunks / (2 * threads), 1, 4)
+                                                      : (num_row_chunks + threads - 1) / threads;
   switch (w.kind) {
     case PackKind::RQ4:
     case PackKind::RQ8: {

@@ -14,18 +14,18 @@
 namespace troupe::cpu {
 
 enum class Isa { Scalar, Avx2, Avx512 };
-Isa detect_isa();          // the best the CPU supports, capped by env TROUPE_CPU_ISA
+Isa detect_isa();  // the best the CPU supports, capped by env TROUPE_CPU_ISA
 const char* isa_name(Isa isa);
 
 // Kernels for rows [r0, r1) and nt <= kMaxTile tokens.
 constexpr int kMaxTile = 4;
 struct MatmulKernels {
-  void (*rq)(RqLayout layout, const uint8_t* w, size_t row_stride, int64_t num_pairs, const int8_t* xq,
-             const float* xs, int nt, int64_t r0, int64_t r1, float* y, int64_t ldy);
-  void (*q6k)(const uint8_t* w, size_t row_stride, int64_t num_blocks, const BlockQ8_K* x, int nt,
-              int64_t r0, int64_t r1, float* y, int64_t ldy);
-  void (*flt)(PackKind kind, const uint8_t* w, size_t row_stride, int64_t cols, const float* x, int nt,
-              int64_t r0, int64_t r1, float* y, int64_t ldy);
+  void (*rq)(RqLayout layout, const uint8_t* w, size_t row_stride, int64_t num_pairs, const int8_t* xq, const float* xs,
+             int nt, int64_t r0, int64_t r1, float* y, int64_t ldy);
+  void (*q6k)(const uint8_t* w, size_t row_stride, int64_t num_blocks, const BlockQ8_K* x, int nt, int64_t r0,
+              int64_t r1, float* y, int64_t ldy);
+  void (*flt)(PackKind kind, const uint8_t* w, size_t row_stride, int64_t cols, const float* x, int nt, int64_t r0,
+              int64_t r1, float* y, int64_t ldy);
 };
 const MatmulKernels& kernels_for(Isa isa);
 
@@ -41,7 +41,7 @@ struct MatmulScratch {
 };
 
 // x: [n_tokens, w.cols], y: [n_tokens, w.rows].
-void matmul(const PackedWeight& w, const float* x, int64_t n_tokens, float* y, ThreadPool& pool,
-            MatmulScratch& scratch, Isa isa);
+void matmul(const PackedWeight& w, const float* x, int64_t n_tokens, float* y, ThreadPool& pool, MatmulScratch& scratch,
+            Isa isa);
 
 }  // namespace troupe::cpu

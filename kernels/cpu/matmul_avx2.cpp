@@ -29,8 +29,8 @@ inline float hsum(__m256 v) {
 // logits track llama.cpp's. Latency is hidden by computing kR rows x kNT tokens at once
 // (independent chains); a (row, token) result never depends on the tile it is in.
 template <RqLayout kL, int kR, int kNT>
-void rq_tile(const uint8_t* w, size_t row_stride, int64_t np, const int8_t* xq, const float* xs, int64_t r,
-             float* y, int64_t ldy) {
+void rq_tile(const uint8_t* w, size_t row_stride, int64_t np, const int8_t* xq, const float* xs, int64_t r, float* y,
+             int64_t ldy) {
   constexpr bool kRQ4 = kL == RqLayout::Four;
   constexpr size_t kPair = kRQ4 ? kRQ4PairBytes : kRQ8PairBytes;
   const __m256i m4 = _mm256_set1_epi8(0x0F);
@@ -39,7 +39,10 @@ void rq_tile(const uint8_t* w, size_t row_stride, int64_t np, const int8_t* xq, 
   __m256 acc[kR][kNT];
   __m128 summs[kR][kNT];
   for (int i = 0; i < kR; ++i)
-    for (int t = 0; t < kNT; ++t) { acc[i][t] = _mm256_setzero_ps(); summs[i][t] = _mm_setzero_ps(); }
+    for (int t = 0; t < kNT; ++t) {
+      acc[i][t] = _mm256_setzero_ps();
+      summs[i][t] = _mm_setzero_ps();
+    }
   for (int64_t p = 0; p < np; ++p) {
     __m256i xa[kNT], xb[kNT];
     __m128 x4[kNT];
@@ -105,22 +108,36 @@ void rq_rows(const uint8_t* w, size_t rs, int64_t np, const int8_t* xq, const fl
 }
 
 template <RqLayout kRQ4>
-void rq_dispatch(const uint8_t* w, size_t rs, int64_t np, const int8_t* xq, const float* xs, int nt,
-                 int64_t r0, int64_t r1, float* y, int64_t ldy) {
+void rq_dispatch(const uint8_t* w, size_t rs, int64_t np, const int8_t* xq, const float* xs, int nt, int64_t r0,
+                 int64_t r1, float* y, int64_t ldy) {
   switch (nt) {
-    case 1: rq_rows<kRQ4, 1>(w, rs, np, xq, xs, r0, r1, y, ldy); break;
-    case 2: rq_rows<kRQ4, 2>(w, rs, np, xq, xs, r0, r1, y, ldy); break;
-    case 3: rq_rows<kRQ4, 3>(w, rs, np, xq, xs, r0, r1, y, ldy); break;
-    default: rq_rows<kRQ4, 4>(w, rs, np, xq, xs, r0, r1, y, ldy); break;
+    case 1:
+      rq_rows<kRQ4, 1>(w, rs, np, xq, xs, r0, r1, y, ldy);
+      break;
+    case 2:
+      rq_rows<kRQ4, 2>(w, rs, np, xq, xs, r0, r1, y, ldy);
+      break;
+    case 3:
+      rq_rows<kRQ4, 3>(w, rs, np, xq, xs, r0, r1, y, ldy);
+      break;
+    default:
+      rq_rows<kRQ4, 4>(w, rs, np, xq, xs, r0, r1, y, ldy);
+      break;
   }
 }
 
 void rq_avx2(RqLayout layout, const uint8_t* w, size_t rs, int64_t np, const int8_t* xq, const float* xs, int nt,
              int64_t r0, int64_t r1, float* y, int64_t ldy) {
   switch (layout) {
-    case RqLayout::Four: rq_dispatch<RqLayout::Four>(w, rs, np, xq, xs, nt, r0, r1, y, ldy); break;
-    case RqLayout::EightSmall: rq_dispatch<RqLayout::EightSmall>(w, rs, np, xq, xs, nt, r0, r1, y, ldy); break;
-    case RqLayout::Eight: rq_dispatch<RqLayout::Eight>(w, rs, np, xq, xs, nt, r0, r1, y, ldy); break;
+    case RqLayout::Four:
+      rq_dispatch<RqLayout::Four>(w, rs, np, xq, xs, nt, r0, r1, y, ldy);
+      break;
+    case RqLayout::EightSmall:
+      rq_dispatch<RqLayout::EightSmall>(w, rs, np, xq, xs, nt, r0, r1, y, ldy);
+      break;
+    case RqLayout::Eight:
+      rq_dispatch<RqLayout::Eight>(w, rs, np, xq, xs, nt, r0, r1, y, ldy);
+      break;
   }
 }
 
@@ -179,15 +196,15 @@ __m256 load8(PackKind kind, const uint8_t* row, int64_t k) {
     case PackKind::F16:
       return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row + 2 * k)));
     case PackKind::BF16:
-      return _mm256_castsi256_ps(_mm256_slli_epi32(
-          _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row + 2 * k))), 16));
+      return _mm256_castsi256_ps(
+          _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row + 2 * k))), 16));
     default:
       return _mm256_loadu_ps(reinterpret_cast<const float*>(row) + k);
   }
 }
 
-void flt_avx2(PackKind kind, const uint8_t* w, size_t row_stride, int64_t cols, const float* x, int nt,
-              int64_t r0, int64_t r1, float* y, int64_t ldy) {
+void flt_avx2(PackKind kind, const uint8_t* w, size_t row_stride, int64_t cols, const float* x, int nt, int64_t r0,
+              int64_t r1, float* y, int64_t ldy) {
   const int64_t main = cols / 8 * 8;
   for (int64_t r = r0; r < r1; ++r) {
     const uint8_t* row = w + r * row_stride;
@@ -201,9 +218,16 @@ void flt_avx2(PackKind kind, const uint8_t* w, size_t row_stride, int64_t cols, 
       float s = hsum(acc[t]);
       for (int64_t k = main; k < cols; ++k) {
         float wk;
-        if (kind == PackKind::F16) { uint16_t h; std::memcpy(&h, row + 2 * k, 2); wk = f16_to_f32(h); }
-        else if (kind == PackKind::BF16) { uint16_t h; std::memcpy(&h, row + 2 * k, 2); wk = bf16_to_f32(h); }
-        else std::memcpy(&wk, row + 4 * k, 4);
+        if (kind == PackKind::F16) {
+          uint16_t h;
+          std::memcpy(&h, row + 2 * k, 2);
+          wk = f16_to_f32(h);
+        } else if (kind == PackKind::BF16) {
+          uint16_t h;
+          std::memcpy(&h, row + 2 * k, 2);
+          wk = bf16_to_f32(h);
+        } else
+          std::memcpy(&wk, row + 4 * k, 4);
         s = std::fma(wk, x[t * cols + k], s);
       }
       y[t * ldy + r] = s;

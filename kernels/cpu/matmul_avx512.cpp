@@ -26,7 +26,9 @@ inline float hsum8(__m256 v) {  // the AVX2 kernels' horizontal sum, same order
 }
 
 template <RqLayout kL>
-constexpr size_t pair_bytes() { return kL == RqLayout::Four ? kRQ4PairBytes : kRQ8PairBytes; }
+constexpr size_t pair_bytes() {
+  return kL == RqLayout::Four ? kRQ4PairBytes : kRQ8PairBytes;
+}
 
 // The 64 unsigned weight bytes of one pair, block A and block B.
 template <RqLayout kL>
@@ -64,7 +66,10 @@ void rq_row_pair(const uint8_t* w, size_t row_stride, int64_t np, const int8_t* 
   const __m512i idx_b = _mm512_set_epi32(5, 5, 5, 5, 5, 5, 5, 5, 1, 1, 1, 1, 1, 1, 1, 1);
   __m512 acc[kNT];
   __m256 summs[kNT];
-  for (int t = 0; t < kNT; ++t) { acc[t] = _mm512_setzero_ps(); summs[t] = _mm256_setzero_ps(); }
+  for (int t = 0; t < kNT; ++t) {
+    acc[t] = _mm512_setzero_ps();
+    summs[t] = _mm256_setzero_ps();
+  }
   const uint8_t* row_a = w + ra * row_stride;
   const uint8_t* row_b = w + rb * row_stride;
   // Two short rows read side by side do not look like a stream to the hardware prefetchers:
@@ -94,8 +99,10 @@ void rq_row_pair(const uint8_t* w, size_t row_stride, int64_t np, const int8_t* 
       __m512i ia, ib;
       if constexpr (kL == RqLayout::Eight) {
         const int32_t* ns = neg_xsum + (t * np + p) * 16;
-        ia = _mm512_dpbusd_epi32(_mm512_broadcast_i64x4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(ns))), wa, xa);
-        ib = _mm512_dpbusd_epi32(_mm512_broadcast_i64x4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(ns + 8))), wb, xb);
+        ia = _mm512_dpbusd_epi32(_mm512_broadcast_i64x4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(ns))), wa,
+                                 xa);
+        ib = _mm512_dpbusd_epi32(_mm512_broadcast_i64x4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(ns + 8))),
+                                 wb, xb);
       } else {
         ia = _mm512_dpbusd_epi32(_mm512_setzero_si512(), wa, xa);
         ib = _mm512_dpbusd_epi32(_mm512_setzero_si512(), wb, xb);
@@ -231,29 +238,43 @@ void rq_rows(const uint8_t* w, size_t rs, int64_t np, const int8_t* xq, const fl
 }
 
 template <RqLayout kL>
-void rq_dispatch(const uint8_t* w, size_t rs, int64_t np, const int8_t* xq, const float* xs, int nt,
-                 int64_t r0, int64_t r1, float* y, int64_t ldy) {
+void rq_dispatch(const uint8_t* w, size_t rs, int64_t np, const int8_t* xq, const float* xs, int nt, int64_t r0,
+                 int64_t r1, float* y, int64_t ldy) {
   switch (nt) {
-    case 1: rq_rows<kL, 1>(w, rs, np, xq, xs, r0, r1, y, ldy); break;
-    case 2: rq_rows<kL, 2>(w, rs, np, xq, xs, r0, r1, y, ldy); break;
-    case 3: rq_rows<kL, 3>(w, rs, np, xq, xs, r0, r1, y, ldy); break;
-    default: rq_rows<kL, 4>(w, rs, np, xq, xs, r0, r1, y, ldy); break;
+    case 1:
+      rq_rows<kL, 1>(w, rs, np, xq, xs, r0, r1, y, ldy);
+      break;
+    case 2:
+      rq_rows<kL, 2>(w, rs, np, xq, xs, r0, r1, y, ldy);
+      break;
+    case 3:
+      rq_rows<kL, 3>(w, rs, np, xq, xs, r0, r1, y, ldy);
+      break;
+    default:
+      rq_rows<kL, 4>(w, rs, np, xq, xs, r0, r1, y, ldy);
+      break;
   }
 }
 
-void rq_avx512(RqLayout layout, const uint8_t* w, size_t rs, int64_t np, const int8_t* xq, const float* xs,
-               int nt, int64_t r0, int64_t r1, float* y, int64_t ldy) {
+void rq_avx512(RqLayout layout, const uint8_t* w, size_t rs, int64_t np, const int8_t* xq, const float* xs, int nt,
+               int64_t r0, int64_t r1, float* y, int64_t ldy) {
   switch (layout) {
-    case RqLayout::Four: rq_dispatch<RqLayout::Four>(w, rs, np, xq, xs, nt, r0, r1, y, ldy); break;
-    case RqLayout::EightSmall: rq_dispatch<RqLayout::EightSmall>(w, rs, np, xq, xs, nt, r0, r1, y, ldy); break;
-    case RqLayout::Eight: rq_dispatch<RqLayout::Eight>(w, rs, np, xq, xs, nt, r0, r1, y, ldy); break;
+    case RqLayout::Four:
+      rq_dispatch<RqLayout::Four>(w, rs, np, xq, xs, nt, r0, r1, y, ldy);
+      break;
+    case RqLayout::EightSmall:
+      rq_dispatch<RqLayout::EightSmall>(w, rs, np, xq, xs, nt, r0, r1, y, ldy);
+      break;
+    case RqLayout::Eight:
+      rq_dispatch<RqLayout::Eight>(w, rs, np, xq, xs, nt, r0, r1, y, ldy);
+      break;
   }
 }
 
 // Q6_K x Q8_K: per 16-element group, sum((q6) * x) via u8 x s8 with q6 in 0..63, minus
 // 32 * bsum, times the group's scale; all in int32, one float multiply per super-block.
-void q6k_avx512(const uint8_t* w, size_t row_stride, int64_t nb, const BlockQ8_K* x, int nt, int64_t r0,
-                int64_t r1, float* y, int64_t ldy) {
+void q6k_avx512(const uint8_t* w, size_t row_stride, int64_t nb, const BlockQ8_K* x, int nt, int64_t r0, int64_t r1,
+                float* y, int64_t ldy) {
   const __m256i m4 = _mm256_set1_epi8(0x0F);
   const __m256i m3 = _mm256_set1_epi8(0x03);
   const __m512i group_idx = _mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0);
@@ -287,11 +308,9 @@ void q6k_avx512(const uint8_t* w, size_t row_stride, int64_t nb, const BlockQ8_K
         // Dot per 4-lane group: lanes of chunk c (64 elements) cover groups 4c..4c+3.
         __m512i tot = _mm512_setzero_si512();
         for (int c = 0; c < 4; ++c) {
-          const __m512i dp = _mm512_dpbusd_epi32(_mm512_setzero_si512(), u[c],
-                                                 _mm512_loadu_si512(xb.qs + 64 * c));
+          const __m512i dp = _mm512_dpbusd_epi32(_mm512_setzero_si512(), u[c], _mm512_loadu_si512(xb.qs + 64 * c));
           // Sum each group of 4 lanes -> we multiply lanes by the group's scale first.
-          const __m512i gsc = _mm512_permutexvar_epi32(
-              _mm512_add_epi32(group_idx, _mm512_set1_epi32(4 * c)), sc32);
+          const __m512i gsc = _mm512_permutexvar_epi32(_mm512_add_epi32(group_idx, _mm512_set1_epi32(4 * c)), sc32);
           tot = _mm512_add_epi32(tot, _mm512_mullo_epi32(dp, gsc));
         }
         int32_t isum = _mm512_reduce_add_epi32(tot);
@@ -317,8 +336,8 @@ __m512 load16(PackKind kind, const uint8_t* row, int64_t k) {
   }
 }
 
-void flt_avx512(PackKind kind, const uint8_t* w, size_t row_stride, int64_t cols, const float* x, int nt,
-                int64_t r0, int64_t r1, float* y, int64_t ldy) {
+void flt_avx512(PackKind kind, const uint8_t* w, size_t row_stride, int64_t cols, const float* x, int nt, int64_t r0,
+                int64_t r1, float* y, int64_t ldy) {
   const int64_t main = cols / 16 * 16;
   for (int64_t r = r0; r < r1; ++r) {
     const uint8_t* row = w + r * row_stride;
@@ -332,9 +351,16 @@ void flt_avx512(PackKind kind, const uint8_t* w, size_t row_stride, int64_t cols
       float s = _mm512_reduce_add_ps(acc[t]);
       for (int64_t k = main; k < cols; ++k) {
         float wk;
-        if (kind == PackKind::F16) { uint16_t h; std::memcpy(&h, row + 2 * k, 2); wk = f16_to_f32(h); }
-        else if (kind == PackKind::BF16) { uint16_t h; std::memcpy(&h, row + 2 * k, 2); wk = bf16_to_f32(h); }
-        else std::memcpy(&wk, row + 4 * k, 4);
+        if (kind == PackKind::F16) {
+          uint16_t h;
+          std::memcpy(&h, row + 2 * k, 2);
+          wk = f16_to_f32(h);
+        } else if (kind == PackKind::BF16) {
+          uint16_t h;
+          std::memcpy(&h, row + 2 * k, 2);
+          wk = bf16_to_f32(h);
+        } else
+          std::memcpy(&wk, row + 4 * k, 4);
         s = std::fma(wk, x[t * cols + k], s);
       }
       y[t * ldy + r] = s;

@@ -7,8 +7,8 @@
 namespace troupe::cpu {
 namespace {
 
-void rq_scalar(RqLayout layout, const uint8_t* w, size_t row_stride, int64_t np, const int8_t* xq,
-               const float* xs, int nt, int64_t r0, int64_t r1, float* y, int64_t ldy) {
+void rq_scalar(RqLayout layout, const uint8_t* w, size_t row_stride, int64_t np, const int8_t* xq, const float* xs,
+               int nt, int64_t r0, int64_t r1, float* y, int64_t ldy) {
   const bool is_rq4 = layout == RqLayout::Four;
   const size_t pair_bytes = is_rq4 ? kRQ4PairBytes : kRQ8PairBytes;
   for (int64_t r = r0; r < r1; ++r) {
@@ -29,8 +29,8 @@ void rq_scalar(RqLayout layout, const uint8_t* w, size_t row_stride, int64_t np,
           db += ub * q[p * 64 + 32 + j];
         }
         acc += f16_to_f32(h[0]) * s[p * 4 + 0] * static_cast<float>(da) +
-               f16_to_f32(h[1]) * s[p * 4 + 1] * static_cast<float>(db) +
-               f16_to_f32(h[2]) * s[p * 4 + 2] + f16_to_f32(h[3]) * s[p * 4 + 3];
+               f16_to_f32(h[1]) * s[p * 4 + 1] * static_cast<float>(db) + f16_to_f32(h[2]) * s[p * 4 + 2] +
+               f16_to_f32(h[3]) * s[p * 4 + 3];
       }
       y[t * ldy + r] = acc;
     }
@@ -52,8 +52,8 @@ void q6k_values(const BlockQ6_K& b, int8_t* v) {
   }
 }
 
-void q6k_scalar(const uint8_t* w, size_t row_stride, int64_t nb, const BlockQ8_K* x, int nt, int64_t r0,
-                int64_t r1, float* y, int64_t ldy) {
+void q6k_scalar(const uint8_t* w, size_t row_stride, int64_t nb, const BlockQ8_K* x, int nt, int64_t r0, int64_t r1,
+                float* y, int64_t ldy) {
   int8_t v[256];
   for (int64_t r = r0; r < r1; ++r) {
     const auto* blocks = reinterpret_cast<const BlockQ6_K*>(w + r * row_stride);
@@ -78,15 +78,28 @@ void q6k_scalar(const uint8_t* w, size_t row_stride, int64_t nb, const BlockQ8_K
 
 float load_elem(PackKind kind, const uint8_t* row, int64_t k) {
   switch (kind) {
-    case PackKind::F32: { float f; std::memcpy(&f, row + 4 * k, 4); return f; }
-    case PackKind::F16: { uint16_t h; std::memcpy(&h, row + 2 * k, 2); return f16_to_f32(h); }
-    case PackKind::BF16: { uint16_t h; std::memcpy(&h, row + 2 * k, 2); return bf16_to_f32(h); }
-    default: return 0;
+    case PackKind::F32: {
+      float f;
+      std::memcpy(&f, row + 4 * k, 4);
+      return f;
+    }
+    case PackKind::F16: {
+      uint16_t h;
+      std::memcpy(&h, row + 2 * k, 2);
+      return f16_to_f32(h);
+    }
+    case PackKind::BF16: {
+      uint16_t h;
+      std::memcpy(&h, row + 2 * k, 2);
+      return bf16_to_f32(h);
+    }
+    default:
+      return 0;
   }
 }
 
-void flt_scalar(PackKind kind, const uint8_t* w, size_t row_stride, int64_t cols, const float* x, int nt,
-                int64_t r0, int64_t r1, float* y, int64_t ldy) {
+void flt_scalar(PackKind kind, const uint8_t* w, size_t row_stride, int64_t cols, const float* x, int nt, int64_t r0,
+                int64_t r1, float* y, int64_t ldy) {
   for (int64_t r = r0; r < r1; ++r) {
     const uint8_t* row = w + r * row_stride;
     for (int t = 0; t < nt; ++t) {

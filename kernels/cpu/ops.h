@@ -12,8 +12,8 @@ void rms_norm_rows(const float* x, const float* w, float eps, int64_t r0, int64_
 
 enum class RopeStyle : uint8_t { Interleaved /* GGUF llama: pairs (2i, 2i+1) */, Neox /* pairs (i, i+d/2) */ };
 // cos_sin: [n, head_dim/2, 2] for each token. x: rows [n] of num_heads * head_dim, stride `ld`.
-void rope_rows(float* x, int64_t ld, int64_t r0, int64_t r1, int64_t num_heads, int64_t head_dim,
-               const float* cos_sin, RopeStyle style);
+void rope_rows(float* x, int64_t ld, int64_t r0, int64_t r1, int64_t num_heads, int64_t head_dim, const float* cos_sin,
+               RopeStyle style);
 
 // out[r, j] = silu(gu[r, j]) * gu[r, ffn + j]   gu: [n, 2*ffn], out: [n, ffn]
 void silu_mul_rows(const float* gu, int64_t r0, int64_t r1, int64_t ffn, float* out);

@@ -36,8 +36,13 @@ namespace {
 
 bool is_rq(DType t) {
   switch (t) {
-    case DType::Q4_0: case DType::Q4_1: case DType::Q5_0: case DType::Q5_1:
-    case DType::Q8_0: case DType::Q4_K: case DType::Q5_K:
+    case DType::Q4_0:
+    case DType::Q4_1:
+    case DType::Q5_0:
+    case DType::Q5_1:
+    case DType::Q8_0:
+    case DType::Q4_K:
+    case DType::Q5_K:
       return true;
     default:
       return false;
@@ -50,14 +55,22 @@ void canonical_block(DType t, const uint8_t* row, int64_t bi, uint8_t* u, float&
   switch (t) {
     case DType::Q4_0: {
       const auto& b = reinterpret_cast<const BlockQ4_0*>(row)[bi];
-      d = f16_to_f32(b.d); m = -8 * d;
-      for (int j = 0; j < 16; ++j) { u[j] = b.qs[j] & 0xF; u[j + 16] = b.qs[j] >> 4; }
+      d = f16_to_f32(b.d);
+      m = -8 * d;
+      for (int j = 0; j < 16; ++j) {
+        u[j] = b.qs[j] & 0xF;
+        u[j + 16] = b.qs[j] >> 4;
+      }
       return;
     }
     case DType::Q4_1: {
       const auto& b = reinterpret_cast<const BlockQ4_1*>(row)[bi];
-      d = f16_to_f32(b.d); m = f16_to_f32(b.m);
-      for (int j = 0; j < 16; ++j) { u[j] = b.qs[j] & 0xF; u[j + 16] = b.qs[j] >> 4; }
+      d = f16_to_f32(b.d);
+      m = f16_to_f32(b.m);
+      for (int j = 0; j < 16; ++j) {
+        u[j] = b.qs[j] & 0xF;
+        u[j + 16] = b.qs[j] >> 4;
+      }
       return;
     }
     case DType::Q5_0:
@@ -68,7 +81,12 @@ void canonical_block(DType t, const uint8_t* row, int64_t bi, uint8_t* u, float&
       uint16_t dh, mh = 0;
       std::memcpy(&dh, bp, 2);
       d = f16_to_f32(dh);
-      if (t == DType::Q5_1) { std::memcpy(&mh, bp + 2, 2); m = f16_to_f32(mh); } else { m = -16 * d; }
+      if (t == DType::Q5_1) {
+        std::memcpy(&mh, bp + 2, 2);
+        m = f16_to_f32(mh);
+      } else {
+        m = -16 * d;
+      }
       uint32_t qh;
       std::memcpy(&qh, bp + (t == DType::Q5_1 ? 4 : 2), 4);
       const uint8_t* qs = bp + (t == DType::Q5_1 ? 8 : 6);
@@ -80,7 +98,8 @@ void canonical_block(DType t, const uint8_t* row, int64_t bi, uint8_t* u, float&
     }
     case DType::Q8_0: {
       const auto& b = reinterpret_cast<const BlockQ8_0*>(row)[bi];
-      d = f16_to_f32(b.d); m = -128 * d;
+      d = f16_to_f32(b.d);
+      m = -128 * d;
       for (int j = 0; j < 32; ++j) u[j] = static_cast<uint8_t>(b.qs[j] + 128);
       return;
     }
@@ -121,8 +140,10 @@ void pack_rq_row(DType t, const uint8_t* src_row, int64_t cols, uint8_t* dst) {
     uint8_t ua[32], ub[32];
     float da, ma, db = 0, mb = 0;
     canonical_block(t, src_row, 2 * p, ua, da, ma);
-    if (2 * p + 1 < nb) canonical_block(t, src_row, 2 * p + 1, ub, db, mb);
-    else std::memset(ub, 0, 32);
+    if (2 * p + 1 < nb)
+      canonical_block(t, src_row, 2 * p + 1, ub, db, mb);
+    else
+      std::memset(ub, 0, 32);
     const uint16_t s[4] = {f32_to_f16(da), f32_to_f16(db), f32_to_f16(ma), f32_to_f16(mb)};
     std::memcpy(dst, s, 8);
     if (four) {
@@ -138,16 +159,15 @@ void pack_rq_row(DType t, const uint8_t* src_row, int64_t cols, uint8_t* dst) {
 
 }  // namespace
 
-Result<PackedWeight> pack_concat(DType type, int64_t cols,
-                                 const std::vector<std::pair<const void*, int64_t>>& parts) {
+Result<PackedWeight> pack_concat(DType type, int64_t cols, const std::vector<std::pair<const void*, int64_t>>& parts) {
   PackedWeight w;
   w.source_type = type;
   w.cols = cols;
   for (auto& p : parts) w.rows += p.second;
   auto rb = row_bytes(type, static_cast<uint64_t>(cols));
   if (!rb || w.rows <= 0 || cols <= 0)
-    return make_error("cannot pack a " + std::string(dtype_traits(type).name) + " matrix with " +
-                      std::to_string(cols) + " columns");
+    return make_error("cannot pack a " + std::string(dtype_traits(type).name) + " matrix with " + std::to_string(cols) +
+                      " columns");
   if (is_rq(type)) {
     w.kind = is_rq4(type) ? PackKind::RQ4 : PackKind::RQ8;
     w.rq_layout = is_rq4(type) ? RqLayout::Four : (type == DType::Q8_0 ? RqLayout::Eight : RqLayout::EightSmall);
@@ -155,10 +175,18 @@ Result<PackedWeight> pack_concat(DType type, int64_t cols,
     w.row_stride = static_cast<size_t>(w.num_pairs) * (is_rq4(type) ? kRQ4PairBytes : kRQ8PairBytes);
   } else {
     switch (type) {
-      case DType::Q6_K: w.kind = PackKind::Q6K; break;
-      case DType::F32: w.kind = PackKind::F32; break;
-      case DType::F16: w.kind = PackKind::F16; break;
-      case DType::BF16: w.kind = PackKind::BF16; break;
+      case DType::Q6_K:
+        w.kind = PackKind::Q6K;
+        break;
+      case DType::F32:
+        w.kind = PackKind::F32;
+        break;
+      case DType::F16:
+        w.kind = PackKind::F16;
+        break;
+      case DType::BF16:
+        w.kind = PackKind::BF16;
+        break;
       default:
         return make_error("no CPU matmul for weight type " + std::string(dtype_traits(type).name));
     }
@@ -170,8 +198,10 @@ Result<PackedWeight> pack_concat(DType type, int64_t cols,
   for (auto& [src, rows] : parts) {
     const auto* s = static_cast<const uint8_t*>(src);
     for (int64_t r = 0; r < rows; ++r, dst += w.row_stride) {
-      if (is_rq(type)) pack_rq_row(type, s + r * *rb, cols, dst);
-      else std::memcpy(dst, s + r * *rb, *rb);
+      if (is_rq(type))
+        pack_rq_row(type, s + r * *rb, cols, dst);
+      else
+        std::memcpy(dst, s + r * *rb, *rb);
     }
   }
   w.data = w.owned.ptr.get();
@@ -189,11 +219,20 @@ Result<PackedWeight> pack_weight(DType type, int64_t rows, int64_t cols, const v
   if (!rb) return make_error("row of " + std::to_string(cols) + " elements is not a whole number of blocks");
   w.row_stride = *rb;
   switch (type) {
-    case DType::Q6_K: w.kind = PackKind::Q6K; break;
-    case DType::F32: w.kind = PackKind::F32; break;
-    case DType::F16: w.kind = PackKind::F16; break;
-    case DType::BF16: w.kind = PackKind::BF16; break;
-    default: return make_error("no CPU matmul for weight type " + std::string(dtype_traits(type).name));
+    case DType::Q6_K:
+      w.kind = PackKind::Q6K;
+      break;
+    case DType::F32:
+      w.kind = PackKind::F32;
+      break;
+    case DType::F16:
+      w.kind = PackKind::F16;
+      break;
+    case DType::BF16:
+      w.kind = PackKind::BF16;
+      break;
+    default:
+      return make_error("no CPU matmul for weight type " + std::string(dtype_traits(type).name));
   }
   w.data = static_cast<const uint8_t*>(src);
   return w;
@@ -221,18 +260,25 @@ void unpack_row(const PackedWeight& w, int64_t r, float* out) {
       }
       return;
     }
-    case PackKind::Q6K: dequantize_row_ref(DType::Q6_K, row, out, w.cols); return;
-    case PackKind::F32: dequantize_row_ref(DType::F32, row, out, w.cols); return;
-    case PackKind::F16: dequantize_row_ref(DType::F16, row, out, w.cols); return;
-    case PackKind::BF16: dequantize_row_ref(DType::BF16, row, out, w.cols); return;
+    case PackKind::Q6K:
+      dequantize_row_ref(DType::Q6_K, row, out, w.cols);
+      return;
+    case PackKind::F32:
+      dequantize_row_ref(DType::F32, row, out, w.cols);
+      return;
+    case PackKind::F16:
+      dequantize_row_ref(DType::F16, row, out, w.cols);
+      return;
+    case PackKind::BF16:
+      dequantize_row_ref(DType::BF16, row, out, w.cols);
+      return;
   }
 }
 
 void quantize_blocks_avx512(const float* x, int64_t nb, int8_t* q, bool d_as_f16, bool s_as_f16, float* d_out,
                             float* s_out);  // matmul_avx512.cpp
 
-void quantize_activations(const float* x, int64_t cols, ActQ& out, int64_t t0, int64_t t1,
-                          const ActQuantMode& mode) {
+void quantize_activations(const float* x, int64_t cols, ActQ& out, int64_t t0, int64_t t1, const ActQuantMode& mode) {
   // Numerics follow GGML's q8_0/q8_1 (id = 127 / amax, round half to even, d stored as f16;
   // q8_1 also stores s = d * sum(q) as f16) so that logits agree with llama.cpp on the same
   // file. Where GGML's dot product needs no offset term (symmetric types) s stays exact.

@@ -36,9 +36,9 @@ struct PackedWeight {
   DType source_type = DType::F32;
   PackKind kind = PackKind::F32;
   int64_t rows = 0, cols = 0;
-  int64_t num_pairs = 0;    // RQ: ceil(cols / 64)
+  int64_t num_pairs = 0;  // RQ: ceil(cols / 64)
   RqLayout rq_layout = RqLayout::Four;
-  size_t row_stride = 0;    // bytes between rows
+  size_t row_stride = 0;          // bytes between rows
   const uint8_t* data = nullptr;  // may point into a memory map (float and Q6_K kinds)
   AlignedBytes owned;             // storage when repacked
 };
@@ -60,18 +60,18 @@ void unpack_row(const PackedWeight& w, int64_t r, float* out);
 // holding (dA, dB, sA, sB) per pair where s = d * sum(q of the block).
 struct ActQ {
   int64_t num_pairs = 0;
-  std::vector<int8_t> q;     // [num_tokens, num_pairs * 64]
-  std::vector<float> scales; // [num_tokens, num_pairs * 4]
+  std::vector<int8_t> q;      // [num_tokens, num_pairs * 64]
+  std::vector<float> scales;  // [num_tokens, num_pairs * 4]
 };
 struct ActQuantMode {
   bool d_as_f16 = true;  // GGML q8_0 / q8_1 keep d in f16 (the 32-block types)
   bool s_as_f16 = true;  // GGML q8_1 keeps s in f16 (Q4_1, Q5_1); others need an exact s
   static ActQuantMode for_weight(DType t) {
-    const bool block32 = t == DType::Q4_0 || t == DType::Q4_1 || t == DType::Q5_0 || t == DType::Q5_1 || t == DType::Q8_0;
+    const bool block32 =
+        t == DType::Q4_0 || t == DType::Q4_1 || t == DType::Q5_0 || t == DType::Q5_1 || t == DType::Q8_0;
     return {block32, t == DType::Q4_1 || t == DType::Q5_1};
   }
 };
-void quantize_activations(const float* x, int64_t cols, ActQ& out, int64_t t0, int64_t t1,
-                          const ActQuantMode& mode);
+void quantize_activations(const float* x, int64_t cols, ActQ& out, int64_t t0, int64_t t1, const ActQuantMode& mode);
 
 }  // namespace troupe::cpu

@@ -125,7 +125,9 @@ float absmax(const float* x, int n) {
 
 bool dequantize_row_ref(DType type, const void* src, float* dst, int64_t n) {
   switch (type) {
-    case DType::F32: std::memcpy(dst, src, static_cast<size_t>(n) * 4); return true;
+    case DType::F32:
+      std::memcpy(dst, src, static_cast<size_t>(n) * 4);
+      return true;
     case DType::F16: {
       const auto* s = static_cast<const uint16_t*>(src);
       for (int64_t i = 0; i < n; ++i) dst[i] = f16_to_f32(s[i]);
@@ -136,22 +138,41 @@ bool dequantize_row_ref(DType type, const void* src, float* dst, int64_t n) {
       for (int64_t i = 0; i < n; ++i) dst[i] = bf16_to_f32(s[i]);
       return true;
     }
-    case DType::Q4_0: deq_q4_0(static_cast<const BlockQ4_0*>(src), dst, n / kQK); return true;
-    case DType::Q4_1: deq_q4_1(static_cast<const BlockQ4_1*>(src), dst, n / kQK); return true;
-    case DType::Q5_0: deq_q5_0(static_cast<const BlockQ5_0*>(src), dst, n / kQK); return true;
-    case DType::Q5_1: deq_q5_1(static_cast<const BlockQ5_1*>(src), dst, n / kQK); return true;
-    case DType::Q8_0: deq_q8_0(static_cast<const BlockQ8_0*>(src), dst, n / kQK); return true;
-    case DType::Q4_K: deq_q4_k(static_cast<const BlockQ4_K*>(src), dst, n / kQKK); return true;
-    case DType::Q5_K: deq_q5_k(static_cast<const BlockQ5_K*>(src), dst, n / kQKK); return true;
-    case DType::Q6_K: deq_q6_k(static_cast<const BlockQ6_K*>(src), dst, n / kQKK); return true;
-    default: return false;
+    case DType::Q4_0:
+      deq_q4_0(static_cast<const BlockQ4_0*>(src), dst, n / kQK);
+      return true;
+    case DType::Q4_1:
+      deq_q4_1(static_cast<const BlockQ4_1*>(src), dst, n / kQK);
+      return true;
+    case DType::Q5_0:
+      deq_q5_0(static_cast<const BlockQ5_0*>(src), dst, n / kQK);
+      return true;
+    case DType::Q5_1:
+      deq_q5_1(static_cast<const BlockQ5_1*>(src), dst, n / kQK);
+      return true;
+    case DType::Q8_0:
+      deq_q8_0(static_cast<const BlockQ8_0*>(src), dst, n / kQK);
+      return true;
+    case DType::Q4_K:
+      deq_q4_k(static_cast<const BlockQ4_K*>(src), dst, n / kQKK);
+      return true;
+    case DType::Q5_K:
+      deq_q5_k(static_cast<const BlockQ5_K*>(src), dst, n / kQKK);
+      return true;
+    case DType::Q6_K:
+      deq_q6_k(static_cast<const BlockQ6_K*>(src), dst, n / kQKK);
+      return true;
+    default:
+      return false;
   }
 }
 
 bool quantize_row_ref(DType type, const float* x, void* dst, int64_t n) {
   const int64_t nb = n / kQK;
   switch (type) {
-    case DType::F32: std::memcpy(dst, x, static_cast<size_t>(n) * 4); return true;
+    case DType::F32:
+      std::memcpy(dst, x, static_cast<size_t>(n) * 4);
+      return true;
     case DType::F16: {
       auto* d = static_cast<uint16_t*>(dst);
       for (int64_t i = 0; i < n; ++i) d[i] = f32_to_f16(x[i]);
@@ -167,7 +188,10 @@ bool quantize_row_ref(DType type, const float* x, void* dst, int64_t n) {
       for (int64_t i = 0; i < nb; ++i, x += kQK) {
         float amax = 0, maxv = 0;
         for (int j = 0; j < kQK; ++j)
-          if (std::fabs(x[j]) > amax) { amax = std::fabs(x[j]); maxv = x[j]; }
+          if (std::fabs(x[j]) > amax) {
+            amax = std::fabs(x[j]);
+            maxv = x[j];
+          }
         const float d = maxv / -8, id = d ? 1.0f / d : 0.0f;
         b[i].d = f32_to_f16(d);
         for (int j = 0; j < 16; ++j) {
@@ -182,7 +206,10 @@ bool quantize_row_ref(DType type, const float* x, void* dst, int64_t n) {
       auto* b = static_cast<BlockQ4_1*>(dst);
       for (int64_t i = 0; i < nb; ++i, x += kQK) {
         float mn = x[0], mx = x[0];
-        for (int j = 1; j < kQK; ++j) { mn = std::min(mn, x[j]); mx = std::max(mx, x[j]); }
+        for (int j = 1; j < kQK; ++j) {
+          mn = std::min(mn, x[j]);
+          mx = std::max(mx, x[j]);
+        }
         const float d = (mx - mn) / 15, id = d ? 1.0f / d : 0.0f;
         b[i].d = f32_to_f16(d);
         b[i].m = f32_to_f16(mn);
@@ -205,14 +232,20 @@ bool quantize_row_ref(DType type, const float* x, void* dst, int64_t n) {
         if (has_min) {
           float mx = x[0];
           mn = x[0];
-          for (int j = 1; j < kQK; ++j) { mn = std::min(mn, x[j]); mx = std::max(mx, x[j]); }
+          for (int j = 1; j < kQK; ++j) {
+            mn = std::min(mn, x[j]);
+            mx = std::max(mx, x[j]);
+          }
           d = (mx - mn) / 31;
           const float id = d ? 1.0f / d : 0.0f;
           for (int j = 0; j < kQK; ++j) q[j] = std::min(31, static_cast<int>((x[j] - mn) * id + 0.5f));
         } else {
           float amax = 0, maxv = 0;
           for (int j = 0; j < kQK; ++j)
-            if (std::fabs(x[j]) > amax) { amax = std::fabs(x[j]); maxv = x[j]; }
+            if (std::fabs(x[j]) > amax) {
+              amax = std::fabs(x[j]);
+              maxv = x[j];
+            }
           d = maxv / -16;
           const float id = d ? 1.0f / d : 0.0f;
           for (int j = 0; j < kQK; ++j) q[j] = std::min(31, static_cast<int>(x[j] * id + 16.5f));
@@ -226,9 +259,14 @@ bool quantize_row_ref(DType type, const float* x, void* dst, int64_t n) {
         }
         const uint16_t dh = f32_to_f16(d), mh = f32_to_f16(mn);
         size_t o = 0;
-        std::memcpy(out + o, &dh, 2); o += 2;
-        if (has_min) { std::memcpy(out + o, &mh, 2); o += 2; }
-        std::memcpy(out + o, &qh, 4); o += 4;
+        std::memcpy(out + o, &dh, 2);
+        o += 2;
+        if (has_min) {
+          std::memcpy(out + o, &mh, 2);
+          o += 2;
+        }
+        std::memcpy(out + o, &qh, 4);
+        o += 4;
         std::memcpy(out + o, qs, 16);
       }
       return true;
@@ -258,7 +296,8 @@ bool quantize_row_ref(DType type, const float* x, void* dst, int64_t n) {
       }
       return true;
     }
-    default: return false;
+    default:
+      return false;
   }
 }
 

@@ -95,7 +95,8 @@ void ThreadPool::parallel_for_chunks(int64_t n, int64_t grain, const std::functi
   }
   std::atomic<int64_t> next{0};
   run([&](int, int) {
-    for (int64_t b = next.fetch_add(grain, std::memory_order_relaxed); b < n; b = next.fetch_add(grain, std::memory_order_relaxed))
+    for (int64_t b = next.fetch_add(grain, std::memory_order_relaxed); b < n;
+         b = next.fetch_add(grain, std::memory_order_relaxed))
       fn(b, std::min(n, b + grain));
   });
 }

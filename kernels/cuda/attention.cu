@@ -39,7 +39,7 @@ struct Args {
   bool skip_tc_tiles;  // tokens of tiles attention_tc takes are left to it
   uint8_t* xq;         // non-null: the output quantized too (quantize_q8.cuh), a row per token
   Q8Numerics nq;
-  HalfOut xh;          // p non-null: the output in half too, for cuBLAS (ops.h)
+  HalfOut xh;  // p non-null: the output in half too, for cuBLAS (ops.h)
 };
 
 // Stores element d of head h of token t's output, and quantizes it with the 31 other
@@ -105,7 +105,10 @@ __device__ __forceinline__ void load_v(const __half* p, float* out) {
     const uint2 raw = *reinterpret_cast<const uint2*>(p);
     const float2 a = __half22float2(*reinterpret_cast<const __half2*>(&raw.x));
     const float2 b = __half22float2(*reinterpret_cast<const __half2*>(&raw.y));
-    out[0] = a.x; out[1] = a.y; out[2] = b.x; out[3] = b.y;
+    out[0] = a.x;
+    out[1] = a.y;
+    out[2] = b.x;
+    out[3] = b.y;
   } else if constexpr (DPL == 2 || DPL == 6 || DPL == 8) {
 #pragma unroll
     for (int i = 0; i < DPL; i += 2) {
@@ -286,7 +289,8 @@ __global__ void __launch_bounds__(kThreads) attention_loop_kernel(Args a, float*
 // Split-KV, pass 1: one block per (token, head group, segment) writes its partials.
 // partials: [num_tokens, num_heads, max_segments, hd + 2]
 template <int DPL, bool kStage = kStageK<DPL * 32>>
-__global__ void __launch_bounds__(kThreads) attention_split_kernel(Args a, int max_segments, float* __restrict__ partials) {
+__global__ void __launch_bounds__(kThreads)
+    attention_split_kernel(Args a, int max_segments, float* __restrict__ partials) {
   constexpr int hd = DPL * 32;
   __shared__ Shared<hd> s;
   const int t = blockIdx.x, seg = blockIdx.z;
@@ -334,7 +338,8 @@ cudaError_t launch_staged(const Args& a, int num_tokens, float* out, float* part
   if (partials) {
     attention_split_kernel<DPL, kStage>
         <<<dim3(num_tokens, ys, max_segments), kThreads, 0, stream>>>(a, max_segments, partials);
-    attention_combine_kernel<DPL><<<dim3(num_tokens, a.num_heads), kThreads, 0, stream>>>(a, max_segments, partials, out);
+    attention_combine_kernel<DPL>
+        <<<dim3(num_tokens, a.num_heads), kThreads, 0, stream>>>(a, max_segments, partials, out);
   } else {
     attention_loop_kernel<DPL, kStage><<<dim3(num_tokens, ys), kThreads, 0, stream>>>(a, out);
   }
@@ -359,20 +364,27 @@ int64_t attention_loop_blocks(int32_t num_tokens, int32_t num_heads, int32_t num
   return int64_t{num_tokens} * gqa_head_blocks(num_heads, num_kv_heads, kGroup);
 }
 
-
 namespace {
 // f.template operator()<DPL>() for head_dim = 32 DPL; cudaErrorInvalidValue for other widths.
 template <typename F>
 cudaError_t with_dpl(int32_t head_dim, F&& f) {
   switch (head_dim) {
-    case 32: return f.template operator()<1>();
-    case 64: return f.template operator()<2>();
-    case 96: return f.template operator()<3>();
-    case 128: return f.template operator()<4>();
-    case 160: return f.template operator()<5>();
-    case 192: return f.template operator()<6>();
-    case 256: return f.template operator()<8>();
-    default: return cudaErrorInvalidValue;
+    case 32:
+      return f.template operator()<1>();
+    case 64:
+      return f.template operator()<2>();
+    case 96:
+      return f.template operator()<3>();
+    case 128:
+      return f.template operator()<4>();
+    case 160:
+      return f.template operator()<5>();
+    case 192:
+      return f.template operator()<6>();
+    case 256:
+      return f.template operator()<8>();
+    default:
+      return cudaErrorInvalidValue;
   }
 }
 }  // namespace
@@ -397,12 +409,22 @@ cudaError_t attention(const DeviceStep& step, const float* q, int64_t ld_q, int3
   if (num_kv_heads <= 0 || num_heads % num_kv_heads != 0) return cudaErrorInvalidValue;
   if (skip_tc_tiles && partials) return cudaErrorInvalidValue;  // only the looped path skips
   if (xq && (skip_tc_tiles || head_dim % 32 != 0)) return cudaErrorInvalidValue;
-  const Args a{step, q, ld_q, num_heads, num_kv_heads, block_size, scale, reinterpret_cast<const __half*>(k_cache),
-               reinterpret_cast<const __half*>(v_cache), skip_tc_tiles, xq, nq, xh};
+  const Args a{step,
+               q,
+               ld_q,
+               num_heads,
+               num_kv_heads,
+               block_size,
+               scale,
+               reinterpret_cast<const __half*>(k_cache),
+               reinterpret_cast<const __half*>(v_cache),
+               skip_tc_tiles,
+               xq,
+               nq,
+               xh};
   const int segs = attention_segments(step.max_context);
-  return with_dpl(head_dim, [&]<int DPL>() {
-    return launch<DPL>(a, step.num_tokens, out, partials, segs, direct_k, stream);
-  });
+  return with_dpl(head_dim,
+                  [&]<int DPL>() { return launch<DPL>(a, step.num_tokens, out, partials, segs, direct_k, stream); });
 }
 
 #endif

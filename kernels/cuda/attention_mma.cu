@@ -28,10 +28,10 @@ namespace troupe::cuda {
 
 namespace {
 
-constexpr int kMmaRows = 16;   // query tokens per tile (attention_tc's tiles)
-constexpr int kMmaWarps = 4;   // query heads per block
-constexpr int kMmaKeys = 64;   // keys per step
-constexpr int kMmaStages = 2;  // K/V tiles in shared memory (one computed, one loading)
+constexpr int kMmaRows = 16;                             // query tokens per tile (attention_tc's tiles)
+constexpr int kMmaWarps = 4;                             // query heads per block
+constexpr int kMmaKeys = 64;                             // keys per step
+constexpr int kMmaStages = 2;                            // K/V tiles in shared memory (one computed, one loading)
 constexpr int kSegSteps = kAttentionSegment / kMmaKeys;  // key steps a segment
 static_assert(kAttentionSegment % kMmaKeys == 0, "a segment is whole key steps");
 
@@ -45,7 +45,7 @@ static_assert(kAttentionSegment % kMmaKeys == 0, "a segment is whole key steps")
 enum MmaMode { kMmaUniform, kMmaLooped, kMmaSplit };
 
 template <int HD, int kMode>
-struct alignas(16) MmaShared {  // (16: cp.async and ldmatrix move 16-byte pieces)
+struct alignas(16) MmaShared {        // (16: cp.async and ldmatrix move 16-byte pieces)
   static constexpr int kLd = HD + 8;  // halves a row
   static constexpr bool kMerged = kMode == kMmaLooped;
   __half k[kMmaStages][kMmaKeys][kLd];  // (k[1] first holds the block's queries: 64 rows)
@@ -167,7 +167,8 @@ __global__ void __launch_bounds__(kMmaWarps * 32) attention_mma_kernel(MmaArgs a
   const DeviceStep& st = a.st;
   int t0, rows;
   if constexpr (kMode == kMmaUniform) {
-    if (!tc_tile_uniform(st.token_seq, st.num_tokens, blockIdx.x)) return;  // the whole block: attention.cu's kernel does it
+    if (!tc_tile_uniform(st.token_seq, st.num_tokens, blockIdx.x))
+      return;  // the whole block: attention.cu's kernel does it
     t0 = blockIdx.x * kMmaRows;
     rows = min(kMmaRows, st.num_tokens - t0);
   } else {
@@ -209,8 +210,8 @@ __global__ void __launch_bounds__(kMmaWarps * 32) attention_mma_kernel(MmaArgs a
   const int pos0 = s.pos[r0], pos1 = s.pos[r1];
   int last = -1;  // the tile's keys: 0 .. last
   for (int r = 0; r < kMmaRows; ++r) last = max(last, s.pos[r]);
-  __syncthreads();  // (every warp has its queries before k[1] is loaded)
-  if (last < 0) return;  // (no keys: not a valid step; the whole block)
+  __syncthreads();                     // (every warp has its queries before k[1] is loaded)
+  if (last < 0) return;                // (no keys: not a valid step; the whole block)
   int first = 0, end = last / KT + 1;  // the key steps this block takes: [first, end)
   if constexpr (kMode == kMmaSplit) {
     first = static_cast<int>(blockIdx.z) * kSegSteps;
@@ -224,7 +225,9 @@ __global__ void __launch_bounds__(kMmaWarps * 32) attention_mma_kernel(MmaArgs a
       const int j = i / (HD / 8), c = i % (HD / 8), p = step * KT + j;
       const bool valid = p <= last;
       int64_t off = 0;
-      if (valid) off = (static_cast<int64_t>(bt[p / a.block_size]) * a.block_size + p % a.block_size) * row + int64_t{kvh} * HD + c * 8;
+      if (valid)
+        off = (static_cast<int64_t>(bt[p / a.block_size]) * a.block_size + p % a.block_size) * row + int64_t{kvh} * HD +
+              c * 8;
       cp_async16(&s.k[stage][j][c * 8], a.kc + off, valid);
       cp_async16(&s.v[stage][j][c * 8], a.vc + off, valid);
     }
@@ -237,7 +240,7 @@ __global__ void __launch_bounds__(kMmaWarps * 32) attention_mma_kernel(MmaArgs a
   for (int n = 0; n < DT; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
   float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.0f, l1 = 0.0f;  // running max (base 2) and this lane's part of the sum
   float mm0 = -INFINITY, mm1 = -INFINITY, ml0 = 0.0f, ml1 = 0.0f;  // kMmaLooped: the merged segments' max and sum
-  const float scale2 = __fmul_rn(a.scale, 1.4426950408889634f);  // scores in base 2: exp(x) = 2^(x log2 e)
+  const float scale2 = __fmul_rn(a.scale, 1.4426950408889634f);    // scores in base 2: exp(x) = 2^(x log2 e)
   load(first, first & 1);
   for (int it = first; it < end; ++it) {
     if (it + 1 < end)
@@ -283,7 +286,8 @@ __global__ void __launch_bounds__(kMmaWarps * 32) attention_mma_kernel(MmaArgs a
       // whose keys all lie before this step keeps its max, so its correction is exactly 1)
       const float base0 = mx0 == -INFINITY ? 0.0f : mx0, base1 = mx1 == -INFINITY ? 0.0f : mx1;
       // (exactly 1 where the max is unchanged, without relying on exp2f(0))
-      const float c0 = mx0 == m0 ? 1.0f : exp2f(__fsub_rn(m0, base0)), c1 = mx1 == m1 ? 1.0f : exp2f(__fsub_rn(m1, base1));
+      const float c0 = mx0 == m0 ? 1.0f : exp2f(__fsub_rn(m0, base0)),
+                  c1 = mx1 == m1 ? 1.0f : exp2f(__fsub_rn(m1, base1));
       m0 = mx0;
       m1 = mx1;
       l0 = __fmul_rn(l0, c0);
@@ -305,8 +309,8 @@ __global__ void __launch_bounds__(kMmaWarps * 32) attention_mma_kernel(MmaArgs a
           pf[kk][2 * hf] = pack_half2(exp2f(__fsub_rn(x[0], base0)), exp2f(__fsub_rn(x[1], base0)), l0);
           pf[kk][2 * hf + 1] = pack_half2(exp2f(__fsub_rn(x[2], base1)), exp2f(__fsub_rn(x[3], base1)), l1);
         }
-      // O += P V: V's rows are B's rows (k = key), transposed by ldmatrix; one ldmatrix
-      // gives two of O's n-tiles.
+        // O += P V: V's rows are B's rows (k = key), transposed by ldmatrix; one ldmatrix
+        // gives two of O's n-tiles.
 #pragma unroll
       for (int kk = 0; kk < KT / 16; ++kk)
 #pragma unroll
@@ -372,7 +376,8 @@ __global__ void __launch_bounds__(kMmaWarps * 32) attention_mma_kernel(MmaArgs a
     for (int hf = 0; hf < 2; ++hf) {
       const int r = hf ? r1 : r0;
       if (r >= rows || (hf ? pos1 : pos0) < kb) continue;
-      float* p = a.partials + ((static_cast<int64_t>(t0 + r) * a.num_heads + h) * a.max_segments + blockIdx.z) * (HD + 2);
+      float* p =
+          a.partials + ((static_cast<int64_t>(t0 + r) * a.num_heads + h) * a.max_segments + blockIdx.z) * (HD + 2);
 #pragma unroll
       for (int n = 0; n < DT; ++n) {
         p[n * 8 + 2 * quad] = o[n][2 * hf];
@@ -411,11 +416,16 @@ size_t attention_mma_shared_bytes(int32_t head_dim, bool invariant) {
   // (invariant: the looped mode's, larger than the split mode's, which it must cover: which
   // of the two runs is chosen step by step)
   switch (head_dim) {
-    case 32: return invariant ? sizeof(MmaShared<32, kMmaLooped>) : sizeof(MmaShared<32, kMmaUniform>);
-    case 64: return invariant ? sizeof(MmaShared<64, kMmaLooped>) : sizeof(MmaShared<64, kMmaUniform>);
-    case 96: return invariant ? sizeof(MmaShared<96, kMmaLooped>) : sizeof(MmaShared<96, kMmaUniform>);
-    case 128: return invariant ? sizeof(MmaShared<128, kMmaLooped>) : sizeof(MmaShared<128, kMmaUniform>);
-    default: return 0;
+    case 32:
+      return invariant ? sizeof(MmaShared<32, kMmaLooped>) : sizeof(MmaShared<32, kMmaUniform>);
+    case 64:
+      return invariant ? sizeof(MmaShared<64, kMmaLooped>) : sizeof(MmaShared<64, kMmaUniform>);
+    case 96:
+      return invariant ? sizeof(MmaShared<96, kMmaLooped>) : sizeof(MmaShared<96, kMmaUniform>);
+    case 128:
+      return invariant ? sizeof(MmaShared<128, kMmaLooped>) : sizeof(MmaShared<128, kMmaUniform>);
+    default:
+      return 0;
   }
 }
 
@@ -424,7 +434,8 @@ template <int HD, int kMode>
 cudaError_t launch_mma(const dim3& grid, const MmaArgs& a, cudaStream_t stream) {
   constexpr size_t bytes = sizeof(MmaShared<HD, kMode>);
   static std::atomic<uint64_t> opted{0};  // (per head size and mode)
-  if (const cudaError_t e = opt_in_shared_memory(reinterpret_cast<const void*>(attention_mma_kernel<HD, kMode>), bytes, opted);
+  if (const cudaError_t e =
+          opt_in_shared_memory(reinterpret_cast<const void*>(attention_mma_kernel<HD, kMode>), bytes, opted);
       e != cudaSuccess)
     return e;
   attention_mma_kernel<HD, kMode><<<grid, kMmaWarps * 32, bytes, stream>>>(a);
@@ -434,11 +445,16 @@ cudaError_t launch_mma(const dim3& grid, const MmaArgs& a, cudaStream_t stream) 
 template <int kMode>
 cudaError_t launch_mma_mode(const dim3& grid, const MmaArgs& a, int head_dim, cudaStream_t stream) {
   switch (head_dim) {
-    case 32: return launch_mma<32, kMode>(grid, a, stream);
-    case 64: return launch_mma<64, kMode>(grid, a, stream);
-    case 96: return launch_mma<96, kMode>(grid, a, stream);
-    case 128: return launch_mma<128, kMode>(grid, a, stream);
-    default: return cudaErrorInvalidValue;
+    case 32:
+      return launch_mma<32, kMode>(grid, a, stream);
+    case 64:
+      return launch_mma<64, kMode>(grid, a, stream);
+    case 96:
+      return launch_mma<96, kMode>(grid, a, stream);
+    case 128:
+      return launch_mma<128, kMode>(grid, a, stream);
+    default:
+      return cudaErrorInvalidValue;
   }
 }
 
@@ -449,9 +465,21 @@ cudaError_t attention_mma(const DeviceStep& step, const float* q, int64_t ld_q, 
                           const uint16_t* v_cache, float* out, cudaStream_t stream, HalfOut xh) {
   if (step.num_tokens <= 0) return cudaSuccess;
   if (num_kv_heads <= 0 || num_heads % num_kv_heads != 0) return cudaErrorInvalidValue;
-  const MmaArgs a{step, q, ld_q, num_heads, num_kv_heads, block_size, scale, reinterpret_cast<const __half*>(k_cache),
-                  reinterpret_cast<const __half*>(v_cache), out, nullptr, 0, xh};
-  const dim3 grid(static_cast<unsigned>((step.num_tokens + kMmaRows - 1) / kMmaRows), gqa_head_blocks(num_heads, num_kv_heads, kMmaWarps));
+  const MmaArgs a{step,
+                  q,
+                  ld_q,
+                  num_heads,
+                  num_kv_heads,
+                  block_size,
+                  scale,
+                  reinterpret_cast<const __half*>(k_cache),
+                  reinterpret_cast<const __half*>(v_cache),
+                  out,
+                  nullptr,
+                  0,
+                  xh};
+  const dim3 grid(static_cast<unsigned>((step.num_tokens + kMmaRows - 1) / kMmaRows),
+                  gqa_head_blocks(num_heads, num_kv_heads, kMmaWarps));
   return launch_mma_mode<kMmaUniform>(grid, a, head_dim, stream);
 }
 
@@ -460,16 +488,30 @@ cudaError_t attention_mma_invariant(const DeviceStep& step, const float* q, int6
                                     const uint16_t* k_cache, const uint16_t* v_cache, float* out, float* partials,
                                     cudaStream_t stream) {
   if (step.num_tokens <= 0) return cudaSuccess;
-  if (num_kv_heads <= 0 || num_heads % num_kv_heads != 0 || !step.tiles || attention_mma_shared_bytes(head_dim, true) == 0)
+  if (num_kv_heads <= 0 || num_heads % num_kv_heads != 0 || !step.tiles ||
+      attention_mma_shared_bytes(head_dim, true) == 0)
     return cudaErrorInvalidValue;
   const int segs = attention_segments(step.max_context);
-  const MmaArgs a{step, q, ld_q, num_heads, num_kv_heads, block_size, scale, reinterpret_cast<const __half*>(k_cache),
-                  reinterpret_cast<const __half*>(v_cache), out, partials, segs, {}};
+  const MmaArgs a{step,
+                  q,
+                  ld_q,
+                  num_heads,
+                  num_kv_heads,
+                  block_size,
+                  scale,
+                  reinterpret_cast<const __half*>(k_cache),
+                  reinterpret_cast<const __half*>(v_cache),
+                  out,
+                  partials,
+                  segs,
+                  {}};
   // A block per token bounds the tiles (a tile holds at least one): those past the last
   // tile return at once. The grid thus depends on the step's shape alone.
-  const unsigned tiles = static_cast<unsigned>(step.num_tokens), ys = gqa_head_blocks(num_heads, num_kv_heads, kMmaWarps);
+  const unsigned tiles = static_cast<unsigned>(step.num_tokens),
+                 ys = gqa_head_blocks(num_heads, num_kv_heads, kMmaWarps);
   if (!partials) return launch_mma_mode<kMmaLooped>(dim3(tiles, ys), a, head_dim, stream);
-  if (const cudaError_t e = launch_mma_mode<kMmaSplit>(dim3(tiles, ys, static_cast<unsigned>(segs)), a, head_dim, stream);
+  if (const cudaError_t e =
+          launch_mma_mode<kMmaSplit>(dim3(tiles, ys, static_cast<unsigned>(segs)), a, head_dim, stream);
       e != cudaSuccess)
     return e;
   return attention_combine(step, num_heads, head_dim, partials, out, stream);

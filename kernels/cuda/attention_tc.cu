@@ -156,7 +156,8 @@ __device__ __forceinline__ void tc_key_step(const TcArgs& a, TcShared<HD>& s, co
     }
   }
   __syncwarp();
-  for (int i = lane; i < kT * HD; i += 32) s.o[warp][i / HD][i % HD] = __fmul_rn(s.o[warp][i / HD][i % HD], s.corr[warp][i / HD]);
+  for (int i = lane; i < kT * HD; i += 32)
+    s.o[warp][i / HD][i % HD] = __fmul_rn(s.o[warp][i / HD][i % HD], s.corr[warp][i / HD]);
   __syncwarp();
   // O += P V, one 16-column slice of O at a time.
 #pragma unroll
@@ -192,7 +193,8 @@ __global__ void __launch_bounds__(kTcWarps * 32) attention_tc_kernel(TcArgs a) {
   const DeviceStep& st = a.st;
   int t0, rows;
   if constexpr (kMode == kUniform) {
-    if (!tc_tile_uniform(st.token_seq, st.num_tokens, blockIdx.x)) return;  // the whole block: attention.cu's kernel does it
+    if (!tc_tile_uniform(st.token_seq, st.num_tokens, blockIdx.x))
+      return;  // the whole block: attention.cu's kernel does it
     t0 = blockIdx.x * kT;
     rows = min(kT, st.num_tokens - t0);
   } else {
@@ -222,7 +224,7 @@ __global__ void __launch_bounds__(kTcWarps * 32) attention_tc_kernel(TcArgs a) {
   __syncwarp();
   tc_reset(s, warp, lane);
   __syncthreads();  // (s.pos, written by warp 0, is read by every warp)
-  int last = -1;  // the tile's keys: 0 .. last
+  int last = -1;    // the tile's keys: 0 .. last
   for (int r = 0; r < rows; ++r) last = max(last, s.pos[r]);
   if (last < 0) return;  // (no keys: not a valid step; the whole block)
   if constexpr (kMode == kUniform) {
@@ -245,7 +247,8 @@ __global__ void __launch_bounds__(kTcWarps * 32) attention_tc_kernel(TcArgs a) {
     for (int i = lane; i < rows * (HD + 2); i += 32) {
       const int r = i / (HD + 2), d = i % (HD + 2);
       if (s.pos[r] < kb) continue;
-      float* p = a.partials + ((static_cast<int64_t>(t0 + r) * a.num_heads + h) * a.max_segments + blockIdx.z) * (HD + 2);
+      float* p =
+          a.partials + ((static_cast<int64_t>(t0 + r) * a.num_heads + h) * a.max_segments + blockIdx.z) * (HD + 2);
       p[d] = d < HD ? s.o[warp][r][d] : d == HD ? s.m[warp][r] : s.l[warp][r];
     }
   } else {
@@ -262,7 +265,7 @@ __global__ void __launch_bounds__(kTcWarps * 32) attention_tc_kernel(TcArgs a) {
     for (int kb = 0; kb <= last; kb += kAttentionSegment) {
       for (int k0 = kb; k0 <= min(kb + kAttentionSegment - 1, last); k0 += KT)
         tc_key_step<HD>(a, s, bt, kvh, k0, last, qa);
-      // Rows with keys in this segment merge its partial, as attention_combine_kernel does.
+        // Rows with keys in this segment merge its partial, as attention_combine_kernel does.
 #pragma unroll
       for (int j = 0; j < kPer; ++j) {
         const int i = lane + 32 * j, r = i / HD, d = i % HD;
@@ -292,14 +295,22 @@ __global__ void __launch_bounds__(kTcWarps * 32) attention_tc_kernel(TcArgs a) {
 #ifndef TROUPE_CUDA_EMULATION  // (tests/kernels/cuda_emulation.h runs the kernel above on the CPU)
 size_t attention_tc_shared_bytes(int32_t head_dim) {
   switch (head_dim) {
-    case 32: return sizeof(TcShared<32>);
-    case 64: return sizeof(TcShared<64>);
-    case 96: return sizeof(TcShared<96>);
-    case 128: return sizeof(TcShared<128>);
-    case 160: return sizeof(TcShared<160>);
-    case 192: return sizeof(TcShared<192>);
-    case 256: return sizeof(TcShared<256>);
-    default: return 0;
+    case 32:
+      return sizeof(TcShared<32>);
+    case 64:
+      return sizeof(TcShared<64>);
+    case 96:
+      return sizeof(TcShared<96>);
+    case 128:
+      return sizeof(TcShared<128>);
+    case 160:
+      return sizeof(TcShared<160>);
+    case 192:
+      return sizeof(TcShared<192>);
+    case 256:
+      return sizeof(TcShared<256>);
+    default:
+      return 0;
   }
 }
 
@@ -312,7 +323,8 @@ template <int HD, int kMode>
 cudaError_t launch_tc(const dim3& grid, const TcArgs& a, cudaStream_t stream) {
   constexpr size_t bytes = sizeof(TcShared<HD>);
   static std::atomic<uint64_t> opted{0};  // (per head size and mode)
-  if (const cudaError_t e = opt_in_shared_memory(reinterpret_cast<const void*>(attention_tc_kernel<HD, kMode>), bytes, opted);
+  if (const cudaError_t e =
+          opt_in_shared_memory(reinterpret_cast<const void*>(attention_tc_kernel<HD, kMode>), bytes, opted);
       e != cudaSuccess)
     return e;
   attention_tc_kernel<HD, kMode><<<grid, kTcWarps * 32, bytes, stream>>>(a);
@@ -322,18 +334,27 @@ cudaError_t launch_tc(const dim3& grid, const TcArgs& a, cudaStream_t stream) {
 template <int kMode>
 cudaError_t launch_tc_mode(const dim3& grid, const TcArgs& a, int head_dim, cudaStream_t stream) {
   switch (head_dim) {
-    case 32: return launch_tc<32, kMode>(grid, a, stream);
-    case 64: return launch_tc<64, kMode>(grid, a, stream);
-    case 96: return launch_tc<96, kMode>(grid, a, stream);
-    case 128: return launch_tc<128, kMode>(grid, a, stream);
-    default: break;
+    case 32:
+      return launch_tc<32, kMode>(grid, a, stream);
+    case 64:
+      return launch_tc<64, kMode>(grid, a, stream);
+    case 96:
+      return launch_tc<96, kMode>(grid, a, stream);
+    case 128:
+      return launch_tc<128, kMode>(grid, a, stream);
+    default:
+      break;
   }
   if constexpr (kMode == kUniform) {
     switch (head_dim) {
-      case 160: return launch_tc<160, kMode>(grid, a, stream);
-      case 192: return launch_tc<192, kMode>(grid, a, stream);
-      case 256: return launch_tc<256, kMode>(grid, a, stream);
-      default: break;
+      case 160:
+        return launch_tc<160, kMode>(grid, a, stream);
+      case 192:
+        return launch_tc<192, kMode>(grid, a, stream);
+      case 256:
+        return launch_tc<256, kMode>(grid, a, stream);
+      default:
+        break;
     }
   }
   return cudaErrorInvalidValue;
@@ -346,9 +367,21 @@ cudaError_t attention_tc(const DeviceStep& step, const float* q, int64_t ld_q, i
                          const uint16_t* v_cache, float* out, cudaStream_t stream, HalfOut xh) {
   if (step.num_tokens <= 0) return cudaSuccess;
   if (num_kv_heads <= 0 || num_heads % num_kv_heads != 0) return cudaErrorInvalidValue;
-  const TcArgs a{step, q, ld_q, num_heads, num_kv_heads, block_size, scale, reinterpret_cast<const __half*>(k_cache),
-                 reinterpret_cast<const __half*>(v_cache), out, nullptr, 0, xh};
-  const dim3 grid(static_cast<unsigned>((step.num_tokens + kT - 1) / kT), gqa_head_blocks(num_heads, num_kv_heads, kTcWarps));
+  const TcArgs a{step,
+                 q,
+                 ld_q,
+                 num_heads,
+                 num_kv_heads,
+                 block_size,
+                 scale,
+                 reinterpret_cast<const __half*>(k_cache),
+                 reinterpret_cast<const __half*>(v_cache),
+                 out,
+                 nullptr,
+                 0,
+                 xh};
+  const dim3 grid(static_cast<unsigned>((step.num_tokens + kT - 1) / kT),
+                  gqa_head_blocks(num_heads, num_kv_heads, kTcWarps));
   return launch_tc_mode<kUniform>(grid, a, head_dim, stream);
 }
 
@@ -357,15 +390,26 @@ cudaError_t attention_tc_invariant(const DeviceStep& step, const float* q, int64
                                    const uint16_t* k_cache, const uint16_t* v_cache, float* out, float* partials,
                                    cudaStream_t stream) {
   if (step.num_tokens <= 0) return cudaSuccess;
-  if (num_kv_heads <= 0 || num_heads % num_kv_heads != 0 || !step.tiles ||
-      !attention_tc_invariant_supported(head_dim))
+  if (num_kv_heads <= 0 || num_heads % num_kv_heads != 0 || !step.tiles || !attention_tc_invariant_supported(head_dim))
     return cudaErrorInvalidValue;
   const int segs = attention_segments(step.max_context);
-  const TcArgs a{step, q, ld_q, num_heads, num_kv_heads, block_size, scale, reinterpret_cast<const __half*>(k_cache),
-                 reinterpret_cast<const __half*>(v_cache), out, partials, segs, {}};
+  const TcArgs a{step,
+                 q,
+                 ld_q,
+                 num_heads,
+                 num_kv_heads,
+                 block_size,
+                 scale,
+                 reinterpret_cast<const __half*>(k_cache),
+                 reinterpret_cast<const __half*>(v_cache),
+                 out,
+                 partials,
+                 segs,
+                 {}};
   // A block per token bounds the tiles (a tile holds at least one): those past the last
   // tile return at once. The grid thus depends on the step's shape alone.
-  const unsigned tiles = static_cast<unsigned>(step.num_tokens), ys = gqa_head_blocks(num_heads, num_kv_heads, kTcWarps);
+  const unsigned tiles = static_cast<unsigned>(step.num_tokens),
+                 ys = gqa_head_blocks(num_heads, num_kv_heads, kTcWarps);
   if (!partials) return launch_tc_mode<kLooped>(dim3(tiles, ys), a, head_dim, stream);
   if (const cudaError_t e = launch_tc_mode<kSplit>(dim3(tiles, ys, static_cast<unsigned>(segs)), a, head_dim, stream);
       e != cudaSuccess)

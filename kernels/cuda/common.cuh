@@ -52,7 +52,14 @@ __device__ __forceinline__ uint16_t ld16(const uint8_t* p) { return *reinterpret
 // 32 bytes at a 16-byte-aligned address as eight words (two 16-byte loads).
 __device__ __forceinline__ void ld32x8(const uint8_t* p, uint32_t* w) {
   const uint4 a = reinterpret_cast<const uint4*>(p)[0], b = reinterpret_cast<const uint4*>(p)[1];
-  w[0] = a.x; w[1] = a.y; w[2] = a.z; w[3] = a.w; w[4] = b.x; w[5] = b.y; w[6] = b.z; w[7] = b.w;
+  w[0] = a.x;
+  w[1] = a.y;
+  w[2] = a.z;
+  w[3] = a.w;
+  w[4] = b.x;
+  w[5] = b.y;
+  w[6] = b.z;
+  w[7] = b.w;
 }
 __device__ __forceinline__ uint32_t byte_of(const uint32_t* w, int l) { return (w[l >> 2] >> (8 * (l & 3))) & 0xFF; }
 
@@ -68,7 +75,10 @@ __device__ __forceinline__ void dequant32<DType::F32>(const uint8_t* row, int64_
 #pragma unroll
   for (int i = 0; i < 8; ++i) {
     const float4 v = p[i];
-    out[4 * i] = v.x; out[4 * i + 1] = v.y; out[4 * i + 2] = v.z; out[4 * i + 3] = v.w;
+    out[4 * i] = v.x;
+    out[4 * i + 1] = v.y;
+    out[4 * i + 2] = v.z;
+    out[4 * i + 3] = v.w;
   }
 }
 template <>
@@ -165,8 +175,8 @@ __device__ __forceinline__ void dequant32<DType::Q5_1>(const uint8_t* row, int64
 // and mins) in one 16-byte load: the eight sub-blocks of a super-block (eight lanes of a
 // GEMV warp) share it, where byte loads took one load instruction per scale byte.
 struct KHeader {
-  uint32_t dm;     // d (low half), dmin (high half), f16
-  uint32_t q[3];   // the scale bytes
+  uint32_t dm;    // d (low half), dmin (high half), f16
+  uint32_t q[3];  // the scale bytes
 };
 __device__ __forceinline__ KHeader k_header(const uint8_t* b) {
   const uint4 h = *reinterpret_cast<const uint4*>(b);
@@ -216,7 +226,8 @@ __device__ __forceinline__ void dequant32<DType::Q5_K>(const uint8_t* row, int64
   const int shift = (sub & 1) * 4;
 #pragma unroll
   for (int l = 0; l < 32; ++l) {
-    const int v = static_cast<int>((byte_of(qw, l) >> shift) & 0xF) + static_cast<int>((byte_of(hw, l) >> sub) & 1) * 16;
+    const int v =
+        static_cast<int>((byte_of(qw, l) >> shift) & 0xF) + static_cast<int>((byte_of(hw, l) >> sub) & 1) * 16;
     out[l] = d1 * v - m1;
   }
 }
@@ -328,28 +339,55 @@ __device__ __forceinline__ bool tc_tile_uniform(const int32_t* token_seq, int32_
 // token's bits depend on neither.
 template <typename F>
 __host__ void with_token_groups(int64_t n, F&& f) {
-  if (n == 1) f.template operator()<1>(1u);
-  else if (n == 2) f.template operator()<2>(1u);
-  else if (n <= 4) f.template operator()<4>(1u);
-  else f.template operator()<8>(static_cast<unsigned>((n + 7) / 8));
+  if (n == 1)
+    f.template operator()<1>(1u);
+  else if (n == 2)
+    f.template operator()<2>(1u);
+  else if (n <= 4)
+    f.template operator()<4>(1u);
+  else
+    f.template operator()<8>(static_cast<unsigned>((n + 7) / 8));
 }
 
 // Calls f.template operator()<T>() for the runtime type; false when unsupported.
 template <typename F>
 __host__ bool dispatch_dtype(DType t, F&& f) {
   switch (t) {
-    case DType::F32: f.template operator()<DType::F32>(); return true;
-    case DType::F16: f.template operator()<DType::F16>(); return true;
-    case DType::BF16: f.template operator()<DType::BF16>(); return true;
-    case DType::Q4_0: f.template operator()<DType::Q4_0>(); return true;
-    case DType::Q4_1: f.template operator()<DType::Q4_1>(); return true;
-    case DType::Q5_0: f.template operator()<DType::Q5_0>(); return true;
-    case DType::Q5_1: f.template operator()<DType::Q5_1>(); return true;
-    case DType::Q8_0: f.template operator()<DType::Q8_0>(); return true;
-    case DType::Q4_K: f.template operator()<DType::Q4_K>(); return true;
-    case DType::Q5_K: f.template operator()<DType::Q5_K>(); return true;
-    case DType::Q6_K: f.template operator()<DType::Q6_K>(); return true;
-    default: return false;
+    case DType::F32:
+      f.template operator()<DType::F32>();
+      return true;
+    case DType::F16:
+      f.template operator()<DType::F16>();
+      return true;
+    case DType::BF16:
+      f.template operator()<DType::BF16>();
+      return true;
+    case DType::Q4_0:
+      f.template operator()<DType::Q4_0>();
+      return true;
+    case DType::Q4_1:
+      f.template operator()<DType::Q4_1>();
+      return true;
+    case DType::Q5_0:
+      f.template operator()<DType::Q5_0>();
+      return true;
+    case DType::Q5_1:
+      f.template operator()<DType::Q5_1>();
+      return true;
+    case DType::Q8_0:
+      f.template operator()<DType::Q8_0>();
+      return true;
+    case DType::Q4_K:
+      f.template operator()<DType::Q4_K>();
+      return true;
+    case DType::Q5_K:
+      f.template operator()<DType::Q5_K>();
+      return true;
+    case DType::Q6_K:
+      f.template operator()<DType::Q6_K>();
+      return true;
+    default:
+      return false;
   }
 }
 
@@ -369,7 +407,8 @@ inline cudaError_t opt_in_shared_memory(const void* kernel, size_t bytes, std::a
   if (const cudaError_t e = cudaGetDevice(&dev); e != cudaSuccess) return e;
   const uint64_t bit = dev < 64 ? uint64_t{1} << dev : 0;
   if (bit != 0 && (opted.load(std::memory_order_acquire) & bit) != 0) return cudaSuccess;
-  const cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes));
+  const cudaError_t e =
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes));
   if (e == cudaSuccess) opted.fetch_or(bit, std::memory_order_acq_rel);
   return e;
 }

@@ -89,14 +89,14 @@ class CudaBackend final : public Backend {
            "; int8 matmuls on tensor cores: " + std::to_string(q8_mma_calls_) +
            "; batch-invariant attention on tensor cores: " + std::to_string(tc_attention_calls_) +
            "; prefill tiles' attention on mma.sync: " + std::to_string(mma_attention_calls_) +
-           "; cuBLAS inputs in half from the op before: " + std::to_string(acts_.half_taken(true)) + " (converted: " +
-           std::to_string(acts_.half_taken(false)) + ")";
+           "; cuBLAS inputs in half from the op before: " + std::to_string(acts_.half_taken(true)) +
+           " (converted: " + std::to_string(acts_.half_taken(false)) + ")";
   }
   bool is_host_memory() const override { return false; }
 
-  Result<std::unique_ptr<Weight>> make_weight(
-      DType type, int64_t cols, const std::vector<std::pair<const void*, int64_t>>& parts) override {
-    flush();  // (what is recorded runs first: the upload below is in stream order after it)
+  Result<std::unique_ptr<Weight>> make_weight(DType type, int64_t cols,
+                                              const std::vector<std::pair<const void*, int64_t>>& parts) override {
+    flush();          // (what is recorded runs first: the upload below is in stream order after it)
     graphs_.clear();  // (a recorded launch may name a freed weight's address, now another's)
     auto w = cuda::upload_weight(device_, stream_, type, cols, parts);
     if (!w.ok()) return w.error();
@@ -135,13 +135,15 @@ class CudaBackend final : public Backend {
       }
       flush();  // too large to stage: copy eagerly, after what is pending
     }
-    check(cudaMemcpyAsync(dst, src, n * sizeof(float), cudaMemcpyHostToDevice, stream_), "cudaMemcpyAsync(H2D)", __FILE__, __LINE__);
+    check(cudaMemcpyAsync(dst, src, n * sizeof(float), cudaMemcpyHostToDevice, stream_), "cudaMemcpyAsync(H2D)",
+          __FILE__, __LINE__);
   }
   void copy_out(float* dst, const float* src, size_t n) override {
     cudaSetDevice(device_);
     flush();
     if (failed() || !n) return;
-    if (check(cudaMemcpyAsync(dst, src, n * sizeof(float), cudaMemcpyDeviceToHost, stream_), "cudaMemcpyAsync(D2H)", __FILE__, __LINE__))
+    if (check(cudaMemcpyAsync(dst, src, n * sizeof(float), cudaMemcpyDeviceToHost, stream_), "cudaMemcpyAsync(D2H)",
+              __FILE__, __LINE__))
       check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize", __FILE__, __LINE__);
     arena_off_ = 0;  // the queue is empty: staged data may be overwritten
   }
@@ -174,7 +176,8 @@ class CudaBackend final : public Backend {
       step_dev_ = nullptr;
       step_cap_ = 0;
       graphs_.clear();
-      if (!check(cudaMallocHost(reinterpret_cast<void**>(&step_host_), total * 4), "cudaMallocHost(step)", __FILE__, __LINE__) ||
+      if (!check(cudaMallocHost(reinterpret_cast<void**>(&step_host_), total * 4), "cudaMallocHost(step)", __FILE__,
+                 __LINE__) ||
           !check(cudaMalloc(reinterpret_cast<void**>(&step_dev_), total * 4), "cudaMalloc(step)", __FILE__, __LINE__))
         return;
       step_cap_ = total;
@@ -187,23 +190,22 @@ class CudaBackend final : public Backend {
                           (batch_invariant_ || s.num_tokens <= kGemvMaxTokens));
     int32_t* dev = step_dev_;
     const int32_t* host = step_host_;
-    run("step upload", __LINE__, {P(dev), P(host), total}, [=](cudaStream_t st) {
-      return cudaMemcpyAsync(dev, host, total * 4, cudaMemcpyHostToDevice, st);
-    });
+    run("step upload", __LINE__, {P(dev), P(host), total},
+        [=](cudaStream_t st) { return cudaMemcpyAsync(dev, host, total * 4, cudaMemcpyHostToDevice, st); });
   }
 
   void embed(const Weight& table, const int32_t* ids, int64_t n, float* out) override {
     if (failed()) return;
     const auto& w = static_cast<const CudaWeight&>(table);
-    const int32_t* dev_ids = ids == step_.token_ids && n <= step_.num_tokens ? dstep_.token_ids : upload_indices(ids, n);
+    const int32_t* dev_ids =
+        ids == step_.token_ids && n <= step_.num_tokens ? dstep_.token_ids : upload_indices(ids, n);
     if (!dev_ids) return;
     const DType type = w.type;
     const void* data = w.data;
     const size_t rb = w.row_bytes;
     const int64_t cols = w.cols;
-    run("embed", __LINE__, {P(data), rb, U(cols), P(dev_ids), U(n), P(out)}, [=](cudaStream_t st) {
-      return cuda::embed(type, data, rb, cols, dev_ids, n, out, st);
-    });
+    run("embed", __LINE__, {P(data), rb, U(cols), P(dev_ids), U(n), P(out)},
+        [=](cudaStream_t st) { return cuda::embed(type, data, rb, cols, dev_ids, n, out, st); });
   }
   void rms_norm(const float* x, const float* w, float eps, int64_t n, int64_t dim, float* out,
                 const Weight* next = nullptr) override {
@@ -227,9 +229,8 @@ class CudaBackend final : public Backend {
       // Tensor cores at every batch size, batch-invariant (matmul_tc.cu); capturable.
       if (!ensure(&xh_, &xh_cap_, cuda::gemm_tc_scratch_bytes(rb, n))) return;
       void* xh = xh_;
-      run("gemm_tc", __LINE__, {P(data), rb, U(rows), U(cols), P(x), U(n), P(y), U(ldy), P(xh)}, [=](cudaStream_t st) {
-        return cuda::gemm_tc(type, data, rb, rows, cols, x, cols, n, xh, y, ldy, st);
-      });
+      run("gemm_tc", __LINE__, {P(data), rb, U(rows), U(cols), P(x), U(n), P(y), U(ldy), P(xh)},
+          [=](cudaStream_t st) { return cuda::gemm_tc(type, data, rb, rows, cols, x, cols, n, xh, y, ldy, st); });
       return;
     }
     if (path == MatmulPath::kGemvQ8) {
@@ -250,9 +251,8 @@ class CudaBackend final : public Backend {
     }
     if (path == MatmulPath::kGemv) {
       const bool simple = simple_gemv_;
-      run("gemv", __LINE__, key, [=](cudaStream_t st) {
-        return cuda::gemv(type, data, rb, rows, cols, x, cols, n, y, ldy, st, simple);
-      });
+      run("gemv", __LINE__, key,
+          [=](cudaStream_t st) { return cuda::gemv(type, data, rb, rows, cols, x, cols, n, y, ldy, st, simple); });
       return;
     }
     // cuBLAS: never captured; what is pending runs first, then this, eagerly. x in half:
@@ -339,10 +339,11 @@ class CudaBackend final : public Backend {
       ++tc_attention_calls_;
       const bool mma_all = path.mma;
       run(mma_all ? "attention_mma_invariant" : "attention_tc_invariant", __LINE__,
-          {step_key(), P(q), U(ld_q), U(num_heads), U(nkv), U(hd), U(bs), F(scale), P(kc), P(vc), P(out), P(partials), U(mma_all)},
+          {step_key(), P(q), U(ld_q), U(num_heads), U(nkv), U(hd), U(bs), F(scale), P(kc), P(vc), P(out), P(partials),
+           U(mma_all)},
           [=](cudaStream_t st) {
-            return (mma_all ? cuda::attention_mma_invariant : cuda::attention_tc_invariant)(ds, q, ld_q, num_heads, nkv, hd, bs,
-                                                                                             scale, kc, vc, out, partials, st);
+            return (mma_all ? cuda::attention_mma_invariant : cuda::attention_tc_invariant)(
+                ds, q, ld_q, num_heads, nkv, hd, bs, scale, kc, vc, out, partials, st);
           });
       return;
     }
@@ -353,7 +354,9 @@ class CudaBackend final : public Backend {
     const int64_t dim = int64_t{num_heads} * hd;
     const cuda::HalfOut xh = half_for(next, dstep_.num_tokens, dim);
     if (tc)
-      run(mma ? "attention_mma" : "attention_tc", __LINE__, {step_key(), P(q), U(ld_q), U(num_heads), U(nkv), U(hd), U(bs), F(scale), P(kc), P(vc), P(out), U(mma), P(xh.p), U(xh.bf16)},
+      run(mma ? "attention_mma" : "attention_tc", __LINE__,
+          {step_key(), P(q), U(ld_q), U(num_heads), U(nkv), U(hd), U(bs), F(scale), P(kc), P(vc), P(out), U(mma),
+           P(xh.p), U(xh.bf16)},
           [=](cudaStream_t st) {
             return mma ? cuda::attention_mma(ds, q, ld_q, num_heads, nkv, hd, bs, scale, kc, vc, out, st, xh)
                        : cuda::attention_tc(ds, q, ld_q, num_heads, nkv, hd, bs, scale, kc, vc, out, st, xh);
@@ -361,8 +364,13 @@ class CudaBackend final : public Backend {
     const bool direct = direct_k_;
     cuda::Q8Numerics nq;
     uint8_t* xq = tc ? nullptr : q8_for(next, dstep_.num_tokens, dim, &nq);
-    run("attention", __LINE__, {step_key(), P(q), U(ld_q), U(num_heads), U(nkv), U(hd), U(bs), F(scale), P(kc), P(vc), P(out), P(partials), U(tc), P(xq), Q(nq), P(xh.p), U(xh.bf16)},
-        [=](cudaStream_t st) { return cuda::attention(ds, q, ld_q, num_heads, nkv, hd, bs, scale, kc, vc, out, partials, st, tc, direct, xq, nq, xh); });
+    run("attention", __LINE__,
+        {step_key(), P(q), U(ld_q), U(num_heads), U(nkv), U(hd), U(bs), F(scale), P(kc), P(vc), P(out), P(partials),
+         U(tc), P(xq), Q(nq), P(xh.p), U(xh.bf16)},
+        [=](cudaStream_t st) {
+          return cuda::attention(ds, q, ld_q, num_heads, nkv, hd, bs, scale, kc, vc, out, partials, st, tc, direct, xq,
+                                 nq, xh);
+        });
     prepared(out, dstep_.num_tokens, dim, nq, xq, xh);
   }
   // (next: the matmul that reads out, which may take it in half from here: cuBLAS)
@@ -431,8 +439,11 @@ class CudaBackend final : public Backend {
     uint16_t* vc = c.v + c.layer_elems * layer;
     const cuda::DeviceStep ds = dstep_;
     const int64_t nh = num_heads, nkv = num_kv_heads;
-    run("rope_kv_write", __LINE__, {step_key(), P(qkv), U(ld), U(nh), U(nkv), U(head_dim), P(cos_sin), U(neox), P(kc), P(vc)},
-        [=](cudaStream_t st) { return cuda::rope_kv_write(ds, qkv, ld, nh, nkv, head_dim, cos_sin, neox, kc, vc, st); });
+    run("rope_kv_write", __LINE__,
+        {step_key(), P(qkv), U(ld), U(nh), U(nkv), U(head_dim), P(cos_sin), U(neox), P(kc), P(vc)},
+        [=](cudaStream_t st) {
+          return cuda::rope_kv_write(ds, qkv, ld, nh, nkv, head_dim, cos_sin, neox, kc, vc, st);
+        });
   }
   void matmul_silu(const Weight& gate_up, const float* x, int64_t n, int64_t ffn, float* gu, float* out,
                    const Weight* next = nullptr) override {
@@ -578,7 +589,8 @@ class CudaBackend final : public Backend {
     if (!ensure(&done_, &done_cap_, bytes)) return nullptr;
     // (in the stream's order: a synchronous cudaMemset goes through the legacy stream, which
     // the backend's non-blocking stream does not wait for)
-    if (grow && !check(cudaMemsetAsync(done_, 0, done_cap_, stream_), "cudaMemsetAsync(SiLU counters)", __FILE__, __LINE__))
+    if (grow &&
+        !check(cudaMemsetAsync(done_, 0, done_cap_, stream_), "cudaMemsetAsync(SiLU counters)", __FILE__, __LINE__))
       return nullptr;
     return static_cast<unsigned*>(done_);
   }
@@ -591,7 +603,8 @@ class CudaBackend final : public Backend {
   bool check_blas(cublasStatus_t s, const char* what, const char* file, int line) {
     if (s == CUBLAS_STATUS_SUCCESS) return true;
     if (error_.empty())
-      error_ = std::string(what) + " failed: " + cublasGetStatusString(s) + " (" + file + ":" + std::to_string(line) + ")";
+      error_ =
+          std::string(what) + " failed: " + cublasGetStatusString(s) + " (" + file + ":" + std::to_string(line) + ")";
     return false;
   }
   static uint64_t P(const void* p) { return reinterpret_cast<uintptr_t>(p); }
@@ -729,8 +742,9 @@ class CudaBackend final : public Backend {
   bool tc_attention_;
   bool wmma_attention_;
   uint64_t q8_mma_calls_ = 0;  // matmul() calls that took it
-  uint64_t tc_attention_calls_ = 0, mma_attention_calls_ = 0;  // attention() calls: every token on tensor cores; attention_mma
-  uint64_t fused_calls_ = 0;  // matmul_silu / matmul_rope_kv_write calls that took the fused kernels
+  uint64_t tc_attention_calls_ = 0,
+           mma_attention_calls_ = 0;  // attention() calls: every token on tensor cores; attention_mma
+  uint64_t fused_calls_ = 0;          // matmul_silu / matmul_rope_kv_write calls that took the fused kernels
   cuda::PreparedActivations acts_;
   uint64_t op_seq_ = 0;
   cudaStream_t stream_;
@@ -745,11 +759,11 @@ class CudaBackend final : public Backend {
   void *idx_dev_ = nullptr, *wh_ = nullptr, *xh_ = nullptr, *partials_ = nullptr, *xq_ = nullptr, *xq2_ = nullptr,
        *done_ = nullptr, *sample_dev_ = nullptr;
   size_t idx_cap_ = 0, wh_cap_ = 0, xh_cap_ = 0, partials_cap_ = 0, xq_cap_ = 0, xq2_cap_ = 0, done_cap_ = 0,
-         sample_dev_cap_ = 0;  // bytes
+         sample_dev_cap_ = 0;    // bytes
   void* sample_host_ = nullptr;  // pinned: sampling parameters in, tokens and logprobs out
   size_t sample_host_cap_ = 0;
   int num_sms_ = 132;
-  int max_shared_optin_ = 0;  // bytes of shared memory a block may opt into
+  int max_shared_optin_ = 0;           // bytes of shared memory a block may opt into
   size_t partials_denied_ = SIZE_MAX;  // split-KV partials of this many bytes could not be allocated
   size_t max_weight_elems_ = 0;
   int32_t graph_max_tokens_ = 0;

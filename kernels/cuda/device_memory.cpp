@@ -41,7 +41,8 @@ Result<std::unique_ptr<CudaWeight>> upload_weight(int device, cudaStream_t strea
   cudaSetDevice(device);
   if (cudaError_t e = cudaMalloc(&w->data, stride * static_cast<size_t>(rows)); e != cudaSuccess) {
     w->data = nullptr;
-    return make_error("cudaMalloc of " + std::to_string(stride * rows) + " bytes for a weight: " + cudaGetErrorString(e));
+    return make_error("cudaMalloc of " + std::to_string(stride * rows) +
+                      " bytes for a weight: " + cudaGetErrorString(e));
   }
   // Copies on the backend's stream, each waited for: the synchronous cudaMemcpy goes through
   // the legacy stream, which the backend's non-blocking stream does not wait for, and from

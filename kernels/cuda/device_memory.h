@@ -32,7 +32,7 @@ class CudaKvCache final : public KvCache {
   }
   const KvCacheShape& shape() const override { return shape_; }
   KvCacheShape shape_;
-  size_t layer_elems = 0;  // num_blocks * block_size * num_kv_heads * head_dim
+  size_t layer_elems = 0;               // num_blocks * block_size * num_kv_heads * head_dim
   uint16_t *k = nullptr, *v = nullptr;  // [num_layers, layer_elems] f16
 };
 

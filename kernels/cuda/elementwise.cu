@@ -70,8 +70,8 @@ void launch_to_half_rows(const float* x, int64_t ldx, int64_t n, int64_t cols, i
   else
     to_half_rows_kernel<H, false><<<blocks, kThreads, 0, stream>>>(x, ldx, n, cols, ld_out, n_pad, out);
 }
-cudaError_t to_half_rows(const float* x, int64_t ldx, int64_t n, int64_t cols, int64_t ld_out, int64_t n_pad,
-                         void* out, bool to_bf16, cudaStream_t stream) {
+cudaError_t to_half_rows(const float* x, int64_t ldx, int64_t n, int64_t cols, int64_t ld_out, int64_t n_pad, void* out,
+                         bool to_bf16, cudaStream_t stream) {
   if (n_pad <= 0 || ld_out <= 0) return cudaSuccess;
   if (n < 0 || n > n_pad || cols < 0 || cols > ld_out || (n > 0 && cols > ldx)) return cudaErrorInvalidValue;
   if (to_bf16)

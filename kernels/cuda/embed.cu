@@ -33,8 +33,8 @@ cudaError_t embed(DType type, const void* table, size_t row_bytes, int64_t cols,
                   float* out, cudaStream_t stream) {
   if (n <= 0) return cudaSuccess;
   const bool ok = dispatch_dtype(type, [&]<DType T>() {
-    embed_kernel<T><<<static_cast<unsigned>(n), 128, 0, stream>>>(static_cast<const uint8_t*>(table), row_bytes, cols,
-                                                                  ids, out);
+    embed_kernel<T>
+        <<<static_cast<unsigned>(n), 128, 0, stream>>>(static_cast<const uint8_t*>(table), row_bytes, cols, ids, out);
   });
   if (!ok) return cudaErrorInvalidValue;
   return cudaGetLastError();

@@ -38,13 +38,20 @@ struct SplitLayout {
 };
 inline std::optional<SplitLayout> split_layout(DType type) {
   switch (type) {  // quants, (high bits,) scales
-    case DType::Q4_0: return SplitLayout{2, {{16, 2}, {2, 0}}};
-    case DType::Q4_1: return SplitLayout{2, {{16, 4}, {4, 0}}};
-    case DType::Q5_0: return SplitLayout{3, {{16, 6}, {4, 2}, {2, 0}}};
-    case DType::Q5_1: return SplitLayout{3, {{16, 8}, {4, 4}, {4, 0}}};
-    case DType::Q8_0: return SplitLayout{3, {{16, 2}, {16, 18}, {2, 0}}};  // first and last 16 quants, d
-    case DType::Q6_K: return SplitLayout{3, {{192, 0}, {16, 192}, {2, 208}}};  // ql and qh, scales, d
-    default: return std::nullopt;
+    case DType::Q4_0:
+      return SplitLayout{2, {{16, 2}, {2, 0}}};
+    case DType::Q4_1:
+      return SplitLayout{2, {{16, 4}, {4, 0}}};
+    case DType::Q5_0:
+      return SplitLayout{3, {{16, 6}, {4, 2}, {2, 0}}};
+    case DType::Q5_1:
+      return SplitLayout{3, {{16, 8}, {4, 4}, {4, 0}}};
+    case DType::Q8_0:
+      return SplitLayout{3, {{16, 2}, {16, 18}, {2, 0}}};  // first and last 16 quants, d
+    case DType::Q6_K:
+      return SplitLayout{3, {{192, 0}, {16, 192}, {2, 208}}};  // ql and qh, scales, d
+    default:
+      return std::nullopt;
   }
 }
 

@@ -137,7 +137,14 @@ __device__ __forceinline__ void unpack8(const uint4& raw, float* wv) {
 __device__ __forceinline__ void load_x8(const float* xt, int64_t base, int64_t cols, bool vec, float* xv) {
   if (vec && base + 8 <= cols) {
     const float4 a = reinterpret_cast<const float4*>(xt)[0], b = reinterpret_cast<const float4*>(xt)[1];
-    xv[0] = a.x; xv[1] = a.y; xv[2] = a.z; xv[3] = a.w; xv[4] = b.x; xv[5] = b.y; xv[6] = b.z; xv[7] = b.w;
+    xv[0] = a.x;
+    xv[1] = a.y;
+    xv[2] = a.z;
+    xv[3] = a.w;
+    xv[4] = b.x;
+    xv[5] = b.y;
+    xv[6] = b.z;
+    xv[7] = b.w;
   } else {
 #pragma unroll
     for (int j = 0; j < 8; ++j) xv[j] = base + j < cols ? xt[j] : 0.f;
@@ -150,7 +157,8 @@ __device__ __forceinline__ void load_x8(const float* xt, int64_t base, int64_t c
 template <bool BF16, int NT, int U>
 __global__ void __launch_bounds__(kWarpsPerBlock * 32)
     gemv_half_kernel(const uint8_t* __restrict__ w, size_t row_bytes, int64_t rows, int64_t cols,
-                     const float* __restrict__ x, int64_t ldx, int64_t n, bool vec, float* __restrict__ y, int64_t ldy) {
+                     const float* __restrict__ x, int64_t ldx, int64_t n, bool vec, float* __restrict__ y,
+                     int64_t ldy) {
   const int lane = threadIdx.x & 31;
   const int64_t r = int64_t{blockIdx.x} * kWarpsPerBlock + (threadIdx.x >> 5);
   if (r >= rows) return;
@@ -213,8 +221,8 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
 // direct loads: there x is no more bytes than the weights a lane reads.)
 template <bool BF16, int NT, int R, class E = RowsOut>
 __global__ void __launch_bounds__(kWarpsPerBlock * 32)
-    gemv_half_rows_kernel(const uint8_t* __restrict__ w, size_t row_bytes, int64_t cols,
-                          const float* __restrict__ x, int64_t ldx, int64_t n, bool vec, E out) {
+    gemv_half_rows_kernel(const uint8_t* __restrict__ w, size_t row_bytes, int64_t cols, const float* __restrict__ x,
+                          int64_t ldx, int64_t n, bool vec, E out) {
   constexpr int U = 2;  // vectors per row in flight
   constexpr int K = E::kRows, P = R / K;
   static_assert(R % K == 0, "whole items per warp");
@@ -286,7 +294,14 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
         float xv[8];
         if constexpr (kStage) {
           const float4 a = xs[t][0][lane + 32 * u], b = xs[t][1][lane + 32 * u];
-          xv[0] = a.x; xv[1] = a.y; xv[2] = a.z; xv[3] = a.w; xv[4] = b.x; xv[5] = b.y; xv[6] = b.z; xv[7] = b.w;
+          xv[0] = a.x;
+          xv[1] = a.y;
+          xv[2] = a.z;
+          xv[3] = a.w;
+          xv[4] = b.x;
+          xv[5] = b.y;
+          xv[6] = b.z;
+          xv[7] = b.w;
         } else {
           load_x8(x + t * ldx + base, base, cols, vec, xv);
         }
@@ -314,7 +329,7 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
     }
   }
 }
-constexpr int kHalfRowsPerWarp = 4;           // (also gemv_rows_kernel's R)
+constexpr int kHalfRowsPerWarp = 4;         // (also gemv_rows_kernel's R)
 constexpr int64_t kHalfMultiRowMin = 4096;  // fewer rows: one per warp, to keep every SM busy
 
 #ifndef TROUPE_CUDA_EMULATION  // (tests/kernels/cuda_emulation.h runs the kernels above on the CPU)
@@ -327,7 +342,8 @@ void launch_gemv(dim3 grid, dim3 block, cudaStream_t stream, bool simple, const 
                  int64_t rows, int64_t cols, const float* x, int64_t ldx, int64_t n, bool vec, float* y, int64_t ldy) {
   if constexpr (T == DType::F16 || T == DType::BF16) {
     if (!simple && (NT == 1 || rows < kHalfMultiRowMin)) {
-      gemv_half_kernel<T == DType::BF16, NT, 4><<<grid, block, 0, stream>>>(w, row_bytes, rows, cols, x, ldx, n, vec, y, ldy);
+      gemv_half_kernel<T == DType::BF16, NT, 4>
+          <<<grid, block, 0, stream>>>(w, row_bytes, rows, cols, x, ldx, n, vec, y, ldy);
       return;
     }
     if (!simple) {
@@ -341,8 +357,9 @@ void launch_gemv(dim3 grid, dim3 block, cudaStream_t stream, bool simple, const 
   if constexpr (NT == 1 && T != DType::F16 && T != DType::BF16) {
     if (!simple && rows >= kHalfMultiRowMin) {
       constexpr int64_t per_block = int64_t{kWarpsPerBlock} * kHalfRowsPerWarp;
-      gemv_rows_kernel<T, kHalfRowsPerWarp><<<dim3(static_cast<unsigned>((rows + per_block - 1) / per_block)), block,
-                                              0, stream>>>(w, row_bytes, rows, cols, x, y);
+      gemv_rows_kernel<T, kHalfRowsPerWarp>
+          <<<dim3(static_cast<unsigned>((rows + per_block - 1) / per_block)), block, 0, stream>>>(w, row_bytes, rows,
+                                                                                                  cols, x, y);
       return;
     }
   }
@@ -379,7 +396,8 @@ cudaError_t gemv(DType type, const void* w, size_t row_bytes, int64_t rows, int6
   const dim3 block(kWarpsPerBlock * 32);
   const bool ok = dispatch_dtype(type, [&]<DType T>() {
     with_token_groups(n, [&]<int NT>(unsigned groups) {
-      launch_gemv<T, NT>(dim3(blocks, groups), block, stream, simple, wb, row_bytes, rows, cols, x, ldx, n, vec, y, ldy);
+      launch_gemv<T, NT>(dim3(blocks, groups), block, stream, simple, wb, row_bytes, rows, cols, x, ldx, n, vec, y,
+                         ldy);
     });
   });
   if (!ok) return cudaErrorInvalidValue;
@@ -397,8 +415,8 @@ void launch_half_fused(const uint8_t* w, size_t row_bytes, int64_t cols, const f
   const bool vec = (reinterpret_cast<uintptr_t>(x) % 16 == 0) && (cols % 4 == 0);
   const dim3 block(kWarpsPerBlock * 32);
   with_token_groups(n, [&]<int NT>(unsigned groups) {
-    gemv_half_rows_kernel<BF16, NT, R, E><<<dim3(blocks, groups), block, 0, stream>>>(w, row_bytes, cols, x, cols, n,
-                                                                                      vec, out);
+    gemv_half_rows_kernel<BF16, NT, R, E>
+        <<<dim3(blocks, groups), block, 0, stream>>>(w, row_bytes, cols, x, cols, n, vec, out);
   });
 }
 }  // namespace
@@ -415,10 +433,14 @@ cudaError_t gemv_silu(DType type, const void* w, size_t row_bytes, int64_t ffn, 
   const SiluOut o{out, ldo, ffn};
   // (two gate/up pairs a warp where the plain GEMV would take four rows a warp)
   const bool bf16 = type == DType::BF16, multi = 2 * ffn >= kHalfMultiRowMin;
-  if (bf16 && multi) launch_half_fused<true, 4>(wb, row_bytes, cols, x, n, o, stream);
-  else if (bf16) launch_half_fused<true, 2>(wb, row_bytes, cols, x, n, o, stream);
-  else if (multi) launch_half_fused<false, 4>(wb, row_bytes, cols, x, n, o, stream);
-  else launch_half_fused<false, 2>(wb, row_bytes, cols, x, n, o, stream);
+  if (bf16 && multi)
+    launch_half_fused<true, 4>(wb, row_bytes, cols, x, n, o, stream);
+  else if (bf16)
+    launch_half_fused<true, 2>(wb, row_bytes, cols, x, n, o, stream);
+  else if (multi)
+    launch_half_fused<false, 4>(wb, row_bytes, cols, x, n, o, stream);
+  else
+    launch_half_fused<false, 2>(wb, row_bytes, cols, x, n, o, stream);
   return cudaGetLastError();
 }
 
@@ -443,8 +465,8 @@ cudaError_t dequant_to_f16(DType type, const void* w, size_t row_bytes, int64_t 
   const int64_t b = (work + 255) / 256;
   const unsigned blocks = static_cast<unsigned>(b < 1 << 20 ? b : 1 << 20);
   const bool ok = dispatch_dtype(type, [&]<DType T>() {
-    dequant_f16_kernel<T><<<blocks, 256, 0, stream>>>(static_cast<const uint8_t*>(w), row_bytes, rows, cols,
-                                                      static_cast<__half*>(out));
+    dequant_f16_kernel<T>
+        <<<blocks, 256, 0, stream>>>(static_cast<const uint8_t*>(w), row_bytes, rows, cols, static_cast<__half*>(out));
   });
   if (!ok) return cudaErrorInvalidValue;
   return cudaGetLastError();

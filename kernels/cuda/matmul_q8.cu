@@ -62,18 +62,20 @@ __device__ __forceinline__ void nibble_words(const uint4& q, int32_t* v) {
     v[i + 4] = static_cast<int32_t>((w[i] >> 4) & 0x0F0F0F0Fu);
   }
 }
-__device__ __forceinline__ uint4 quants16(const uint8_t* row, int64_t j) { return reinterpret_cast<const uint4*>(row)[j]; }
+__device__ __forceinline__ uint4 quants16(const uint8_t* row, int64_t j) {
+  return reinterpret_cast<const uint4*>(row)[j];
+}
 
 template <>
 __device__ __forceinline__ void unpack_block<DType::Q4_0>(const uint8_t* row, int64_t j, int64_t nb, int32_t* v,
-                                                         float* d, float* m, int* /*sc*/) {
+                                                          float* d, float* m, int* /*sc*/) {
   *d = h2f(ld16(row + 16 * nb + 2 * j));
   *m = -8.0f * *d;
   nibble_words(quants16(row, j), v);
 }
 template <>
 __device__ __forceinline__ void unpack_block<DType::Q4_1>(const uint8_t* row, int64_t j, int64_t nb, int32_t* v,
-                                                         float* d, float* m, int* /*sc*/) {
+                                                          float* d, float* m, int* /*sc*/) {
   const uint32_t dm = *reinterpret_cast<const uint32_t*>(row + 16 * nb + 4 * j);
   *d = h2f(static_cast<uint16_t>(dm & 0xFFFF));
   *m = h2f(static_cast<uint16_t>(dm >> 16));
@@ -93,14 +95,14 @@ __device__ __forceinline__ void q5_words(const uint4& q, uint32_t qh, int32_t* v
 }
 template <>
 __device__ __forceinline__ void unpack_block<DType::Q5_0>(const uint8_t* row, int64_t j, int64_t nb, int32_t* v,
-                                                         float* d, float* m, int* /*sc*/) {
+                                                          float* d, float* m, int* /*sc*/) {
   *d = h2f(ld16(row + 20 * nb + 2 * j));
   *m = -16.0f * *d;
   q5_words(quants16(row, j), *reinterpret_cast<const uint32_t*>(row + 16 * nb + 4 * j), v);
 }
 template <>
 __device__ __forceinline__ void unpack_block<DType::Q5_1>(const uint8_t* row, int64_t j, int64_t nb, int32_t* v,
-                                                         float* d, float* m, int* /*sc*/) {
+                                                          float* d, float* m, int* /*sc*/) {
   const uint32_t dm = *reinterpret_cast<const uint32_t*>(row + 20 * nb + 4 * j);
   *d = h2f(static_cast<uint16_t>(dm & 0xFFFF));
   *m = h2f(static_cast<uint16_t>(dm >> 16));
@@ -108,7 +110,7 @@ __device__ __forceinline__ void unpack_block<DType::Q5_1>(const uint8_t* row, in
 }
 template <>
 __device__ __forceinline__ void unpack_block<DType::Q8_0>(const uint8_t* row, int64_t j, int64_t nb, int32_t* v,
-                                                         float* d, float* m, int* /*sc*/) {
+                                                          float* d, float* m, int* /*sc*/) {
   *d = h2f(ld16(row + 32 * nb + 2 * j));
   *m = 0.0f;
   const uint4 lo = quants16(row, j), hi = quants16(row, nb + j);  // (the first 16 quants, then the last)
@@ -130,7 +132,7 @@ __device__ __forceinline__ void k_sub_scales(const uint8_t* b, int sub, float* d
 // row's 16-byte alignment; Q6_K's rows are split (quants, scales, d) for it.
 template <>
 __device__ __forceinline__ void unpack_block<DType::Q4_K>(const uint8_t* row, int64_t j, int64_t /*nb*/, int32_t* v,
-                                                         float* d, float* m, int* /*sc*/) {
+                                                          float* d, float* m, int* /*sc*/) {
   const uint8_t* b = row + (j >> 3) * 144;
   const int sub = static_cast<int>(j & 7);
   k_sub_scales(b, sub, d, m);
@@ -142,7 +144,7 @@ __device__ __forceinline__ void unpack_block<DType::Q4_K>(const uint8_t* row, in
 }
 template <>
 __device__ __forceinline__ void unpack_block<DType::Q5_K>(const uint8_t* row, int64_t j, int64_t /*nb*/, int32_t* v,
-                                                         float* d, float* m, int* /*sc*/) {
+                                                          float* d, float* m, int* /*sc*/) {
   const uint8_t* b = row + (j >> 3) * 176;
   const int sub = static_cast<int>(j & 7);
   k_sub_scales(b, sub, d, m);
@@ -156,7 +158,7 @@ __device__ __forceinline__ void unpack_block<DType::Q5_K>(const uint8_t* row, in
 }
 template <>
 __device__ __forceinline__ void unpack_block<DType::Q6_K>(const uint8_t* row, int64_t j, int64_t nb, int32_t* v,
-                                                         float* d, float* m, int* sc) {
+                                                          float* d, float* m, int* sc) {
   const int64_t nsb = nb >> 3, sb = j >> 3;  // (split rows: quants, scales, d; layout.h)
   const uint8_t* b = row + sb * 192;
   const int rem = static_cast<int>(j & 7), half = rem >> 2, k = rem & 3;
@@ -301,10 +303,11 @@ __device__ __forceinline__ void mma_s8_16x8x32(int (&d)[4], const int (&a)[4], c
 #elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
   __trap();
 #else
-  asm volatile("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-               "{%0, %1, %2, %3};"
-               : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3])
-               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+  asm volatile(
+      "mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%0, %1, %2, %3};"
+      : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
 #endif
 }
 
@@ -326,7 +329,7 @@ __global__ void __launch_bounds__(kMmaWarps * 32)
   const int lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
   const int64_t r0 = int64_t{blockIdx.x} * 16;
   const int64_t tw = (int64_t{blockIdx.y} * kMmaWarps + (threadIdx.x >> 5)) * kMmaTokens;  // the warp's first token
-  if (tw >= n) return;  // (warp-uniform)
+  if (tw >= n) return;                                                                     // (warp-uniform)
   const int64_t xstride = static_cast<int64_t>(q8_row_bytes(nb * 32));
   // This thread's A rows (g, g + 8) and B tokens (tw + g, tw + 8 + g); rows and tokens past
   // the end read row r0 and token tw and are not stored.
@@ -368,8 +371,12 @@ __global__ void __launch_bounds__(kMmaWarps * 32)
         pick_words(v, q, &a[h], &a[2 + h]);
       }
       if constexpr (T == DType::Q6_K) {
-        a_hi[0] = 0; a_hi[1] = 0; a_hi[2] = a[2]; a_hi[3] = a[3];
-        a[2] = 0; a[3] = 0;
+        a_hi[0] = 0;
+        a_hi[1] = 0;
+        a_hi[2] = a[2];
+        a_hi[3] = a[3];
+        a[2] = 0;
+        a[3] = 0;
       }
 #pragma unroll
       for (int j = 0; j < 2; ++j) {
@@ -387,7 +394,8 @@ __global__ void __launch_bounds__(kMmaWarps * 32)
           const float* xr = xsc[j][e & 1];
           const float xd = xr[8 * nb + b], xs = xr[9 * nb + b];
           const int h = e >> 1;
-          acc[j][e] = __fadd_rn(acc[j][e], __fmaf_rn(__fmul_rn(d[h], xd), static_cast<float>(c[e]), __fmul_rn(m[h], xs)));
+          acc[j][e] =
+              __fadd_rn(acc[j][e], __fmaf_rn(__fmul_rn(d[h], xd), static_cast<float>(c[e]), __fmul_rn(m[h], xs)));
         }
       }
     }
@@ -518,7 +526,8 @@ cudaError_t gemv_q8_silu(DType type, const void* w, size_t row_bytes, int64_t ff
   const SiluOut o{out, ldo, ffn};
   if (q.xq) {
     if (ffn % 32 != 0 || !q.done || q.xq == xq) return cudaErrorInvalidValue;
-    if (!dispatch(type, wb, row_bytes, 2 * ffn, cols / 32, xq, n, SiluQ8Out{o, q}, stream)) return cudaErrorInvalidValue;
+    if (!dispatch(type, wb, row_bytes, 2 * ffn, cols / 32, xq, n, SiluQ8Out{o, q}, stream))
+      return cudaErrorInvalidValue;
   } else if (!dispatch(type, wb, row_bytes, 2 * ffn, cols / 32, xq, n, o, stream)) {
     return cudaErrorInvalidValue;
   }

@@ -28,9 +28,9 @@ namespace troupe::cuda {
 namespace {
 
 using namespace nvcuda;
-constexpr int kF = 16;          // WMMA tile: 16 x 16 x 16
-constexpr int kSlice = 512;     // columns per accumulation chain
-constexpr int kTokenPad = 16;   // the converted activations have rows up to a multiple of this
+constexpr int kF = 16;                   // WMMA tile: 16 x 16 x 16
+constexpr int kSlice = 512;              // columns per accumulation chain
+constexpr int kTokenPad = 16;            // the converted activations have rows up to a multiple of this
 constexpr int64_t kSmallMaxTokens = 32;  // up to this many tokens: the small-batch kernel
 
 // x [n, ldx] f32 -> xh [n_pad, kp] in the weight's half type, zero past cols and past n:
@@ -39,10 +39,10 @@ constexpr int64_t kSmallMaxTokens = 32;  // up to this many tokens: the small-ba
 
 // ---- small batches --------------------------------------------------------------------
 constexpr int kSmallWarps = 8;
-constexpr int kStageK = 64;   // columns of W a warp stages at a time (27 KB of shared memory a block)
-constexpr int kPieces = kStageK / 8;       // 16-byte pieces per staged row
+constexpr int kStageK = 64;                     // columns of W a warp stages at a time (27 KB of shared memory a block)
+constexpr int kPieces = kStageK / 8;            // 16-byte pieces per staged row
 constexpr int kLanePieces = kF * kPieces / 32;  // per lane and stage
-constexpr int kPadA = 8;      // row padding of the staged W (keeps 32-byte alignment)
+constexpr int kPadA = 8;                        // row padding of the staged W (keeps 32-byte alignment)
 
 template <typename H>
 struct alignas(32) SmallShared {
@@ -192,7 +192,8 @@ __global__ void __launch_bounds__(kLargeWarps * 32)
 #pragma unroll
         for (int j = 0; j < 2; ++j) {
 #pragma unroll
-          for (int e = 0; e < total[i][j].num_elements; ++e) total[i][j].x[e] = __fadd_rn(total[i][j].x[e], acc[i][j].x[e]);
+          for (int e = 0; e < total[i][j].num_elements; ++e)
+            total[i][j].x[e] = __fadd_rn(total[i][j].x[e], acc[i][j].x[e]);
           wmma::fill_fragment(acc[i][j], 0.0f);
         }
     }

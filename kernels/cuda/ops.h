@@ -60,8 +60,8 @@ cudaError_t add_rms_norm(float* x, const float* y, const float* w, float eps, in
 // groups of up to 8 tokens; each token's result is independent of n (batch-invariant).
 //                                                               x: [n, ldx], y: [n, ldy]
 // simple: the plain kernel even where a prefetching one exists (same bits; for benchmarks).
-cudaError_t gemv(DType type, const void* w, size_t row_bytes, int64_t rows, int64_t cols, const float* x,
-                 int64_t ldx, int64_t n, float* y, int64_t ldy, cudaStream_t stream, bool simple = false);
+cudaError_t gemv(DType type, const void* w, size_t row_bytes, int64_t rows, int64_t cols, const float* x, int64_t ldx,
+                 int64_t n, float* y, int64_t ldy, cudaStream_t stream, bool simple = false);
 // The same product on tensor cores for F16/BF16 weights (matmul_tc.cu): x rounded to the
 // weight's type, f32 accumulation in a fixed order per element, so a token's result never
 // depends on n (batch-invariant; not the bits of gemv()). row_bytes: a multiple of 64 (the
@@ -76,7 +76,9 @@ cudaError_t gemm_tc(DType type, const void* w, size_t row_bytes, int64_t rows, i
 // 32-block types), then s = d * sum(q) (nb floats): split so that a GEMV warp's lanes, a
 // block each, read each part as one contiguous run. q8_row_bytes(cols): a token row's
 // bytes, a multiple of 16 (rows stay 16-byte aligned).
-__host__ __device__ inline size_t q8_row_bytes(int64_t cols) { return (static_cast<size_t>(cols / 32) * 40 + 15) / 16 * 16; }
+__host__ __device__ inline size_t q8_row_bytes(int64_t cols) {
+  return (static_cast<size_t>(cols / 32) * 40 + 15) / 16 * 16;
+}
 bool uses_q8_activations(DType type);  // Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K
 // x [n, ldx] (cols a multiple of 32) -> out: n rows of q8_row_bytes(cols); numerics depend
 // on the weight type.
@@ -131,12 +133,12 @@ cudaError_t dequant_to_f16(DType type, const void* w, size_t row_bytes, int64_t 
                            cudaStream_t stream);
 // x [n, ldx] (first cols values a row) -> f16 (to_bf16 = false) or bf16 out [n_pad, ld_out],
 // zero past cols and n.
-cudaError_t to_half_rows(const float* x, int64_t ldx, int64_t n, int64_t cols, int64_t ld_out, int64_t n_pad,
-                         void* out, bool to_bf16, cudaStream_t stream);
+cudaError_t to_half_rows(const float* x, int64_t ldx, int64_t n, int64_t cols, int64_t ld_out, int64_t n_pad, void* out,
+                         bool to_bf16, cudaStream_t stream);
 cudaError_t add_bias(float* y, int64_t ld, const float* bias, int64_t n, int64_t dim, cudaStream_t stream);
 // In-place rotation; cos_sin: [n, head_dim] (cos, sin) pairs; neox: pairs (i, i + hd/2).
-cudaError_t rope(float* x, int64_t ld, int64_t n, int64_t num_heads, int64_t head_dim, const float* cos_sin,
-                 bool neox, cudaStream_t stream);
+cudaError_t rope(float* x, int64_t ld, int64_t n, int64_t num_heads, int64_t head_dim, const float* cos_sin, bool neox,
+                 cudaStream_t stream);
 // rope() on the Q and K heads of fused QKV rows [n, ld] (q | k | v) and kv_write() of the
 // rotated K and of V into one layer's cache, in one launch with the same bits.
 cudaError_t rope_kv_write(const DeviceStep& step, float* qkv, int64_t ld, int64_t num_heads, int64_t num_kv_heads,

@@ -24,7 +24,8 @@ __device__ __forceinline__ void quantize_q8_block(float v, int lane, int64_t b, 
     float* f = reinterpret_cast<float*>(row);
     const float d = nq.d_as_f16 ? __half2float(__float2half_rn(dd)) : dd;
     f[8 * nb + b] = d;
-    f[9 * nb + b] = nq.s_as_f16 ? __half2float(__float2half_rn(dd * static_cast<float>(sum))) : d * static_cast<float>(sum);
+    f[9 * nb + b] =
+        nq.s_as_f16 ? __half2float(__float2half_rn(dd * static_cast<float>(sum))) : d * static_cast<float>(sum);
   }
 }
 

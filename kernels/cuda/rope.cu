@@ -7,7 +7,8 @@
 namespace troupe::cuda {
 namespace {
 
-__global__ void rope_kernel(float* x, int64_t ld, int64_t num_heads, int64_t head_dim, const float* cos_sin, bool neox) {
+__global__ void rope_kernel(float* x, int64_t ld, int64_t num_heads, int64_t head_dim, const float* cos_sin,
+                            bool neox) {
   const int64_t t = blockIdx.x;
   const int64_t half = head_dim / 2;
   const float* cs = cos_sin + t * head_dim;
@@ -21,9 +22,8 @@ __global__ void rope_kernel(float* x, int64_t ld, int64_t num_heads, int64_t hea
 
 // One block per token: the (num_heads + num_kv_heads) * half pairs of Q and K are rotated
 // in place; K's pairs and V's elements also go to the token's cache slot.
-__global__ void rope_kv_write_kernel(float* qkv, int64_t ld, int64_t num_heads, int64_t num_kv_heads,
-                                     int64_t head_dim, const float* cos_sin, bool neox, const int32_t* slots,
-                                     __half* kc, __half* vc) {
+__global__ void rope_kv_write_kernel(float* qkv, int64_t ld, int64_t num_heads, int64_t num_kv_heads, int64_t head_dim,
+                                     const float* cos_sin, bool neox, const int32_t* slots, __half* kc, __half* vc) {
   const int64_t t = blockIdx.x;
   const int64_t half = head_dim / 2, row = num_kv_heads * head_dim;
   const float* cs = cos_sin + t * head_dim;
@@ -50,8 +50,8 @@ __global__ void rope_kv_write_kernel(float* qkv, int64_t ld, int64_t num_heads, 
 }  // namespace
 
 #ifndef TROUPE_CUDA_EMULATION  // (tests/kernels/cuda_emulation.h runs the kernels above on the CPU)
-cudaError_t rope(float* x, int64_t ld, int64_t n, int64_t num_heads, int64_t head_dim, const float* cos_sin,
-                 bool neox, cudaStream_t stream) {
+cudaError_t rope(float* x, int64_t ld, int64_t n, int64_t num_heads, int64_t head_dim, const float* cos_sin, bool neox,
+                 cudaStream_t stream) {
   if (n <= 0) return cudaSuccess;
   rope_kernel<<<static_cast<unsigned>(n), 256, 0, stream>>>(x, ld, num_heads, head_dim, cos_sin, neox);
   return cudaGetLastError();
@@ -62,8 +62,8 @@ cudaError_t rope_kv_write(const DeviceStep& step, float* qkv, int64_t ld, int64_
                           cudaStream_t stream) {
   if (step.num_tokens <= 0) return cudaSuccess;
   rope_kv_write_kernel<<<static_cast<unsigned>(step.num_tokens), 256, 0, stream>>>(
-      qkv, ld, num_heads, num_kv_heads, head_dim, cos_sin, neox, step.slot_mapping,
-      reinterpret_cast<__half*>(k_cache), reinterpret_cast<__half*>(v_cache));
+      qkv, ld, num_heads, num_kv_heads, head_dim, cos_sin, neox, step.slot_mapping, reinterpret_cast<__half*>(k_cache),
+      reinterpret_cast<__half*>(v_cache));
   return cudaGetLastError();
 }
 

@@ -197,9 +197,9 @@ __device__ uint64_t tail_bisect(const Row& r, const Tail& t, double base, double
   return lo;
 }
 
-__global__ void __launch_bounds__(kThreads) sample_kernel(const float* logits, int32_t vocab,
-                                                          const DeviceSampleParams* params, int32_t* tokens,
-                                                          float* logprobs) {
+__global__ void __launch_bounds__(kThreads)
+    sample_kernel(const float* logits, int32_t vocab, const DeviceSampleParams* params, int32_t* tokens,
+                  float* logprobs) {
   __shared__ Shared sh;
   const DeviceSampleParams P = params[blockIdx.x];
   const float* l = logits + static_cast<int64_t>(blockIdx.x) * vocab;
@@ -401,8 +401,8 @@ __global__ void __launch_bounds__(kThreads) sample_kernel(const float* logits, i
 cudaError_t sample(const float* logits, int64_t n, int64_t vocab, const DeviceSampleParams* params, int32_t* tokens,
                    float* logprobs, cudaStream_t stream) {
   if (n <= 0) return cudaSuccess;
-  sample_kernel<<<static_cast<unsigned>(n), kThreads, 0, stream>>>(logits, static_cast<int32_t>(vocab), params,
-                                                                   tokens, logprobs);
+  sample_kernel<<<static_cast<unsigned>(n), kThreads, 0, stream>>>(logits, static_cast<int32_t>(vocab), params, tokens,
+                                                                   logprobs);
   return cudaGetLastError();
 }
 #endif

@@ -16,15 +16,19 @@ Result<std::vector<int32_t>> encode_chat(const Tokenizer& tok, const ChatTemplat
   if (!special_in_content) return tok.encode(*text, true, true);
 
   if (tok.strips_leading_space())
-    return make_error("message content contains special-token text, which this model's tokenizer cannot keep as "
-                      "text inside a chat prompt");
+    return make_error(
+        "message content contains special-token text, which this model's tokenizer cannot keep as "
+        "text inside a chat prompt");
   // Placeholders: a per-request random nonce, so no content can forge one.
   std::random_device rd;
   const uint64_t nonce = (static_cast<uint64_t>(rd()) << 32) ^ rd();
   std::vector<std::string> marks;
   std::vector<ChatMessage> masked = messages;
   for (size_t i = 0; i < masked.size(); ++i) {
-    marks.push_back("\x1e" "troupe-content-" + std::to_string(nonce) + "-" + std::to_string(i) + "\x1f");
+    marks.push_back(
+        "\x1e"
+        "troupe-content-" +
+        std::to_string(nonce) + "-" + std::to_string(i) + "\x1f");
     masked[i].content = marks.back();
   }
   auto shape = tmpl.render(masked, add_generation_prompt, bos, eos);
@@ -40,8 +44,9 @@ Result<std::vector<int32_t>> encode_chat(const Tokenizer& tok, const ChatTemplat
   for (size_t i = 0; i < marks.size(); ++i) {
     const size_t p = shape->find(marks[i], at);
     if (p == std::string::npos || shape->find(marks[i], p + 1) != std::string::npos)
-      return make_error("message content contains special-token text, and this model's chat template transforms "
-                        "content, so it cannot be kept as text");
+      return make_error(
+          "message content contains special-token text, and this model's chat template transforms "
+          "content, so it cannot be kept as text");
     pieces.push_back({shape->substr(at, p - at), false});
     pieces.push_back({messages[i].content, true});
     at = p + marks[i].size();
@@ -49,8 +54,9 @@ Result<std::vector<int32_t>> encode_chat(const Tokenizer& tok, const ChatTemplat
   pieces.push_back({shape->substr(at), false});
   for (const auto& pc : pieces) rebuilt += pc.text;
   if (rebuilt != *text)  // the template used the content other than by inserting it
-    return make_error("message content contains special-token text, and this model's chat template transforms "
-                      "content, so it cannot be kept as text");
+    return make_error(
+        "message content contains special-token text, and this model's chat template transforms "
+        "content, so it cannot be kept as text");
   std::vector<int32_t> out = tok.encode("", true, false);  // BOS (and EOS) when the model adds them
   std::vector<int32_t> tail;
   if (tok.add_eos() && !out.empty() && out.back() == tok.eos_id()) {

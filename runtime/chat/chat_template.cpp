@@ -36,7 +36,8 @@ Result<std::string> ChatTemplate::render(const std::vector<ChatMessage>& message
 }
 
 template <typename Json>
-static Result<std::string> render_vars(const std::shared_ptr<const jinja::Body>& body_, const Json& vars, const TemplateBudget& budget) {
+static Result<std::string> render_vars(const std::shared_ptr<const jinja::Body>& body_, const Json& vars,
+                                       const TemplateBudget& budget) {
   if (!body_) return make_error("chat template was not parsed");
   if (vars.is_null()) return jinja::render(*body_, {}, budget);  // `{}` converts to null
   if (!vars.is_object()) return make_error("chat template variables must be a JSON object");

@@ -34,7 +34,8 @@ Result<PlannedStep> plan_step(const StepPlan& plan, const Scheduler& sched, int3
   for (const auto& q : plan.seqs) {
     const SchedState* s = sched.state(q.id);
     const auto* bt = table(q.id);
-    if (!s || q.num_computed < 0 || q.num_new < 1 || q.num_computed + q.num_new > static_cast<int32_t>(s->tokens.size()) ||
+    if (!s || q.num_computed < 0 || q.num_new < 1 ||
+        q.num_computed + q.num_new > static_cast<int32_t>(s->tokens.size()) ||
         blocks_for_tokens(q.num_computed + q.num_new, bs) > static_cast<int32_t>(bt->size()))
       return make_error("step plan for sequence " + std::to_string(q.id) + " does not match its state");
     for (int32_t i = 0; i < q.num_new; ++i) {
@@ -139,7 +140,10 @@ Result<std::vector<EngineEvent>> Engine::step() {
     ev.token = by_id[id].token;
     ev.logprob = by_id[id].logprob;
     for (const auto& f : finished)
-      if (f.id == id) { ev.finished = true; ev.hit_stop = f.hit_stop; }
+      if (f.id == id) {
+        ev.finished = true;
+        ev.hit_stop = f.hit_stop;
+      }
     if (ev.finished) samplers_.erase(id);
     events.push_back(ev);
   }

@@ -23,10 +23,10 @@ struct EngineConfig {
 
 struct EngineEvent {
   int64_t id = 0;
-  int32_t token = -1;        // the token sampled this step
+  int32_t token = -1;  // the token sampled this step
   float logprob = 0;
   bool finished = false;
-  bool hit_stop = false;     // finished on a stop token (else on length)
+  bool hit_stop = false;  // finished on a stop token (else on length)
 };
 
 // Flat step arrays for a plan (the step planner): built once per step, used by every layer.
@@ -39,7 +39,8 @@ struct PlannedStep {
 // The block tables come from `table(id)` (null: unknown sequence): the block manager's
 // own, or the copies the KV-block-manager actor sent back.
 using BlockTableFn = std::function<const std::vector<int32_t>*(int64_t)>;
-Result<PlannedStep> plan_step(const StepPlan& plan, const Scheduler& sched, int32_t block_size, const BlockTableFn& table);
+Result<PlannedStep> plan_step(const StepPlan& plan, const Scheduler& sched, int32_t block_size,
+                              const BlockTableFn& table);
 Result<PlannedStep> plan_step(const StepPlan& plan, const Scheduler& sched, const KvBlockManager& kv);
 
 class Engine {

@@ -22,7 +22,11 @@ std::vector<int32_t> propose_lookup_drafts(const std::vector<int32_t>& history, 
 
 LookupDecoder::LookupDecoder(SequenceRunner& runner, Sampler& sampler, int max_drafts, std::vector<int32_t> history,
                              std::vector<int32_t>* fed)
-    : runner_(runner), sampler_(sampler), max_drafts_(std::max(0, max_drafts)), history_(std::move(history)), fed_(fed) {}
+    : runner_(runner),
+      sampler_(sampler),
+      max_drafts_(std::max(0, max_drafts)),
+      history_(std::move(history)),
+      fed_(fed) {}
 
 Result<SampleResult> LookupDecoder::prefill(const std::vector<int32_t>& tokens) {
   auto r = runner_.feed_and_sample(tokens, sampler_);

@@ -9,8 +9,10 @@ Result<std::unique_ptr<SequenceRunner>> SequenceRunner::create(Model& model, Bac
                                                                int32_t block_size) {
   const ModelConfig& c = model.config();
   if (context <= 0 || context > c.max_context)
-    return make_error("context " + std::to_string(context) + " is out of range (1.." + std::to_string(c.max_context) + ")");
-  if (block_size <= 0 || block_size > 1024) return make_error("block size " + std::to_string(block_size) + " is out of range");
+    return make_error("context " + std::to_string(context) + " is out of range (1.." + std::to_string(c.max_context) +
+                      ")");
+  if (block_size <= 0 || block_size > 1024)
+    return make_error("block size " + std::to_string(block_size) + " is out of range");
   auto r = std::unique_ptr<SequenceRunner>(new SequenceRunner());
   r->model_ = &model;
   r->context_ = context;
@@ -56,7 +58,8 @@ Status SequenceRunner::feed_rows(const std::vector<int32_t>& tokens, float* rows
   return feed_tokens(tokens, nullptr, rows);
 }
 
-Status SequenceRunner::feed_tokens(const std::vector<int32_t>& tokens, const DeviceSampling* sampling, float* all_rows) {
+Status SequenceRunner::feed_tokens(const std::vector<int32_t>& tokens, const DeviceSampling* sampling,
+                                   float* all_rows) {
   if (tokens.empty()) return make_error("no tokens to feed");
   if (static_cast<int64_t>(length_) + static_cast<int64_t>(tokens.size()) > context_)
     return make_error("sequence of " + std::to_string(length_ + tokens.size()) + " tokens exceeds the context of " +

@@ -8,27 +8,46 @@ namespace troupe::gguf {
 
 std::string_view value_type_name(ValueType t) {
   switch (t) {
-    case ValueType::U8: return "u8";
-    case ValueType::I8: return "i8";
-    case ValueType::U16: return "u16";
-    case ValueType::I16: return "i16";
-    case ValueType::U32: return "u32";
-    case ValueType::I32: return "i32";
-    case ValueType::F32: return "f32";
-    case ValueType::BOOL: return "bool";
-    case ValueType::STRING: return "string";
-    case ValueType::ARRAY: return "array";
-    case ValueType::U64: return "u64";
-    case ValueType::I64: return "i64";
-    case ValueType::F64: return "f64";
+    case ValueType::U8:
+      return "u8";
+    case ValueType::I8:
+      return "i8";
+    case ValueType::U16:
+      return "u16";
+    case ValueType::I16:
+      return "i16";
+    case ValueType::U32:
+      return "u32";
+    case ValueType::I32:
+      return "i32";
+    case ValueType::F32:
+      return "f32";
+    case ValueType::BOOL:
+      return "bool";
+    case ValueType::STRING:
+      return "string";
+    case ValueType::ARRAY:
+      return "array";
+    case ValueType::U64:
+      return "u64";
+    case ValueType::I64:
+      return "i64";
+    case ValueType::F64:
+      return "f64";
   }
   return "?";
 }
 
 bool Value::is_integer() const {
   switch (type) {
-    case ValueType::U8: case ValueType::I8: case ValueType::U16: case ValueType::I16:
-    case ValueType::U32: case ValueType::I32: case ValueType::U64: case ValueType::I64:
+    case ValueType::U8:
+    case ValueType::I8:
+    case ValueType::U16:
+    case ValueType::I16:
+    case ValueType::U32:
+    case ValueType::I32:
+    case ValueType::U64:
+    case ValueType::I64:
     case ValueType::BOOL:
       return true;
     default:
@@ -38,11 +57,17 @@ bool Value::is_integer() const {
 
 std::optional<int64_t> Value::as_int() const {
   switch (type) {
-    case ValueType::U8: case ValueType::U16: case ValueType::U32: case ValueType::U64:
+    case ValueType::U8:
+    case ValueType::U16:
+    case ValueType::U32:
+    case ValueType::U64:
     case ValueType::BOOL:
       if (u > static_cast<uint64_t>(INT64_MAX)) return std::nullopt;
       return static_cast<int64_t>(u);
-    case ValueType::I8: case ValueType::I16: case ValueType::I32: case ValueType::I64:
+    case ValueType::I8:
+    case ValueType::I16:
+    case ValueType::I32:
+    case ValueType::I64:
       return i;
     default:
       return std::nullopt;
@@ -59,11 +84,23 @@ namespace {
 // Size in bytes of a fixed-size scalar; 0 for string/array.
 uint64_t scalar_size(ValueType t) {
   switch (t) {
-    case ValueType::U8: case ValueType::I8: case ValueType::BOOL: return 1;
-    case ValueType::U16: case ValueType::I16: return 2;
-    case ValueType::U32: case ValueType::I32: case ValueType::F32: return 4;
-    case ValueType::U64: case ValueType::I64: case ValueType::F64: return 8;
-    default: return 0;
+    case ValueType::U8:
+    case ValueType::I8:
+    case ValueType::BOOL:
+      return 1;
+    case ValueType::U16:
+    case ValueType::I16:
+      return 2;
+    case ValueType::U32:
+    case ValueType::I32:
+    case ValueType::F32:
+      return 4;
+    case ValueType::U64:
+    case ValueType::I64:
+    case ValueType::F64:
+      return 8;
+    default:
+      return 0;
   }
 }
 bool valid_value_type(uint32_t t) { return t <= 12; }
@@ -72,8 +109,7 @@ bool valid_value_type(uint32_t t) { return t <= 12; }
 // Cursor over the file bytes; every read is bounds-checked.
 class Parser {
  public:
-  Parser(const uint8_t* data, size_t size, const Limits& limits)
-      : p_(data), size_(size), limits_(limits) {}
+  Parser(const uint8_t* data, size_t size, const Limits& limits) : p_(data), size_(size), limits_(limits) {}
 
   Result<File> run(std::shared_ptr<MappedFile> map);
 
@@ -88,9 +124,8 @@ class Parser {
   template <typename T>
   Result<T> read(const char* what) {
     if (remaining() < sizeof(T))
-      return make_error(std::string("truncated file: ") + what + " at byte " +
-                        std::to_string(pos_) + " needs " + std::to_string(sizeof(T)) +
-                        " bytes, " + std::to_string(remaining()) + " left");
+      return make_error(std::string("truncated file: ") + what + " at byte " + std::to_string(pos_) + " needs " +
+                        std::to_string(sizeof(T)) + " bytes, " + std::to_string(remaining()) + " left");
     T v;
     std::memcpy(&v, p_ + pos_, sizeof(T));
     pos_ += sizeof(T);
@@ -118,16 +153,66 @@ Result<Value> Parser::read_value(ValueType t, const std::string& key, uint32_t d
   Value v;
   v.type = t;
   switch (t) {
-    case ValueType::U8: { auto r = read<uint8_t>("u8 value"); if (!r) return r.error(); v.u = *r; break; }
-    case ValueType::I8: { auto r = read<int8_t>("i8 value"); if (!r) return r.error(); v.i = *r; break; }
-    case ValueType::U16: { auto r = read<uint16_t>("u16 value"); if (!r) return r.error(); v.u = *r; break; }
-    case ValueType::I16: { auto r = read<int16_t>("i16 value"); if (!r) return r.error(); v.i = *r; break; }
-    case ValueType::U32: { auto r = read<uint32_t>("u32 value"); if (!r) return r.error(); v.u = *r; break; }
-    case ValueType::I32: { auto r = read<int32_t>("i32 value"); if (!r) return r.error(); v.i = *r; break; }
-    case ValueType::U64: { auto r = read<uint64_t>("u64 value"); if (!r) return r.error(); v.u = *r; break; }
-    case ValueType::I64: { auto r = read<int64_t>("i64 value"); if (!r) return r.error(); v.i = *r; break; }
-    case ValueType::F32: { auto r = read<float>("f32 value"); if (!r) return r.error(); v.f = *r; break; }
-    case ValueType::F64: { auto r = read<double>("f64 value"); if (!r) return r.error(); v.f = *r; break; }
+    case ValueType::U8: {
+      auto r = read<uint8_t>("u8 value");
+      if (!r) return r.error();
+      v.u = *r;
+      break;
+    }
+    case ValueType::I8: {
+      auto r = read<int8_t>("i8 value");
+      if (!r) return r.error();
+      v.i = *r;
+      break;
+    }
+    case ValueType::U16: {
+      auto r = read<uint16_t>("u16 value");
+      if (!r) return r.error();
+      v.u = *r;
+      break;
+    }
+    case ValueType::I16: {
+      auto r = read<int16_t>("i16 value");
+      if (!r) return r.error();
+      v.i = *r;
+      break;
+    }
+    case ValueType::U32: {
+      auto r = read<uint32_t>("u32 value");
+      if (!r) return r.error();
+      v.u = *r;
+      break;
+    }
+    case ValueType::I32: {
+      auto r = read<int32_t>("i32 value");
+      if (!r) return r.error();
+      v.i = *r;
+      break;
+    }
+    case ValueType::U64: {
+      auto r = read<uint64_t>("u64 value");
+      if (!r) return r.error();
+      v.u = *r;
+      break;
+    }
+    case ValueType::I64: {
+      auto r = read<int64_t>("i64 value");
+      if (!r) return r.error();
+      v.i = *r;
+      break;
+    }
+    case ValueType::F32: {
+      auto r = read<float>("f32 value");
+      if (!r) return r.error();
+      v.f = *r;
+      break;
+    }
+    case ValueType::F64: {
+      auto r = read<double>("f64 value");
+      if (!r) return r.error();
+      v.f = *r;
+      break;
+    }
     case ValueType::BOOL: {
       auto r = read<uint8_t>("bool value");
       if (!r) return r.error();
@@ -143,8 +228,7 @@ Result<Value> Parser::read_value(ValueType t, const std::string& key, uint32_t d
     }
     case ValueType::ARRAY: {
       if (depth >= limits_.max_nesting)
-        return make_error("metadata '" + key + "': arrays nested deeper than " +
-                          std::to_string(limits_.max_nesting));
+        return make_error("metadata '" + key + "': arrays nested deeper than " + std::to_string(limits_.max_nesting));
       auto et = read<uint32_t>("array element type");
       if (!et) return et.error();
       if (!valid_value_type(*et))
@@ -156,9 +240,9 @@ Result<Value> Parser::read_value(ValueType t, const std::string& key, uint32_t d
       uint64_t min_elem = scalar_size(v.elem_type);
       if (min_elem == 0) min_elem = v.elem_type == ValueType::STRING ? 8 : 12;
       if (*count > remaining() / min_elem)
-        return make_error("metadata '" + key + "': array count " + std::to_string(*count) +
-                          " of " + std::string(value_type_name(v.elem_type)) +
-                          " cannot fit in the " + std::to_string(remaining()) + " bytes left");
+        return make_error("metadata '" + key + "': array count " + std::to_string(*count) + " of " +
+                          std::string(value_type_name(v.elem_type)) + " cannot fit in the " +
+                          std::to_string(remaining()) + " bytes left");
       v.array.reserve(static_cast<size_t>(*count));
       for (uint64_t k = 0; k < *count; ++k) {
         auto e = read_value(v.elem_type, key, depth + 1);
@@ -202,8 +286,7 @@ Result<File> Parser::run(std::shared_ptr<MappedFile> map) {
     if (key->empty()) return make_error("metadata key #" + std::to_string(k) + " is empty");
     auto t = read<uint32_t>("metadata value type");
     if (!t) return t.error();
-    if (!valid_value_type(*t))
-      return make_error("metadata '" + *key + "': unknown value type " + std::to_string(*t));
+    if (!valid_value_type(*t)) return make_error("metadata '" + *key + "': unknown value type " + std::to_string(*t));
     auto v = read_value(static_cast<ValueType>(*t), *key, 0);
     if (!v) return v.error();
     if (file.kv_index_.count(*key)) return make_error("duplicate metadata key '" + *key + "'");
@@ -259,8 +342,8 @@ Result<File> Parser::run(std::shared_ptr<MappedFile> map) {
     if (!off) return off.error();
     ti.offset = *off;
     if (ti.offset % file.alignment_ != 0)
-      return make_error("tensor '" + ti.name + "': offset " + std::to_string(ti.offset) +
-                        " is not aligned to " + std::to_string(file.alignment_));
+      return make_error("tensor '" + ti.name + "': offset " + std::to_string(ti.offset) + " is not aligned to " +
+                        std::to_string(file.alignment_));
     if (file.tensor_index_.count(ti.name)) return make_error("duplicate tensor name '" + ti.name + "'");
     file.tensor_index_.emplace(ti.name, file.tensors_.size());
     file.tensors_.push_back(std::move(ti));
@@ -268,8 +351,8 @@ Result<File> Parser::run(std::shared_ptr<MappedFile> map) {
 
   uint64_t data_start = (pos_ + file.alignment_ - 1) / file.alignment_ * file.alignment_;
   if (!file.tensors_.empty() && data_start > size_)
-    return make_error("truncated file: the tensor data section would start at byte " +
-                      std::to_string(data_start) + " of a " + std::to_string(size_) + "-byte file");
+    return make_error("truncated file: the tensor data section would start at byte " + std::to_string(data_start) +
+                      " of a " + std::to_string(size_) + "-byte file");
   uint64_t data_size = data_start <= size_ ? size_ - data_start : 0;
   // Offsets must lie inside the data section and must not overlap.
   std::vector<const TensorInfo*> by_offset;
@@ -282,8 +365,7 @@ Result<File> Parser::run(std::shared_ptr<MappedFile> map) {
     t.data = p_ + data_start + t.offset;
     by_offset.push_back(&t);
   }
-  std::sort(by_offset.begin(), by_offset.end(),
-            [](auto* a, auto* b) { return a->offset < b->offset; });
+  std::sort(by_offset.begin(), by_offset.end(), [](auto* a, auto* b) { return a->offset < b->offset; });
   for (size_t k = 1; k < by_offset.size(); ++k)
     if (by_offset[k - 1]->offset + by_offset[k - 1]->nbytes > by_offset[k]->offset)
       return make_error("tensors '" + by_offset[k - 1]->name + "' and '" + by_offset[k]->name + "' overlap");
@@ -319,8 +401,9 @@ Result<int64_t> File::get_int(std::string_view key) const {
   const Value* v = find(key);
   if (!v) return make_error("missing metadata '" + std::string(key) + "'");
   auto r = v->as_int();
-  if (!r) return make_error("metadata '" + std::string(key) + "' is " +
-                            std::string(value_type_name(v->type)) + ", expected an integer");
+  if (!r)
+    return make_error("metadata '" + std::string(key) + "' is " + std::string(value_type_name(v->type)) +
+                      ", expected an integer");
   return *r;
 }
 Result<double> File::get_number(std::string_view key) const {
@@ -369,40 +452,60 @@ void put_str(std::vector<uint8_t>& out, const std::string& s) {
 }  // namespace
 
 void Writer::add_u32(const std::string& key, uint32_t v) {
-  put_str(kv_bytes_, key); put<uint32_t>(kv_bytes_, 4); put(kv_bytes_, v); ++num_kv_;
+  put_str(kv_bytes_, key);
+  put<uint32_t>(kv_bytes_, 4);
+  put(kv_bytes_, v);
+  ++num_kv_;
 }
 void Writer::add_i32(const std::string& key, int32_t v) {
-  put_str(kv_bytes_, key); put<uint32_t>(kv_bytes_, 5); put(kv_bytes_, v); ++num_kv_;
+  put_str(kv_bytes_, key);
+  put<uint32_t>(kv_bytes_, 5);
+  put(kv_bytes_, v);
+  ++num_kv_;
 }
 void Writer::add_f32(const std::string& key, float v) {
-  put_str(kv_bytes_, key); put<uint32_t>(kv_bytes_, 6); put(kv_bytes_, v); ++num_kv_;
+  put_str(kv_bytes_, key);
+  put<uint32_t>(kv_bytes_, 6);
+  put(kv_bytes_, v);
+  ++num_kv_;
 }
 void Writer::add_bool(const std::string& key, bool v) {
-  put_str(kv_bytes_, key); put<uint32_t>(kv_bytes_, 7); put<uint8_t>(kv_bytes_, v ? 1 : 0); ++num_kv_;
+  put_str(kv_bytes_, key);
+  put<uint32_t>(kv_bytes_, 7);
+  put<uint8_t>(kv_bytes_, v ? 1 : 0);
+  ++num_kv_;
 }
 void Writer::add_string(const std::string& key, const std::string& v) {
-  put_str(kv_bytes_, key); put<uint32_t>(kv_bytes_, 8); put_str(kv_bytes_, v); ++num_kv_;
+  put_str(kv_bytes_, key);
+  put<uint32_t>(kv_bytes_, 8);
+  put_str(kv_bytes_, v);
+  ++num_kv_;
 }
 void Writer::add_string_array(const std::string& key, const std::vector<std::string>& v) {
-  put_str(kv_bytes_, key); put<uint32_t>(kv_bytes_, 9); put<uint32_t>(kv_bytes_, 8);
+  put_str(kv_bytes_, key);
+  put<uint32_t>(kv_bytes_, 9);
+  put<uint32_t>(kv_bytes_, 8);
   put<uint64_t>(kv_bytes_, v.size());
   for (const auto& s : v) put_str(kv_bytes_, s);
   ++num_kv_;
 }
 void Writer::add_i32_array(const std::string& key, const std::vector<int32_t>& v) {
-  put_str(kv_bytes_, key); put<uint32_t>(kv_bytes_, 9); put<uint32_t>(kv_bytes_, 5);
+  put_str(kv_bytes_, key);
+  put<uint32_t>(kv_bytes_, 9);
+  put<uint32_t>(kv_bytes_, 5);
   put<uint64_t>(kv_bytes_, v.size());
   for (auto x : v) put(kv_bytes_, x);
   ++num_kv_;
 }
 void Writer::add_f32_array(const std::string& key, const std::vector<float>& v) {
-  put_str(kv_bytes_, key); put<uint32_t>(kv_bytes_, 9); put<uint32_t>(kv_bytes_, 6);
+  put_str(kv_bytes_, key);
+  put<uint32_t>(kv_bytes_, 9);
+  put<uint32_t>(kv_bytes_, 6);
   put<uint64_t>(kv_bytes_, v.size());
   for (auto x : v) put(kv_bytes_, x);
   ++num_kv_;
 }
-void Writer::add_tensor(const std::string& name, DType type, std::vector<uint64_t> ne,
-                        std::vector<uint8_t> data) {
+void Writer::add_tensor(const std::string& name, DType type, std::vector<uint64_t> ne, std::vector<uint8_t> data) {
   tensors_.push_back({name, type, std::move(ne), std::move(data)});
 }
 
@@ -414,7 +517,9 @@ std::vector<uint8_t> Writer::bytes(uint32_t alignment) const {
   put<uint64_t>(out, num_kv_ + (alignment != 32 ? 1 : 0));
   out.insert(out.end(), kv_bytes_.begin(), kv_bytes_.end());
   if (alignment != 32) {
-    put_str(out, "general.alignment"); put<uint32_t>(out, 4); put<uint32_t>(out, alignment);
+    put_str(out, "general.alignment");
+    put<uint32_t>(out, 4);
+    put<uint32_t>(out, alignment);
   }
   uint64_t offset = 0;
   for (const auto& t : tensors_) {

@@ -21,25 +21,36 @@
 namespace troupe::gguf {
 
 enum class ValueType : uint32_t {
-  U8 = 0, I8 = 1, U16 = 2, I16 = 3, U32 = 4, I32 = 5, F32 = 6, BOOL = 7,
-  STRING = 8, ARRAY = 9, U64 = 10, I64 = 11, F64 = 12,
+  U8 = 0,
+  I8 = 1,
+  U16 = 2,
+  I16 = 3,
+  U32 = 4,
+  I32 = 5,
+  F32 = 6,
+  BOOL = 7,
+  STRING = 8,
+  ARRAY = 9,
+  U64 = 10,
+  I64 = 11,
+  F64 = 12,
 };
 std::string_view value_type_name(ValueType t);
 
 // One metadata value. Scalars keep their declared type; arrays hold elements of one type.
 struct Value {
   ValueType type = ValueType::U8;
-  uint64_t u = 0;       // unsigned ints, bool
-  int64_t i = 0;        // signed ints
-  double f = 0;         // floats
-  std::string s;        // strings
+  uint64_t u = 0;                       // unsigned ints, bool
+  int64_t i = 0;                        // signed ints
+  double f = 0;                         // floats
+  std::string s;                        // strings
   ValueType elem_type = ValueType::U8;  // arrays only
   std::vector<Value> array;
 
   bool is_integer() const;
   bool is_float() const { return type == ValueType::F32 || type == ValueType::F64; }
-  std::optional<int64_t> as_int() const;     // any integer type (or bool) that fits
-  std::optional<double> as_number() const;   // integers and floats
+  std::optional<int64_t> as_int() const;    // any integer type (or bool) that fits
+  std::optional<double> as_number() const;  // integers and floats
 };
 
 struct TensorInfo {
@@ -106,8 +117,7 @@ class Writer {
   void add_i32_array(const std::string& key, const std::vector<int32_t>& v);
   void add_f32_array(const std::string& key, const std::vector<float>& v);
   // `data` must hold exactly row_bytes(type, ne[0]) * rows bytes.
-  void add_tensor(const std::string& name, DType type, std::vector<uint64_t> ne,
-                  std::vector<uint8_t> data);
+  void add_tensor(const std::string& name, DType type, std::vector<uint64_t> ne, std::vector<uint8_t> data);
   std::vector<uint8_t> bytes(uint32_t alignment = 32) const;
   Status write(const std::string& path, uint32_t alignment = 32) const;
 

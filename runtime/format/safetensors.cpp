@@ -21,9 +21,7 @@ Result<std::vector<Tensor>> parse(const uint8_t* data, size_t size) {
   nlohmann::json h;
   try {
     h = nlohmann::json::parse(data + 8, data + 8 + hlen);
-  } catch (const std::exception& e) {
-    return make_error(std::string("safetensors: header is not JSON: ") + e.what());
-  }
+  } catch (const std::exception& e) { return make_error(std::string("safetensors: header is not JSON: ") + e.what()); }
   if (!h.is_object()) return make_error("safetensors: header is not a JSON object");
   const uint64_t data_size = size - 8 - hlen;
   const uint8_t* base = data + 8 + hlen;
@@ -33,16 +31,24 @@ Result<std::vector<Tensor>> parse(const uint8_t* data, size_t size) {
     const auto& v = it.value();
     const std::string& name = it.key();
     if (!v.is_object() || !v.contains("dtype") || !v.contains("shape") || !v.contains("data_offsets") ||
-        !v["dtype"].is_string() || !v["shape"].is_array() || !v["data_offsets"].is_array() || v["data_offsets"].size() != 2)
+        !v["dtype"].is_string() || !v["shape"].is_array() || !v["data_offsets"].is_array() ||
+        v["data_offsets"].size() != 2)
       return make_error("safetensors: tensor '" + name + "' has a malformed entry");
     Tensor t;
     t.name = name;
     const std::string dt = v["dtype"].get<std::string>();
     uint64_t esize;
-    if (dt == "F32") { t.type = DType::F32; esize = 4; }
-    else if (dt == "F16") { t.type = DType::F16; esize = 2; }
-    else if (dt == "BF16") { t.type = DType::BF16; esize = 2; }
-    else return make_error("safetensors: tensor '" + name + "' has unsupported dtype " + dt);
+    if (dt == "F32") {
+      t.type = DType::F32;
+      esize = 4;
+    } else if (dt == "F16") {
+      t.type = DType::F16;
+      esize = 2;
+    } else if (dt == "BF16") {
+      t.type = DType::BF16;
+      esize = 2;
+    } else
+      return make_error("safetensors: tensor '" + name + "' has unsupported dtype " + dt);
     uint64_t count = 1;
     if (v["shape"].size() > 4) return make_error("safetensors: tensor '" + name + "' has more than 4 dimensions");
     for (const auto& d : v["shape"]) {
@@ -58,8 +64,8 @@ Result<std::vector<Tensor>> parse(const uint8_t* data, size_t size) {
     const uint64_t b = off[0].get<uint64_t>(), e = off[1].get<uint64_t>();
     uint64_t bytes;
     if (__builtin_mul_overflow(count, esize, &bytes) || e < b || e - b != bytes)
-      return make_error("safetensors: tensor '" + name + "' shape x dtype is not its byte span [" +
-                        std::to_string(b) + ", " + std::to_string(e) + ")");
+      return make_error("safetensors: tensor '" + name + "' shape x dtype is not its byte span [" + std::to_string(b) +
+                        ", " + std::to_string(e) + ")");
     if (e > data_size)
       return make_error("safetensors: tensor '" + name + "' data ends at " + std::to_string(e) +
                         ", past the end of the data (" + std::to_string(data_size) + " bytes)");
@@ -72,9 +78,8 @@ Result<std::vector<Tensor>> parse(const uint8_t* data, size_t size) {
   // tensor at the offset where another one starts is not taken for an overlap.
   std::vector<const Tensor*> order;
   for (const auto& t : out) order.push_back(&t);
-  std::sort(order.begin(), order.end(), [](auto* a, auto* b) {
-    return a->data < b->data || (a->data == b->data && a->nbytes < b->nbytes);
-  });
+  std::sort(order.begin(), order.end(),
+            [](auto* a, auto* b) { return a->data < b->data || (a->data == b->data && a->nbytes < b->nbytes); });
   const uint8_t* expect = base;
   for (const Tensor* t : order) {
     if (t->data < expect) return make_error("safetensors: tensor '" + t->name + "' overlaps another tensor");
@@ -104,7 +109,7 @@ Result<Shards> Shards::open_dir(const std::string& dir) {
     for (auto& [k, v] : j["weight_map"].items()) {
       if (!v.is_string()) return make_error("weight_map entry '" + k + "' is not a file name");
       const std::string f = v.get<std::string>();
-      if (f.empty() || f.find('/') != std::string::npos || f.find('\\') != std::string::npos || f == "." || f == ".." )
+      if (f.empty() || f.find('/') != std::string::npos || f.find('\\') != std::string::npos || f == "." || f == "..")
         return make_error("weight_map entry '" + k + "' points outside the model directory: '" + f + "'");
       uniq.insert(f);
     }

@@ -20,8 +20,8 @@ Result<const TensorRef*> matrix(const WeightSource& src, const std::string& name
   const TensorRef* t = src.find(name);
   if (!t) return make_error("missing tensor '" + name + "'");
   if (t->shape.size() != 2 || t->shape[0] != cols || t->shape[1] != rows)
-    return make_error("tensor '" + name + "' has shape " + shape_str(t->shape) + ", expected [" +
-                      std::to_string(cols) + ", " + std::to_string(rows) + "]");
+    return make_error("tensor '" + name + "' has shape " + shape_str(t->shape) + ", expected [" + std::to_string(cols) +
+                      ", " + std::to_string(rows) + "]");
   return t;
 }
 
@@ -29,7 +29,8 @@ Result<std::vector<float>> vector_f32(const WeightSource& src, const std::string
   const TensorRef* t = src.find(name);
   if (!t) return make_error("missing tensor '" + name + "'");
   if (t->shape.size() != 1 || t->shape[0] != n)
-    return make_error("tensor '" + name + "' has shape " + shape_str(t->shape) + ", expected [" + std::to_string(n) + "]");
+    return make_error("tensor '" + name + "' has shape " + shape_str(t->shape) + ", expected [" + std::to_string(n) +
+                      "]");
   std::vector<float> v(static_cast<size_t>(n));
   if (!cpu::dequantize_row_ref(t->type, t->data, v.data(), n))
     return make_error("tensor '" + name + "' has an unsupported type for a vector");
@@ -61,9 +62,13 @@ Result<std::unique_ptr<Model>> Model::build(const ModelConfig& cfg, const Weight
   const bool first_stage = range.first == 0, last_stage = range.last == cfg.num_layers;
   const bool has_output = src.find("output.weight") != nullptr;
   size_t done = 0;
-  auto tick = [&] { if (progress) progress(++done, total); };
+  auto tick = [&] {
+    if (progress) progress(++done, total);
+  };
 
-  auto mk = [&](const TensorRef* t, int64_t rows) { return backend.make_weight(t->type, t->shape[0], {{t->data, rows}}); };
+  auto mk = [&](const TensorRef* t, int64_t rows) {
+    return backend.make_weight(t->type, t->shape[0], {{t->data, rows}});
+  };
   // The embedding table: the first stage gathers from it, a tied last stage multiplies by it.
   if (first_stage || (last_stage && cfg.tied_embeddings && !has_output)) {
     auto emb = matrix(src, "token_embd.weight", cfg.vocab, H);
@@ -91,28 +96,35 @@ Result<std::unique_ptr<Model>> Model::build(const ModelConfig& cfg, const Weight
       return r;
     };
     if ((*q)->type == (*k)->type && (*q)->type == (*v)->type) {
-      auto w = wrap(backend.make_weight((*q)->type, H, {{(*q)->data, q_rows}, {(*k)->data, kv_rows}, {(*v)->data, kv_rows}}), p + "attn_qkv");
+      auto w =
+          wrap(backend.make_weight((*q)->type, H, {{(*q)->data, q_rows}, {(*k)->data, kv_rows}, {(*v)->data, kv_rows}}),
+               p + "attn_qkv");
       if (!w) return w.error();
       L.qkv = std::move(*w);
     } else {
-      auto wq = wrap(mk(*q, q_rows), p + "attn_q"), wk = wrap(mk(*k, kv_rows), p + "attn_k"), wv = wrap(mk(*v, kv_rows), p + "attn_v");
+      auto wq = wrap(mk(*q, q_rows), p + "attn_q"), wk = wrap(mk(*k, kv_rows), p + "attn_k"),
+           wv = wrap(mk(*v, kv_rows), p + "attn_v");
       if (!wq) return wq.error();
       if (!wk) return wk.error();
       if (!wv) return wv.error();
-      L.q = std::move(*wq); L.k = std::move(*wk); L.v = std::move(*wv);
+      L.q = std::move(*wq);
+      L.k = std::move(*wk);
+      L.v = std::move(*wv);
     }
     auto wo = wrap(mk(*o, H), p + "attn_output");
     if (!wo) return wo.error();
     L.o = std::move(*wo);
     if ((*g)->type == (*u)->type) {
-      auto w = wrap(backend.make_weight((*g)->type, H, {{(*g)->data, cfg.ffn}, {(*u)->data, cfg.ffn}}), p + "ffn_gate_up");
+      auto w =
+          wrap(backend.make_weight((*g)->type, H, {{(*g)->data, cfg.ffn}, {(*u)->data, cfg.ffn}}), p + "ffn_gate_up");
       if (!w) return w.error();
       L.gate_up = std::move(*w);
     } else {
       auto wg = wrap(mk(*g, cfg.ffn), p + "ffn_gate"), wu = wrap(mk(*u, cfg.ffn), p + "ffn_up");
       if (!wg) return wg.error();
       if (!wu) return wu.error();
-      L.gate = std::move(*wg); L.up = std::move(*wu);
+      L.gate = std::move(*wg);
+      L.up = std::move(*wu);
     }
     auto wd = wrap(mk(*d, H), p + "ffn_down");
     if (!wd) return wd.error();
@@ -175,8 +187,10 @@ Status Model::validate_step(const StepInputs& s, const KvCache& cache, const int
   if (ks.num_layers != num_stage_layers() || ks.num_kv_heads != cfg_.num_kv_heads || ks.head_dim != cfg_.head_dim)
     return make_error("KV cache shape does not match the model");
   if (s.num_tokens <= 0 || s.num_tokens > max_tokens_)
-    return make_error("step has " + std::to_string(s.num_tokens) + " tokens (limit " + std::to_string(max_tokens_) + ")");
-  if (s.num_seqs <= 0 || s.num_seqs > s.num_tokens || s.query_start[0] != 0 || s.query_start[s.num_seqs] != s.num_tokens)
+    return make_error("step has " + std::to_string(s.num_tokens) + " tokens (limit " + std::to_string(max_tokens_) +
+                      ")");
+  if (s.num_seqs <= 0 || s.num_seqs > s.num_tokens || s.query_start[0] != 0 ||
+      s.query_start[s.num_seqs] != s.num_tokens)
     return make_error("step sequence offsets are inconsistent");
   if (n < 0 || n > s.num_tokens) return make_error("bad number of logit rows");
   for (int32_t i = 0; i < n; ++i)
@@ -186,7 +200,8 @@ Status Model::validate_step(const StepInputs& s, const KvCache& cache, const int
     if (s.query_start[q + 1] <= s.query_start[q]) return make_error("sequence with no tokens in step");
     const int32_t ctx = s.context_lens[q];
     if (ctx <= 0 || ctx > cfg_.max_context)
-      return make_error("context length " + std::to_string(ctx) + " exceeds the model's " + std::to_string(cfg_.max_context));
+      return make_error("context length " + std::to_string(ctx) + " exceeds the model's " +
+                        std::to_string(cfg_.max_context));
     const int32_t nblocks = (ctx + ks.block_size - 1) / ks.block_size;
     if (nblocks > s.max_blocks_per_seq) return make_error("block table too short for the context");
     const int32_t* bt = s.block_tables + int64_t{q} * s.max_blocks_per_seq;
@@ -213,11 +228,14 @@ Status Model::forward(const StepInputs& s, KvCache& cache, const int32_t* rows, 
 Status Model::forward_stage(const StepInputs& s, KvCache& cache, const float* hidden_in, float* hidden_out,
                             const int32_t* rows, int32_t num_logits, float* logits, const DeviceSampling* sampling) {
   TROUPE_TRY(validate_step(s, cache, rows, num_logits));
-  const bool dev_sample = sampling && sampling->params && sampling->tokens && sampling->logprobs && backend_->can_sample();
+  const bool dev_sample =
+      sampling && sampling->params && sampling->tokens && sampling->logprobs && backend_->can_sample();
   auto on_device = [&](int32_t i) { return dev_sample && sampling->params[i].on_device != 0; };
   for (int32_t i = 0; i < num_logits; ++i)
-    if (!on_device(i) && !logits) return make_error("forward(): a logits buffer is needed for rows sampled on the host");
-  if (!is_first_stage() && !hidden_in) return make_error("a later pipeline stage needs the previous stage's activations");
+    if (!on_device(i) && !logits)
+      return make_error("forward(): a logits buffer is needed for rows sampled on the host");
+  if (!is_first_stage() && !hidden_in)
+    return make_error("a later pipeline stage needs the previous stage's activations");
   if (!is_last_stage() && !hidden_out) return make_error("a pipeline stage before the last needs an activation buffer");
   Backend& be = *backend_;
   const int64_t n = s.num_tokens, H = cfg_.hidden, hd = cfg_.head_dim;

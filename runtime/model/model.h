@@ -49,8 +49,8 @@ class Model {
   // A whole-model Model only (first and last stage). The cache holds num_stage_layers layers.
   // With `sampling`, rows sampled on the device leave their logits rows unwritten; logits
   // may be null when every row is sampled on the device.
-  Status forward(const StepInputs& step, KvCache& cache, const int32_t* logit_rows, int32_t num_logits,
-                 float* logits, const DeviceSampling* sampling = nullptr);
+  Status forward(const StepInputs& step, KvCache& cache, const int32_t* logit_rows, int32_t num_logits, float* logits,
+                 const DeviceSampling* sampling = nullptr);
   // One pipeline stage: the first stage embeds the tokens (hidden_in unused), the others
   // start from hidden_in [num_tokens, hidden]; a non-last stage writes hidden_out
   // [num_tokens, hidden]; the last stage writes the logits rows.
@@ -62,10 +62,10 @@ class Model {
 
  private:
   struct Layer {
-    std::unique_ptr<Weight> qkv;          // fused when q, k, v share a type
-    std::unique_ptr<Weight> q, k, v;      // otherwise
+    std::unique_ptr<Weight> qkv;      // fused when q, k, v share a type
+    std::unique_ptr<Weight> q, k, v;  // otherwise
     std::unique_ptr<Weight> o, gate_up, down;
-    std::unique_ptr<Weight> gate, up;     // when gate and up types differ
+    std::unique_ptr<Weight> gate, up;  // when gate and up types differ
     // Backend copies of the vectors (device memory on a GPU); qkv_bias null when absent.
     float *attn_norm = nullptr, *ffn_norm = nullptr, *qkv_bias = nullptr;
   };
@@ -82,8 +82,8 @@ class Model {
   // Scratch, sized for max_batch_tokens.
   float *x_ = nullptr, *h_ = nullptr, *qkv_ = nullptr, *attn_ = nullptr, *gu_ = nullptr, *act_ = nullptr;
   float *cos_sin_ = nullptr, *last_ = nullptr;
-  float* logits_dev_ = nullptr;           // [kLogitChunk, vocab], device backends only
-  std::vector<float> cos_sin_host_;       // [max_batch_tokens, head_dim]
+  float* logits_dev_ = nullptr;                   // [kLogitChunk, vocab], device backends only
+  std::vector<float> cos_sin_host_;               // [max_batch_tokens, head_dim]
   std::vector<DeviceSampleParams> chunk_params_;  // one logits chunk's sampling settings
   static constexpr int32_t kLogitChunk = 64;
 };

@@ -5,20 +5,23 @@
 namespace troupe {
 
 Status ModelConfig::validate() const {
-  auto bad = [](const std::string& f, double v) { return make_error("model config: " + f + " is " + std::to_string(v)); };
+  auto bad = [](const std::string& f, double v) {
+    return make_error("model config: " + f + " is " + std::to_string(v));
+  };
   if (num_layers <= 0 || num_layers > 1024) return bad("num_layers", num_layers);
   if (hidden <= 0 || hidden > (1 << 17)) return bad("hidden size", hidden);
   if (num_heads <= 0 || num_heads > 1024) return bad("num_heads", num_heads);
   if (num_kv_heads <= 0 || num_kv_heads > num_heads || num_heads % num_kv_heads != 0)
-    return make_error("model config: num_kv_heads " + std::to_string(num_kv_heads) +
-                      " must divide num_heads " + std::to_string(num_heads));
+    return make_error("model config: num_kv_heads " + std::to_string(num_kv_heads) + " must divide num_heads " +
+                      std::to_string(num_heads));
   if (head_dim <= 0 || head_dim % 2 != 0 || head_dim > 1024) return bad("head_dim", head_dim);
   if (ffn <= 0 || ffn > (1 << 20)) return bad("ffn size", ffn);
   if (vocab <= 0 || vocab > (1 << 22)) return bad("vocab size", vocab);
   if (max_context <= 0 || max_context > (1 << 24)) return bad("context length", max_context);
   if (!std::isfinite(rms_eps) || rms_eps <= 0 || rms_eps > 1) return bad("rms_norm_eps", rms_eps);
   if (!std::isfinite(rope_theta) || rope_theta <= 0) return bad("rope_theta", rope_theta);
-  if (!std::isfinite(rope_scaling.factor) || rope_scaling.factor <= 0) return bad("rope scaling factor", rope_scaling.factor);
+  if (!std::isfinite(rope_scaling.factor) || rope_scaling.factor <= 0)
+    return bad("rope scaling factor", rope_scaling.factor);
   return {};
 }
 
@@ -35,7 +38,10 @@ std::vector<float> ModelConfig::rope_inv_freq() const {
     for (auto& x : f) {
       const double wavelen = 2 * M_PI / x;
       if (wavelen < hi_wavelen) continue;
-      if (wavelen > lo_wavelen) { x = static_cast<float>(x / rope_scaling.factor); continue; }
+      if (wavelen > lo_wavelen) {
+        x = static_cast<float>(x / rope_scaling.factor);
+        continue;
+      }
       const double smooth = (rope_scaling.original_max_position / wavelen - rope_scaling.low_freq_factor) /
                             (rope_scaling.high_freq_factor - rope_scaling.low_freq_factor);
       x = static_cast<float>((1 - smooth) * x / rope_scaling.factor + smooth * x);

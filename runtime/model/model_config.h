@@ -11,7 +11,7 @@
 namespace troupe {
 
 struct RopeScaling {
-  std::string type;            // "", "llama3", "linear"
+  std::string type;  // "", "llama3", "linear"
   float factor = 1.0f;
   float low_freq_factor = 1.0f;
   float high_freq_factor = 4.0f;

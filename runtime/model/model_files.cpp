@@ -53,7 +53,8 @@ Result<ModelFiles> open_gguf(const std::string& path) {
   if (!arch_name) return make_error(path + ": " + arch_name.error().message);
   const Architecture* arch = find_architecture(*arch_name);
   if (!arch)
-    return make_error(path + ": unsupported architecture '" + *arch_name + "' (supported: " + supported_architectures() + ")");
+    return make_error(path + ": unsupported architecture '" + *arch_name +
+                      "' (supported: " + supported_architectures() + ")");
   auto cfg = arch->from_gguf(*file);
   if (!cfg) return make_error(path + ": " + cfg.error().message);
   ModelFiles m;
@@ -63,8 +64,8 @@ Result<ModelFiles> open_gguf(const std::string& path) {
   auto tok = Tokenizer::from_gguf(*file);
   if (!tok) return make_error(path + ": tokenizer: " + tok.error().message);
   if (tok->vocab_size() != m.config.vocab)
-    return make_error(path + ": tokenizer has " + std::to_string(tok->vocab_size()) + " tokens but the model's vocabulary is " +
-                      std::to_string(m.config.vocab));
+    return make_error(path + ": tokenizer has " + std::to_string(tok->vocab_size()) +
+                      " tokens but the model's vocabulary is " + std::to_string(m.config.vocab));
   if (const auto* e = file->tensor("token_embd.weight"); e && e->ne[1] != static_cast<uint64_t>(m.config.vocab))
     return make_error(path + ": token_embd.weight has " + std::to_string(e->ne[1]) + " rows but the vocabulary has " +
                       std::to_string(m.config.vocab) + " tokens");

@@ -22,9 +22,9 @@ struct ModelFiles {
 };
 
 struct OpenOptions {
-  std::string load_format = "auto";   // auto | gguf | safetensors | dummy
-  std::string dummy_dtype = "bf16";   // weight type for dummy weights
-  uint64_t seed = 0;                  // dummy weights
+  std::string load_format = "auto";  // auto | gguf | safetensors | dummy
+  std::string dummy_dtype = "bf16";  // weight type for dummy weights
+  uint64_t seed = 0;                 // dummy weights
 };
 
 // The default model file under $TROUPE_HOME/models (TROUPE_HOME defaults to ~/.cache/troupe).

@@ -27,13 +27,12 @@ class OwnedSource final : public WeightSource {
 std::string gguf_name(const std::string& hf) {
   static const std::regex layer(R"(model\.layers\.(\d+)\.(.+))");
   static const std::pair<const char*, const char*> per_layer[] = {
-      {"input_layernorm.weight", "attn_norm.weight"},
-      {"post_attention_layernorm.weight", "ffn_norm.weight"},
-      {"self_attn.q_proj.weight", "attn_q.weight"},   {"self_attn.k_proj.weight", "attn_k.weight"},
-      {"self_attn.v_proj.weight", "attn_v.weight"},   {"self_attn.q_proj.bias", "attn_q.bias"},
-      {"self_attn.k_proj.bias", "attn_k.bias"},       {"self_attn.v_proj.bias", "attn_v.bias"},
+      {"input_layernorm.weight", "attn_norm.weight"},    {"post_attention_layernorm.weight", "ffn_norm.weight"},
+      {"self_attn.q_proj.weight", "attn_q.weight"},      {"self_attn.k_proj.weight", "attn_k.weight"},
+      {"self_attn.v_proj.weight", "attn_v.weight"},      {"self_attn.q_proj.bias", "attn_q.bias"},
+      {"self_attn.k_proj.bias", "attn_k.bias"},          {"self_attn.v_proj.bias", "attn_v.bias"},
       {"self_attn.o_proj.weight", "attn_output.weight"}, {"mlp.gate_proj.weight", "ffn_gate.weight"},
-      {"mlp.up_proj.weight", "ffn_up.weight"},        {"mlp.down_proj.weight", "ffn_down.weight"},
+      {"mlp.up_proj.weight", "ffn_up.weight"},           {"mlp.down_proj.weight", "ffn_down.weight"},
   };
   if (hf == "model.embed_tokens.weight") return "token_embd.weight";
   if (hf == "model.norm.weight") return "output_norm.weight";
@@ -50,9 +49,7 @@ Result<nlohmann::json> read_json(const std::string& path) {
   if (!f) return make_error("cannot read " + path);
   try {
     return nlohmann::json::parse(f);
-  } catch (const std::exception& e) {
-    return make_error(path + " is not JSON: " + e.what());
-  }
+  } catch (const std::exception& e) { return make_error(path + " is not JSON: " + e.what()); }
 }
 
 Result<ModelConfig> config_from_hf(const nlohmann::json& j, const std::string& where, bool any_architecture = false) {
@@ -65,7 +62,8 @@ Result<ModelConfig> config_from_hf(const nlohmann::json& j, const std::string& w
   }
   const Architecture* arch = find_architecture(type);
   if (!arch && any_architecture) arch = find_architecture("llama");
-  if (!arch) return make_error(where + ": unsupported model_type '" + type + "' (supported: " + supported_architectures() + ")");
+  if (!arch)
+    return make_error(where + ": unsupported model_type '" + type + "' (supported: " + supported_architectures() + ")");
   auto c = arch->from_hf(j);
   if (!c) return make_error(where + ": " + c.error().message);
   return c;
@@ -111,7 +109,8 @@ Result<ModelFiles> open_hf_dir(const std::string& dir) {
   m.tokenizer = std::move(*tok);
   if (auto tc = read_json(dir + "/tokenizer_config.json"); tc && tc->is_object() && tc->contains("chat_template")) {
     const auto& t = (*tc)["chat_template"];
-    if (t.is_string()) m.chat_template = t.get<std::string>();
+    if (t.is_string())
+      m.chat_template = t.get<std::string>();
     else if (t.is_array())
       for (const auto& e : t)
         if (e.is_object() && e.contains("name") && e["name"] == "default" && e.contains("template") &&
@@ -132,14 +131,16 @@ Result<ModelFiles> open_dummy(const std::string& config_path, const OpenOptions&
   if (!cfg) return cfg.error();
   auto dt = dtype_from_name(opts.dummy_dtype);
   if (!dt || *dt == DType::Q8_1 || *dt == DType::Q8_K || *dt == DType::Q4_K || *dt == DType::Q5_K || *dt == DType::Q6_K)
-    return make_error("unsupported dummy dtype '" + opts.dummy_dtype + "' (f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1)");
+    return make_error("unsupported dummy dtype '" + opts.dummy_dtype +
+                      "' (f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1)");
   const ModelConfig& c = *cfg;
   // GGUF-layout dummy: interleaved RoPE is as valid as NeoX for random weights; keep NeoX.
   auto src = std::make_unique<OwnedSource>();
   std::mt19937_64 rng(opts.seed);
   auto add = [&](const std::string& name, DType type, int64_t cols, int64_t rows, float scale, float offset) -> Status {
     auto rb = row_bytes(type, static_cast<uint64_t>(cols));
-    if (!rb) return make_error("dummy tensor '" + name + "': " + std::to_string(cols) + " columns do not fit the block size");
+    if (!rb)
+      return make_error("dummy tensor '" + name + "': " + std::to_string(cols) + " columns do not fit the block size");
     std::vector<uint8_t> buf(*rb * static_cast<size_t>(rows));
     std::vector<float> row(static_cast<size_t>(cols));
     std::uniform_real_distribution<float> u(-scale, scale);

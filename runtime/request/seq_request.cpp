@@ -9,19 +9,24 @@ Status SamplingParams::validate(int32_t vocab) const {
   auto bad = [](const char* name, double v, const char* range) {
     return make_error(std::string(name) + " " + std::to_string(v) + " is out of range (" + range + ")");
   };
-  if (!std::isfinite(temperature) || temperature < 0 || temperature > 100) return bad("temperature", temperature, "0..100");
+  if (!std::isfinite(temperature) || temperature < 0 || temperature > 100)
+    return bad("temperature", temperature, "0..100");
   if (top_k < 0) return bad("top_k", top_k, ">= 0");
   if (!std::isfinite(top_p) || top_p <= 0 || top_p > 1) return bad("top_p", top_p, "(0, 1]");
   if (!std::isfinite(min_p) || min_p < 0 || min_p > 1) return bad("min_p", min_p, "[0, 1]");
   if (!std::isfinite(repetition_penalty) || repetition_penalty <= 0 || repetition_penalty > 10)
     return bad("repetition_penalty", repetition_penalty, "(0, 10]");
-  if (!std::isfinite(presence_penalty) || std::fabs(presence_penalty) > 2) return bad("presence_penalty", presence_penalty, "-2..2");
-  if (!std::isfinite(frequency_penalty) || std::fabs(frequency_penalty) > 2) return bad("frequency_penalty", frequency_penalty, "-2..2");
+  if (!std::isfinite(presence_penalty) || std::fabs(presence_penalty) > 2)
+    return bad("presence_penalty", presence_penalty, "-2..2");
+  if (!std::isfinite(frequency_penalty) || std::fabs(frequency_penalty) > 2)
+    return bad("frequency_penalty", frequency_penalty, "-2..2");
   if (logprobs < 0 || logprobs > 20) return bad("logprobs", logprobs, "0..20");
   if (logit_bias.size() > 1024) return make_error("logit_bias has more than 1024 entries");
   for (const auto& [tok, b] : logit_bias) {
-    if (tok < 0 || tok >= vocab) return make_error("logit_bias token " + std::to_string(tok) + " is outside the vocabulary");
-    if (!std::isfinite(b) || std::fabs(b) > 100) return make_error("logit_bias value for token " + std::to_string(tok) + " must be finite and within -100..100");
+    if (tok < 0 || tok >= vocab)
+      return make_error("logit_bias token " + std::to_string(tok) + " is outside the vocabulary");
+    if (!std::isfinite(b) || std::fabs(b) > 100)
+      return make_error("logit_bias value for token " + std::to_string(tok) + " must be finite and within -100..100");
   }
   return {};
 }

@@ -13,10 +13,10 @@
 namespace troupe {
 
 struct SamplingParams {
-  float temperature = 1.0f;  // 0: greedy
-  int32_t top_k = 0;         // 0: off
-  float top_p = 1.0f;        // 1: off
-  float min_p = 0.0f;        // 0: off
+  float temperature = 1.0f;         // 0: greedy
+  int32_t top_k = 0;                // 0: off
+  float top_p = 1.0f;               // 1: off
+  float min_p = 0.0f;               // 0: off
   float repetition_penalty = 1.0f;  // 1: off (divides positive logits, multiplies negative)
   float presence_penalty = 0.0f;
   float frequency_penalty = 0.0f;

@@ -26,9 +26,15 @@ bool JsonPrefix::value_start(uint8_t c) {
       stack_.push_back(static_cast<char>(c));
       st_ = c == '{' ? St::ObjKeyOrEnd : St::ArrValueOrEnd;
       return true;
-    case 't': lit_ = "true"; break;
-    case 'f': lit_ = "false"; break;
-    case 'n': lit_ = "null"; break;
+    case 't':
+      lit_ = "true";
+      break;
+    case 'f':
+      lit_ = "false";
+      break;
+    case 'n':
+      lit_ = "null";
+      break;
     default:
       if (c != '-' && !is_digit(c)) return false;
       st_ = St::Num;
@@ -233,8 +239,10 @@ void TokenBytes::finish() {
     ok = ok && p.feed(std::string_view("{\"", 2));
     for (char ch : bytes[t]) {
       const auto c = static_cast<uint8_t>(ch);
-      if (!ok || c == '"' || c == '\\' || c < 0x20) ok = false;
-      else ok = p.feed(c);
+      if (!ok || c == '"' || c == '\\' || c < 0x20)
+        ok = false;
+      else
+        ok = p.feed(c);
     }
     plain[t] = ok && p.in_plain_string() ? 1 : 0;
   }

@@ -35,8 +35,21 @@ class JsonPrefix {
 
  private:
   enum class St : uint8_t {
-    Start, ObjKeyOrEnd, ObjKey, Colon, Value, ArrValueOrEnd, AfterValue, Str, StrEsc, StrHex, StrLowEsc, StrLowU, Num,
-    Lit, Done
+    Start,
+    ObjKeyOrEnd,
+    ObjKey,
+    Colon,
+    Value,
+    ArrValueOrEnd,
+    AfterValue,
+    Str,
+    StrEsc,
+    StrHex,
+    StrLowEsc,
+    StrLowU,
+    Num,
+    Lit,
+    Done
   };
   enum class Num : uint8_t { Minus, Zero, Int, Dot, Frac, Exp, ExpSign, ExpInt };
   bool value_start(uint8_t c);
@@ -46,24 +59,24 @@ class JsonPrefix {
 
   St st_ = St::Start;
   Num num_ = Num::Minus;
-  bool key_ = false;          // the string being read is an object key
-  uint8_t hex_left_ = 0;      // \u digits still to come
-  uint16_t hex_val_ = 0;      // their value so far
-  bool want_low_ = false;     // a high surrogate was read: its low half must follow
-  uint8_t utf8_left_ = 0;     // continuation bytes still due in a string's UTF-8 sequence
+  bool key_ = false;                         // the string being read is an object key
+  uint8_t hex_left_ = 0;                     // \u digits still to come
+  uint16_t hex_val_ = 0;                     // their value so far
+  bool want_low_ = false;                    // a high surrogate was read: its low half must follow
+  uint8_t utf8_left_ = 0;                    // continuation bytes still due in a string's UTF-8 sequence
   uint8_t utf8_lo_ = 0x80, utf8_hi_ = 0xBF;  // the range of the next one
-  uint8_t lit_pos_ = 0;       // bytes of true/false/null read
+  uint8_t lit_pos_ = 0;                      // bytes of true/false/null read
   const char* lit_ = nullptr;
-  uint8_t spaces_ = 0;        // whitespace bytes in a row
-  std::string stack_;         // '{' and '[' of the open containers
+  uint8_t spaces_ = 0;  // whitespace bytes in a row
+  std::string stack_;   // '{' and '[' of the open containers
 };
 
 // Each token's bytes as the tokenizer decodes it, and which tokens end generation.
 struct TokenBytes {
   std::vector<std::string> bytes;  // empty for control tokens
   std::vector<uint8_t> eog;        // 1: an end-of-generation token
-  std::vector<uint8_t> plain;      // 1: non-empty whole UTF-8 without '"', '\' or bytes < 0x20 (continues any plain string)
-  void finish();                   // fills `plain` from `bytes`
+  std::vector<uint8_t> plain;  // 1: non-empty whole UTF-8 without '"', '\' or bytes < 0x20 (continues any plain string)
+  void finish();               // fills `plain` from `bytes`
 };
 
 class Tokenizer;

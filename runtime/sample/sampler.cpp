@@ -75,7 +75,9 @@ SampleResult Sampler::sample(const float* logits) {
     std::iota(idx_.begin(), idx_.end(), 0);
     const float top = *std::max_element(work_.begin(), work_.end());
     const double inv_t = 1.0 / p_.temperature;
-    auto weight = [&](int32_t i) { return static_cast<double>(std::exp(static_cast<float>((work_[i] - top) * inv_t))); };
+    auto weight = [&](int32_t i) {
+      return static_cast<double>(std::exp(static_cast<float>((work_[i] - top) * inv_t)));
+    };
     // The normaliser over the candidates: all of them, or (top-k) the k best.
     double sum = 0;
     bool small_topk = false;
@@ -141,7 +143,10 @@ SampleResult Sampler::sample(const float* logits) {
     for (int32_t i = 0; i < k; ++i) {
       if (i == sorted) grow();
       acc += probs[i];
-      if (u < acc) { chosen = idx_[i]; break; }
+      if (u < acc) {
+        chosen = idx_[i];
+        break;
+      }
     }
     if (chosen < 0) {  // rounding left u past the last share: the last token with any weight
       sort_to(k);

@@ -26,8 +26,8 @@ struct TokenLogprob {
 
 struct SampleResult {
   int32_t token = -1;
-  float logprob = 0;                // log-softmax of the unmodified logits
-  std::vector<TokenLogprob> top;    // top `logprobs` alternatives, best first
+  float logprob = 0;              // log-softmax of the unmodified logits
+  std::vector<TokenLogprob> top;  // top `logprobs` alternatives, best first
 };
 
 class Sampler {

@@ -23,8 +23,9 @@ std::shared_ptr<const TokenBytes> token_bytes(const Tokenizer& tok) {
     std::string b;
     if (!anchor_text.empty()) {
       b = tok.decode({anchor[0], t}, true);
-      b = b.size() >= anchor_text.size() && b.compare(0, anchor_text.size(), anchor_text) == 0 ? b.substr(anchor_text.size())
-                                                                                            : tok.decode({t}, true);
+      b = b.size() >= anchor_text.size() && b.compare(0, anchor_text.size(), anchor_text) == 0
+              ? b.substr(anchor_text.size())
+              : tok.decode({t}, true);
     } else {
       b = tok.decode({t}, true);
     }

@@ -54,8 +54,9 @@ std::optional<int32_t> KvBlockManager::add_sequence(int64_t seq, const std::vect
   if (cfg_.enable_prefix_caching) {
     uint64_t parent = 0;
     // Full blocks only, and at least one prompt token is left to compute.
-    for (size_t i = 0; (i + 1) * static_cast<size_t>(bs) < prompt.size() &&
-                       static_cast<int32_t>(s.blocks.size()) < max_cached_blocks; ++i) {
+    for (size_t i = 0;
+         (i + 1) * static_cast<size_t>(bs) < prompt.size() && static_cast<int32_t>(s.blocks.size()) < max_cached_blocks;
+         ++i) {
       const uint64_t h = chain_hash(parent, prompt.data() + i * bs);
       ++queries_;
       auto it = cached_.find(h);
@@ -228,7 +229,8 @@ Status KvBlockManager::check_invariants() const {
     if (static_cast<int32_t>(s.blocks.size()) != blocks_needed(s.num_tokens))
       return make_error("sequence " + std::to_string(id) + " holds " + std::to_string(s.blocks.size()) +
                         " blocks for " + std::to_string(s.num_tokens) + " tokens");
-    if (s.hashes.size() > s.blocks.size()) return make_error("sequence " + std::to_string(id) + " has more hashes than blocks");
+    if (s.hashes.size() > s.blocks.size())
+      return make_error("sequence " + std::to_string(id) + " has more hashes than blocks");
     for (int32_t b : s.blocks) {
       if (b < 0 || b >= cfg_.num_blocks) return make_error("block id out of range");
       ++refs[b];
@@ -239,7 +241,8 @@ Status KvBlockManager::check_invariants() const {
   for (int32_t b : free_) {
     cached_free += blocks_[b].has_hash ? 1 : 0;
     if (!in_list.insert(b).second) return make_error("block " + std::to_string(b) + " is twice in the free list");
-    if (!blocks_[b].in_free) return make_error("block " + std::to_string(b) + " is in the free list but not marked free");
+    if (!blocks_[b].in_free)
+      return make_error("block " + std::to_string(b) + " is in the free list but not marked free");
   }
   for (size_t b = 0; b < blocks_.size(); ++b) {
     const Block& blk = blocks_[b];
@@ -258,7 +261,8 @@ Status KvBlockManager::check_invariants() const {
     return make_error("the free list holds " + std::to_string(cached_free) + " cached blocks but " +
                       std::to_string(cached_free_) + " are counted");
   for (const auto& [h, b] : cached_)
-    if (!blocks_[b].has_hash || blocks_[b].hash != h) return make_error("prefix cache entry points at a block with other content");
+    if (!blocks_[b].has_hash || blocks_[b].hash != h)
+      return make_error("prefix cache entry points at a block with other content");
   return {};
 }
 

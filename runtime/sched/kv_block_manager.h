@@ -129,11 +129,11 @@ class KvBlockManager : public KvBlocks {
   };
   struct Seq {
     std::vector<int32_t> blocks;
-    int32_t num_tokens = 0;     // tokens the blocks are reserved for
+    int32_t num_tokens = 0;        // tokens the blocks are reserved for
     std::vector<uint64_t> hashes;  // chained hashes of the leading full blocks
   };
-  int32_t take_free_block();    // from the LRU head; evicts its cached hash
-  void release(int32_t b);      // ref--, to the LRU tail when unused
+  int32_t take_free_block();  // from the LRU head; evicts its cached hash
+  void release(int32_t b);    // ref--, to the LRU tail when unused
   uint64_t chain_hash(uint64_t parent, const int32_t* tokens) const;
 
   KvBlockConfig cfg_;

@@ -48,7 +48,8 @@ KvSnapshot kv_snapshot(const KvBlockManager& kv, const std::vector<KvProbe>& pro
   s.stats = kv.stats();
   for (const KvProbe& p : probes) {
     const std::vector<bool> hit = kv.probe_prefix(p.tokens);
-    s.hints.push_back({p.seq, static_cast<int32_t>(hit.size()), static_cast<int32_t>(std::count(hit.begin(), hit.end(), true))});
+    s.hints.push_back(
+        {p.seq, static_cast<int32_t>(hit.size()), static_cast<int32_t>(std::count(hit.begin(), hit.end(), true))});
   }
   return s;
 }
@@ -97,7 +98,8 @@ std::optional<int32_t> KvLedger::add_sequence(int64_t seq, const std::vector<int
     a.hinted = true;
     a.cached_blocks = std::max(0, h->second.cached_blocks);
     // At least one prompt token is left to compute (as the block manager does).
-    while (a.cached_blocks > 0 && static_cast<size_t>(a.cached_blocks) * cfg_.block_size >= prompt.size()) --a.cached_blocks;
+    while (a.cached_blocks > 0 && static_cast<size_t>(a.cached_blocks) * cfg_.block_size >= prompt.size())
+      --a.cached_blocks;
     a.free_listed = std::clamp(h->second.free_listed, 0, a.cached_blocks);
   }
   admitting_[seq] = a;
@@ -117,8 +119,9 @@ bool KvLedger::reserve(int64_t seq, int32_t num_tokens, const std::vector<int32_
     // New blocks, plus the cached ones that sit in the free list. Once this request frees
     // a sequence, every block counts: a hinted block still shared at the snapshot may be
     // in the free list by the time the actor gets here.
-    const int32_t take = freed_in_request_ ? blocks_needed(num_tokens)
-                                           : blocks_needed(num_tokens) - a->second.cached_blocks + a->second.free_listed;
+    const int32_t take = freed_in_request_
+                             ? blocks_needed(num_tokens)
+                             : blocks_needed(num_tokens) - a->second.cached_blocks + a->second.free_listed;
     if (take > free_) return false;
     free_ -= take;
     const int32_t held = blocks_needed(num_tokens);

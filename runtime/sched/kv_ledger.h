@@ -39,7 +39,8 @@ struct KvOp {
   int32_t allowance = 0;
   // Admit: the step must reach the end of `tokens` (chunked prefill off).
   bool whole = false;
-  std::vector<int32_t> tokens;  // Admit: the prompt; Reserve: the known tokens when the reservation fills a block (hashing)
+  std::vector<int32_t>
+      tokens;  // Admit: the prompt; Reserve: the known tokens when the reservation fills a block (hashing)
 };
 
 struct KvOpResult {
@@ -75,10 +76,10 @@ struct KvSnapshot {
 
 struct KvOpsRequest {
   uint64_t batch = 0;
-  std::vector<KvOp> ops;           // applied in order
-  std::vector<KvProbe> probes;     // answered after the ops
-  std::vector<int64_t> tables;     // sequences whose block tables the reply carries
-  bool drop_cached = false;        // first: forget the free list's cached content (drop_cached_free)
+  std::vector<KvOp> ops;        // applied in order
+  std::vector<KvProbe> probes;  // answered after the ops
+  std::vector<int64_t> tables;  // sequences whose block tables the reply carries
+  bool drop_cached = false;     // first: forget the free list's cached content (drop_cached_free)
 };
 
 struct KvOpsReply {
@@ -135,12 +136,12 @@ class KvLedger : public KvBlocks {
   int32_t free_ = 0;
   bool needs_probe_ = false;
   bool freed_in_request_ = false;  // a Free is among the operations not yet sent
-  std::map<int64_t, Held> held_;             // sequences the pool holds (as far as planned)
+  std::map<int64_t, Held> held_;   // sequences the pool holds (as far as planned)
   struct Admission {
     int32_t cached_blocks = 0, free_listed = 0;  // from the hint
     bool hinted = false;
   };
-  std::map<int64_t, Admission> admitting_;   // added this step, not yet reserved
+  std::map<int64_t, Admission> admitting_;  // added this step, not yet reserved
   std::map<int64_t, KvHint> hints_;
   std::vector<KvOp> ops_;
   KvBlockStats stats_;

@@ -87,7 +87,7 @@ int32_t Scheduler::step_budget(const std::set<int64_t>* busy) const {
   if (cfg_.itl_target_s <= 0 || !cfg_.chunked_prefill || !step_time_.ready()) return cfg_.max_batched_tokens;
   int32_t streaming = 0, decoding = 0;
   double decode_pairs = 0, chunk_context = -1;  // the first prompt in policy order: where its chunk starts
-  for (int64_t id : running_) {  // (in policy order)
+  for (int64_t id : running_) {                 // (in policy order)
     const SchedState& s = states_.at(id);
     const bool free = !(busy && busy->count(id));
     const int32_t left = static_cast<int32_t>(s.tokens.size()) - s.num_computed;
@@ -112,8 +112,10 @@ int32_t Scheduler::step_budget(const std::set<int64_t>* busy) const {
   int32_t lo = 0, hi = std::max(0, cfg_.max_batched_tokens - d);
   while (lo < hi) {
     const int32_t mid = lo + (hi - lo + 1) / 2;
-    if (fits(mid)) lo = mid;
-    else hi = mid - 1;
+    if (fits(mid))
+      lo = mid;
+    else
+      hi = mid - 1;
   }
   return std::clamp(d + lo, std::min(2 * d, cfg_.max_batched_tokens), cfg_.max_batched_tokens);
 }
@@ -131,7 +133,8 @@ void Scheduler::observe_step(const StepPlan& plan, double seconds) {
 StepPlan Scheduler::schedule(const std::set<int64_t>* busy) {
   StepPlan plan;
   auto is_busy = [&](int64_t id) { return busy && busy->count(id) > 0; };
-  std::sort(running_.begin(), running_.end(), [&](int64_t a, int64_t b) { return policy_.before(states_.at(a), states_.at(b)); });
+  std::sort(running_.begin(), running_.end(),
+            [&](int64_t a, int64_t b) { return policy_.before(states_.at(a), states_.at(b)); });
   const int32_t step_budget0 = step_budget(busy);
   const bool capped = step_budget0 < cfg_.max_batched_tokens;
   int32_t budget = step_budget0;
@@ -142,7 +145,10 @@ StepPlan Scheduler::schedule(const std::set<int64_t>* busy) {
   // Running requests first, in policy order; the last in order is preempted for room.
   for (size_t i = 0; i < running_.size() && budget > 0;) {
     const int64_t id = running_[i];
-    if (is_busy(id)) { ++i; continue; }
+    if (is_busy(id)) {
+      ++i;
+      continue;
+    }
     SchedState& s = states_.at(id);
     const int32_t left = static_cast<int32_t>(s.tokens.size()) - s.num_computed;
     int32_t room = budget;
@@ -151,7 +157,10 @@ StepPlan Scheduler::schedule(const std::set<int64_t>* busy) {
       room -= static_cast<int32_t>(std::count_if(after, running_.end(), is_decoding));
     }
     const int32_t n = std::min(left, room);
-    if (n <= 0 || !may_split(left, n)) { ++i; continue; }
+    if (n <= 0 || !may_split(left, n)) {
+      ++i;
+      continue;
+    }
     if (kv_.reserve(id, s.num_computed + n, s.tokens, &plan.copies)) {
       plan.seqs.push_back({id, s.num_computed, n, s.num_computed + n == static_cast<int32_t>(s.tokens.size())});
       budget -= n;
@@ -160,11 +169,18 @@ StepPlan Scheduler::schedule(const std::set<int64_t>* busy) {
     }
     int64_t victim = id;  // the last in policy order that is not in flight (at worst this one)
     for (auto r = running_.rbegin(); r != running_.rend(); ++r)
-      if (!is_busy(*r)) { victim = *r; break; }
+      if (!is_busy(*r)) {
+        victim = *r;
+        break;
+      }
     plan.preempted.push_back(victim);
     // A victim already planned this step is taken out of the plan.
     for (auto p = plan.seqs.begin(); p != plan.seqs.end(); ++p)
-      if (p->id == victim) { budget += p->num_new; plan.seqs.erase(p); break; }
+      if (p->id == victim) {
+        budget += p->num_new;
+        plan.seqs.erase(p);
+        break;
+      }
     preempt(victim);
     if (victim == id) continue;  // i now points at the next request
   }
@@ -197,8 +213,9 @@ Status Scheduler::settle(StepPlan& plan, const std::vector<KvOp>& ops, const std
     return make_error("the KV-block manager answered " + std::to_string(results.size()) + " of " +
                       std::to_string(ops.size()) + " block operations");
   auto drop = [&](int64_t id) {
-    plan.seqs.erase(std::remove_if(plan.seqs.begin(), plan.seqs.end(), [&](const ScheduledSeq& q) { return q.id == id; }),
-                    plan.seqs.end());
+    plan.seqs.erase(
+        std::remove_if(plan.seqs.begin(), plan.seqs.end(), [&](const ScheduledSeq& q) { return q.id == id; }),
+        plan.seqs.end());
   };
   std::vector<int64_t> refused;
   for (size_t i = 0; i < ops.size(); ++i) {
@@ -246,7 +263,10 @@ std::vector<FinishedRequest> Scheduler::update(const StepPlan& plan, const std::
   size_t k = 0;
   for (const ScheduledSeq& p : plan.seqs) {
     auto it = states_.find(p.id);
-    if (it == states_.end()) { if (p.samples) ++k; continue; }  // aborted meanwhile
+    if (it == states_.end()) {
+      if (p.samples) ++k;
+      continue;
+    }  // aborted meanwhile
     SchedState& s = it->second;
     s.num_computed = p.num_computed + p.num_new;
     if (!p.samples) continue;

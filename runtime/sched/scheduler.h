@@ -41,12 +41,12 @@ struct SchedulerConfig {
 // Per-request state the policies look at.
 struct SchedState {
   SeqRequest req;
-  uint64_t arrival = 0;          // admission order, for FCFS ties
-  std::vector<int32_t> tokens;   // prompt + generated so far
-  int32_t num_computed = 0;      // tokens whose KV is in the cache
+  uint64_t arrival = 0;         // admission order, for FCFS ties
+  std::vector<int32_t> tokens;  // prompt + generated so far
+  int32_t num_computed = 0;     // tokens whose KV is in the cache
   int32_t num_generated = 0;
   int32_t num_preemptions = 0;
-  int64_t queue_rank = 0;        // tie-break in the waiting queue (the order a stable sort keeps)
+  int64_t queue_rank = 0;  // tie-break in the waiting queue (the order a stable sort keeps)
 };
 
 // Policies are strategy objects: `before(a, b)` orders queues and running requests; the

@@ -46,9 +46,19 @@ int parse_byte_token(std::string_view s) {
 
 // Token texts that end a turn in the chat formats we know (llama.cpp uses the same list).
 bool is_eog_text(const std::string& t) {
-  static const char* const kEog[] = {"<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>",
-                                     "<|endoftext|>", "<|end_of_text|>", "<|eom_id|>", "<EOT>",
-                                     "_<EOT>", "<\xEF\xBD\x9C" "end\xE2\x96\x81" "of\xE2\x96\x81" "sentence\xEF\xBD\x9C>"};
+  static const char* const kEog[] = {"<|eot_id|>",
+                                     "<|im_end|>",
+                                     "<|end|>",
+                                     "<end_of_turn>",
+                                     "<|endoftext|>",
+                                     "<|end_of_text|>",
+                                     "<|eom_id|>",
+                                     "<EOT>",
+                                     "_<EOT>",
+                                     "<\xEF\xBD\x9C"
+                                     "end\xE2\x96\x81"
+                                     "of\xE2\x96\x81"
+                                     "sentence\xEF\xBD\x9C>"};
   for (const char* e : kEog) {
     if (t == e) return true;
   }
@@ -61,12 +71,12 @@ Result<std::shared_ptr<const Vocab>> build_vocab(VocabSpec spec) {
   if (n == 0) return make_error("tokenizer: the vocabulary is empty");
   if (n > static_cast<size_t>(INT32_MAX)) return make_error("tokenizer: vocabulary too large");
   if (!spec.scores.empty() && spec.scores.size() != n) {
-    return make_error("tokenizer: " + std::to_string(spec.scores.size()) + " scores for " +
-                      std::to_string(n) + " tokens");
+    return make_error("tokenizer: " + std::to_string(spec.scores.size()) + " scores for " + std::to_string(n) +
+                      " tokens");
   }
   if (!spec.types.empty() && spec.types.size() != n) {
-    return make_error("tokenizer: " + std::to_string(spec.types.size()) + " token types for " +
-                      std::to_string(n) + " tokens");
+    return make_error("tokenizer: " + std::to_string(spec.types.size()) + " token types for " + std::to_string(n) +
+                      " tokens");
   }
   auto check_id = [&](int64_t id, const char* what) -> Status {
     if (id < -1 || id >= static_cast<int64_t>(n)) {
@@ -130,9 +140,8 @@ Result<std::shared_ptr<const Vocab>> build_vocab(VocabSpec spec) {
     if (type == TokenType::control && is_eog_text(t)) v->eog[i] = 1;
   }
   for (auto& list : v->added_by_first_byte) {
-    std::stable_sort(list.begin(), list.end(), [&](int32_t a, int32_t b) {
-      return v->tokens[a].size() > v->tokens[b].size();
-    });
+    std::stable_sort(list.begin(), list.end(),
+                     [&](int32_t a, int32_t b) { return v->tokens[a].size() > v->tokens[b].size(); });
   }
   if (v->eos >= 0) v->eog[v->eos] = 1;
   for (int64_t id : spec.extra_eog) {
@@ -235,8 +244,7 @@ void encode_byte_level(const Vocab& v, std::string_view text, std::vector<int32_
   }
 }
 
-void encode_sentencepiece(const Vocab& v, std::string_view text, bool prefix_space,
-                          std::vector<int32_t>& out) {
+void encode_sentencepiece(const Vocab& v, std::string_view text, bool prefix_space, std::vector<int32_t>& out) {
   static const std::string kSpace = "\xE2\x96\x81";
   std::string escaped;
   escaped.reserve(text.size() + 8);
@@ -307,17 +315,13 @@ int32_t Tokenizer::vocab_size() const { return v_->size(); }
 int32_t Tokenizer::bos_id() const { return v_->bos; }
 int32_t Tokenizer::eos_id() const { return v_->eos; }
 bool Tokenizer::is_eog(int32_t id) const { return v_->in_range(id) && v_->eog[id] != 0; }
-bool Tokenizer::is_special(int32_t id) const {
-  return v_->in_range(id) && v_->types[id] == TokenType::control;
-}
+bool Tokenizer::is_special(int32_t id) const { return v_->in_range(id) && v_->types[id] == TokenType::control; }
 bool Tokenizer::add_bos() const { return v_->add_bos; }
 bool Tokenizer::add_eos() const { return v_->add_eos; }
 int32_t Tokenizer::find_token(std::string_view stored_text) const {
   auto it = v_->token_to_id.find(std::string(stored_text));
   return it == v_->token_to_id.end() ? -1 : it->second;
 }
-bool Tokenizer::strips_leading_space() const {
-  return v_->kind == Kind::sentencepiece_bpe && v_->add_space_prefix;
-}
+bool Tokenizer::strips_leading_space() const { return v_->kind == Kind::sentencepiece_bpe && v_->add_space_prefix; }
 
 }  // namespace troupe

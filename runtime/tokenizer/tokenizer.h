@@ -49,8 +49,8 @@ class Tokenizer {
   std::string token_text(int32_t id) const;
 
   int32_t vocab_size() const;
-  int32_t bos_id() const;  // -1 if none
-  int32_t eos_id() const;  // -1 if none
+  int32_t bos_id() const;             // -1 if none
+  int32_t eos_id() const;             // -1 if none
   bool is_eog(int32_t id) const;      // eos, eot, <|im_end|>, <|eot_id|>, <|end_of_text|>...
   bool is_special(int32_t id) const;  // CONTROL tokens
   bool add_bos() const;

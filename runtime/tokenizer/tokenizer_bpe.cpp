@@ -14,14 +14,13 @@ namespace troupe::tokenizer_detail {
 Result<Regex> Regex::compile(const std::string& pattern) {
   int err = 0;
   PCRE2_SIZE err_offset = 0;
-  pcre2_code* code = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern.data()), pattern.size(),
-                                   PCRE2_UTF | PCRE2_UCP, &err, &err_offset, nullptr);
+  pcre2_code* code = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern.data()), pattern.size(), PCRE2_UTF | PCRE2_UCP,
+                                   &err, &err_offset, nullptr);
   if (!code) {
     PCRE2_UCHAR msg[256];
     pcre2_get_error_message(err, msg, sizeof(msg));
-    return make_error("tokenizer: cannot compile pre-tokenizer regex at offset " +
-                      std::to_string(err_offset) + ": " + reinterpret_cast<char*>(msg) +
-                      " (pattern: " + pattern + ")");
+    return make_error("tokenizer: cannot compile pre-tokenizer regex at offset " + std::to_string(err_offset) + ": " +
+                      reinterpret_cast<char*>(msg) + " (pattern: " + pattern + ")");
   }
   pcre2_jit_compile(code, PCRE2_JIT_COMPLETE);  // optional speed-up; interpreter if it fails
   Regex r;
@@ -31,8 +30,8 @@ Result<Regex> Regex::compile(const std::string& pattern) {
 
 void Regex::split(std::string_view text, std::vector<std::pair<size_t, size_t>>& out) const {
   auto* code = static_cast<pcre2_code*>(code_.get());
-  std::unique_ptr<pcre2_match_data, void (*)(pcre2_match_data*)> md(
-      pcre2_match_data_create_from_pattern(code, nullptr), pcre2_match_data_free);
+  std::unique_ptr<pcre2_match_data, void (*)(pcre2_match_data*)> md(pcre2_match_data_create_from_pattern(code, nullptr),
+                                                                    pcre2_match_data_free);
   const auto* subject = reinterpret_cast<PCRE2_SPTR>(text.data());
   size_t pos = 0, gap_start = 0;
   while (pos < text.size()) {
@@ -76,8 +75,7 @@ std::vector<std::string_view> PreTokenizer::split(std::string_view text) const {
 namespace {
 // HF tokenizers' ByteLevel regex (GPT-2), and the Llama 3 / Qwen2 variants from their
 // tokenizer.json files; llama.cpp's llama-vocab.cpp maps tokenizer.ggml.pre names to these.
-constexpr const char* kGpt2 =
-    R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)";
+constexpr const char* kGpt2 = R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)";
 constexpr const char* kLlama3 =
     R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
 constexpr const char* kQwen2 =
@@ -86,21 +84,20 @@ constexpr const char* kDigit = R"(\p{N})";
 }  // namespace
 
 Result<std::vector<std::string>> pre_tokenizer_patterns(const std::string& pre) {
-  if (pre.empty() || pre == "default" || pre == "gpt-2" || pre == "gpt2" || pre == "mpt" ||
-      pre == "olmo" || pre == "jais") {
+  if (pre.empty() || pre == "default" || pre == "gpt-2" || pre == "gpt2" || pre == "mpt" || pre == "olmo" ||
+      pre == "jais") {
     return std::vector<std::string>{kGpt2};
   }
-  if (pre == "llama3" || pre == "llama-bpe" || pre == "llama-v3" || pre == "dbrx" ||
-      pre == "smaug-bpe" || pre == "falcon3" || pre == "pixtral") {
+  if (pre == "llama3" || pre == "llama-bpe" || pre == "llama-v3" || pre == "dbrx" || pre == "smaug-bpe" ||
+      pre == "falcon3" || pre == "pixtral") {
     return std::vector<std::string>{kLlama3};
   }
-  if (pre == "qwen2" || pre == "qwen2.5" || pre == "qwen-2.5" || pre == "deepseek-r1-qwen" ||
-      pre == "stablelm2") {
+  if (pre == "qwen2" || pre == "qwen2.5" || pre == "qwen-2.5" || pre == "deepseek-r1-qwen" || pre == "stablelm2") {
     return std::vector<std::string>{kQwen2};
   }
   // SmolLM (like StarCoder): every digit on its own, then the GPT-2 regex.
-  if (pre == "smollm" || pre == "starcoder" || pre == "refact" || pre == "command-r" ||
-      pre == "codeshell" || pre == "exaone" || pre == "minerva-7b") {
+  if (pre == "smollm" || pre == "starcoder" || pre == "refact" || pre == "command-r" || pre == "codeshell" ||
+      pre == "exaone" || pre == "minerva-7b") {
     return std::vector<std::string>{kDigit, kGpt2};
   }
   return make_error("tokenizer: unsupported tokenizer.ggml.pre '" + pre +
@@ -218,9 +215,7 @@ struct Candidate {
   int32_t left, right;
   uint32_t size;  // bytes of the merged symbol, to spot stale candidates
   int32_t result;
-  bool operator>(const Candidate& o) const {
-    return priority != o.priority ? priority > o.priority : left > o.left;
-  }
+  bool operator>(const Candidate& o) const { return priority != o.priority ? priority > o.priority : left > o.left; }
 };
 
 size_t utf8_len(uint8_t c) { return c < 0x80 ? 1 : c >= 0xF0 ? 4 : c >= 0xE0 ? 3 : c >= 0xC0 ? 2 : 1; }

@@ -15,7 +15,13 @@ namespace troupe::tokenizer_detail {
 
 // GGUF tokenizer.ggml.token_type values (llama.cpp's llama_token_type).
 enum class TokenType : int32_t {
-  undefined = 0, normal = 1, unknown = 2, control = 3, user_defined = 4, unused = 5, byte = 6,
+  undefined = 0,
+  normal = 1,
+  unknown = 2,
+  control = 3,
+  user_defined = 4,
+  unused = 5,
+  byte = 6,
 };
 
 enum class Kind {
@@ -64,13 +70,13 @@ inline uint64_t pair_key(int32_t left, int32_t right) {
 
 struct Vocab {
   Kind kind = Kind::byte_level_bpe;
-  std::vector<std::string> tokens;  // [vocab] spelling as stored (byte alphabet / ▁ / <0xXX>)
-  std::vector<std::string> bytes;   // [vocab] decoded bytes of each token
-  std::vector<float> scores;        // [vocab] SentencePiece scores (empty: merges by rank)
-  std::vector<TokenType> types;     // [vocab]
-  std::vector<uint8_t> eog;         // [vocab] 1 for end-of-generation tokens
+  std::vector<std::string> tokens;                       // [vocab] spelling as stored (byte alphabet / ▁ / <0xXX>)
+  std::vector<std::string> bytes;                        // [vocab] decoded bytes of each token
+  std::vector<float> scores;                             // [vocab] SentencePiece scores (empty: merges by rank)
+  std::vector<TokenType> types;                          // [vocab]
+  std::vector<uint8_t> eog;                              // [vocab] 1 for end-of-generation tokens
   std::unordered_map<std::string, int32_t> token_to_id;  // stored spelling -> id
-  std::unordered_map<uint64_t, MergeRule> merges;         // pair_key(left, right) -> rule
+  std::unordered_map<uint64_t, MergeRule> merges;        // pair_key(left, right) -> rule
   // Byte-level: byte -> id of its one-character token. SentencePiece: byte -> <0xXX> id. -1: none.
   std::array<int32_t, 256> byte_token{};
   // Added tokens by first byte, longest first, for the special-token split.
@@ -95,12 +101,12 @@ struct Vocab {
 struct VocabSpec {
   Kind kind = Kind::byte_level_bpe;
   std::vector<std::string> tokens;
-  std::vector<float> scores;                                  // empty or [vocab]
-  std::vector<TokenType> types;                               // empty or [vocab]
-  std::vector<std::pair<std::string, std::string>> merges;    // rank order
+  std::vector<float> scores;                                // empty or [vocab]
+  std::vector<TokenType> types;                             // empty or [vocab]
+  std::vector<std::pair<std::string, std::string>> merges;  // rank order
   std::vector<std::string> pre_patterns;
   int64_t bos = -1, eos = -1, unk = -1;
-  std::vector<int64_t> extra_eog;                             // eot/eom ids from the file
+  std::vector<int64_t> extra_eog;  // eot/eom ids from the file
   bool add_bos = false, add_eos = false, add_space_prefix = false, ignore_merges = false;
 };
 

@@ -28,8 +28,8 @@ Result<std::pair<std::string, std::string>> split_merge(const std::string& m, si
 }
 
 bool is_llama3_pre(const std::string& pre) {
-  return pre == "llama3" || pre == "llama-bpe" || pre == "llama-v3" || pre == "dbrx" ||
-         pre == "smaug-bpe" || pre == "falcon3" || pre == "pixtral";
+  return pre == "llama3" || pre == "llama-bpe" || pre == "llama-v3" || pre == "dbrx" || pre == "smaug-bpe" ||
+         pre == "falcon3" || pre == "pixtral";
 }
 
 }  // namespace
@@ -44,8 +44,7 @@ Result<Tokenizer> Tokenizer::from_gguf(const gguf::File& f) {
   } else if (is_spm) {
     spec.kind = Kind::sentencepiece_bpe;
   } else {
-    return make_error("tokenizer: unsupported tokenizer.ggml.model '" + *model +
-                      "' (supported: gpt2, llama)");
+    return make_error("tokenizer: unsupported tokenizer.ggml.model '" + *model + "' (supported: gpt2, llama)");
   }
 
   const gguf::Value* tokens = f.find("tokenizer.ggml.tokens");
@@ -72,7 +71,8 @@ Result<Tokenizer> Tokenizer::from_gguf(const gguf::File& f) {
   }
   if (const gguf::Value* types = f.find("tokenizer.ggml.token_type")) {
     if (types->type != gguf::ValueType::ARRAY || types->array.size() != n) {
-      return make_error("tokenizer: 'tokenizer.ggml.token_type' must be an array of " + std::to_string(n) + " integers");
+      return make_error("tokenizer: 'tokenizer.ggml.token_type' must be an array of " + std::to_string(n) +
+                        " integers");
     }
     spec.types.reserve(n);
     for (const auto& t : types->array) {
@@ -170,7 +170,8 @@ Result<Tokenizer> from_hf_json(const json& tj, const json& cfg, const json& gen_
   auto check_id = [&](const json& id, const std::string& what) -> Result<int64_t> {
     if (!id.is_number_integer()) return make_error("tokenizer: id of '" + what + "' is not an integer");
     int64_t v = id.get<int64_t>();
-    if (v < 0 || v >= kMaxVocab) return make_error("tokenizer: id " + std::to_string(v) + " of '" + what + "' is out of range");
+    if (v < 0 || v >= kMaxVocab)
+      return make_error("tokenizer: id " + std::to_string(v) + " of '" + what + "' is out of range");
     max_id = std::max(max_id, v);
     return v;
   };
@@ -277,7 +278,8 @@ Result<Tokenizer> from_hf_json(const json& tj, const json& cfg, const json& gen_
   };
   spec.bos = id_of(config_token(cfg, "bos_token"));
   spec.eos = id_of(config_token(cfg, "eos_token"));
-  if (model.contains("unk_token") && model["unk_token"].is_string()) spec.unk = id_of(model["unk_token"].get<std::string>());
+  if (model.contains("unk_token") && model["unk_token"].is_string())
+    spec.unk = id_of(model["unk_token"].get<std::string>());
   if (cfg.is_object() && cfg.contains("add_bos_token") && cfg["add_bos_token"].is_boolean()) {
     spec.add_bos = cfg["add_bos_token"].get<bool>();
   } else if (tj.contains("post_processor") && tj["post_processor"].is_object()) {

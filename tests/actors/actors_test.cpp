@@ -89,7 +89,8 @@ struct TestNode {
   request_actor submit(int key, RequestSpec spec) {
     spec.max_context = 256;
     auto* sink = &updates[key];
-    return sys->spawn(request_fn, node.request_context, std::move(spec), [sink](RequestUpdate u) { sink->push_back(std::move(u)); });
+    return sys->spawn(request_fn, node.request_context, std::move(spec),
+                      [sink](RequestUpdate u) { sink->push_back(std::move(u)); });
   }
   // Token ids per choice index, from the logprob records.
   std::map<int32_t, std::vector<int32_t>> tokens(int key) {
@@ -124,7 +125,10 @@ std::vector<int32_t> prompt_of(int i, int len) {
 
 }  // namespace
 
-TEST_CASE("actors: concurrent requests through 1, 2 and 3 pipeline stages (a plan in flight per stage) equal solo greedy runs", "[actors]") {
+TEST_CASE(
+    "actors: concurrent requests through 1, 2 and 3 pipeline stages (a plan in flight per stage) equal solo greedy "
+    "runs",
+    "[actors]") {
   TinyFiles tf;
   const int n_new = 8;
   std::vector<std::vector<int32_t>> prompts;
@@ -151,8 +155,10 @@ TEST_CASE("actors: concurrent requests through 1, 2 and 3 pipeline stages (a pla
       // One plan per stage in flight at once: later plans leave out the sequences the
       // earlier ones hold, and the tokens above are still the solo ones.
       CHECK(s.most_plans_in_flight <= static_cast<uint64_t>(stages));
-      if (stages > 1) CHECK(s.most_plans_in_flight >= 2);
-      else CHECK(s.most_plans_in_flight == 1);
+      if (stages > 1)
+        CHECK(s.most_plans_in_flight >= 2);
+      else
+        CHECK(s.most_plans_in_flight == 1);
     }
   }
 }
@@ -274,8 +280,7 @@ TEST_CASE("actors: cancelling at any point returns the KV pool to its baseline",
     }
     // Let a random number of messages through, then cancel some requests mid-flight.
     const int steps = static_cast<int>(rng() % 60);
-    for (int j = 0; j < steps && t.coordinator().try_run_once(); ++j) {
-    }
+    for (int j = 0; j < steps && t.coordinator().try_run_once(); ++j) {}
     for (auto& r : reqs)
       if (rng() % 3) caf::anon_send(r, cancel_atom::value);
     t.coordinator().run();
@@ -303,8 +308,7 @@ TEST_CASE("actors: ten thousand random submit/cancel cycles leak nothing", "[act
       reqs.emplace_back(cycles, t.submit(cycles, s));
     }
     const int steps = static_cast<int>(rng() % 40);
-    for (int j = 0; j < steps && t.coordinator().try_run_once(); ++j) {
-    }
+    for (int j = 0; j < steps && t.coordinator().try_run_once(); ++j) {}
     for (auto& [key, r] : reqs)
       if (rng() % 2) {
         caf::anon_send(r, cancel_atom::value);
@@ -345,7 +349,9 @@ TEST_CASE("actors: bad submissions end with an error and harm no other request",
   REQUIRE(t.tokens(2)[0] == solo_greedy(tf.files, prompt_of(3, 12), 5));
 }
 
-TEST_CASE("actors: a worker refuses a malformed step with an error its stage turns into StepFailed, then serves the next", "[actors]") {
+TEST_CASE(
+    "actors: a worker refuses a malformed step with an error its stage turns into StepFailed, then serves the next",
+    "[actors]") {
   TinyFiles tf;
   TestNode t(tf.files, 2, 32);
   // A sink that records what the last stage answers.

@@ -118,7 +118,6 @@ TEST_CASE("codec: StageStep with activations round-trips", "[codec]") {
     REQUIRE(a.on_device == b.on_device);
   }
   truncations_fail(codec::encode(s), codec::decode_stage_step);
-
 }
 
 TEST_CASE("codec: StepDone and StepFailed round-trip", "[codec]") {
@@ -195,12 +194,13 @@ namespace {
 // the message is 56 bytes whatever the count.
 codec::Bytes empty_struct_list(uint32_t count) {
   const uint64_t words[7] = {
-      uint64_t{6} << 32,                 // segment table: one segment of 6 words
-      uint64_t{0x00020002} << 32,        // root: struct at +0, 2 data words, 2 pointers
-      0, 0,                              // stepId, computeSeconds
+      uint64_t{6} << 32,           // segment table: one segment of 6 words
+      uint64_t{0x00020002} << 32,  // root: struct at +0, 2 data words, 2 pointers
+      0,
+      0,                                     // stepId, computeSeconds
       (uint64_t{7} << 32) | (1u << 2) | 1u,  // sampled: list at +1, INLINE_COMPOSITE, 0 words
-      0,                                 // error: null
-      uint64_t{count} << 2,              // the list's tag: `count` structs of 0 + 0 words
+      0,                                     // error: null
+      uint64_t{count} << 2,                  // the list's tag: `count` structs of 0 + 0 words
   };
   codec::Bytes b(sizeof(words));
   std::memcpy(b.data(), words, sizeof(words));

@@ -141,15 +141,11 @@ TEST_CASE("node link: oversized, unknown and truncated frames are errors", "[lin
 
 TEST_CASE("node link: key files", "[link]") {
   const std::string path = "node_link_test.key";
-  {
-    std::ofstream(path) << "short\n";
-  }
+  { std::ofstream(path) << "short\n"; }
   auto k = read_key_file(path);
   REQUIRE_FALSE(k.ok());
   REQUIRE(k.error().message.find("shorter than 16 bytes") != std::string::npos);
-  {
-    std::ofstream(path) << "0123456789abcdef0123\r\n";
-  }
+  { std::ofstream(path) << "0123456789abcdef0123\r\n"; }
   k = read_key_file(path);
   REQUIRE(k.ok());
   REQUIRE(*k == "0123456789abcdef0123");

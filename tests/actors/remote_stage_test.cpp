@@ -142,7 +142,7 @@ TEST_CASE("remote stage: a middle stage adds activations to the plan the head se
   auto sink_h = caf::actor_cast<step_sink_actor>(sink);
   FakeNode node([](const StageStep& s) {
     StageStep out = s;
-    out.block_tables = {77};         // a faulty node rewrites the plan...
+    out.block_tables = {77};  // a faulty node rewrites the plan...
     out.token_ids = {1, 1, 1};
     out.hidden.assign(s.step_no == 1 ? 3 * 4 : 5, 2.0f);  // ...and step 2's activations are short
     return std::make_pair(link::Frame::Activations, codec::encode(out));

@@ -55,7 +55,8 @@ TEST_CASE("error_json has OpenAI's shape", "[api]") {
   ApiError e;
   e.message = "bad";
   json j = json::parse(error_json(e));
-  CHECK(j == json{{"error", {{"message", "bad"}, {"type", "invalid_request_error"}, {"param", nullptr}, {"code", nullptr}}}});
+  CHECK(j == json{{"error",
+                   {{"message", "bad"}, {"type", "invalid_request_error"}, {"param", nullptr}, {"code", nullptr}}}});
   e.param = "n";
   e.code = "model_not_found";
   j = json::parse(error_json(e));
@@ -145,7 +146,7 @@ TEST_CASE("completions prompt errors", "[api]") {
   bad(R"({"prompt":["a",""]})", "prompt");
   bad(R"({"prompt":5})", "prompt");
   bad(R"({"prompt":{"a":1}})", "prompt");
-  bad(R"({"prompt":[1000]})", "prompt");   // == vocab_size
+  bad(R"({"prompt":[1000]})", "prompt");  // == vocab_size
   bad(R"({"prompt":[-1]})", "prompt");
   bad(R"({"prompt":[1,1.5]})", "prompt");
   bad(R"({"prompt":[1,"a"]})", "prompt");
@@ -193,7 +194,8 @@ TEST_CASE("chat messages", "[api]") {
   bad(R"({"messages":[{"role":"user","content":[{"type":"text"}]}]})", "messages", true);
   bad(R"({"messages":[{"role":"user","content":[{"type":"text","text":1}]}]})", "messages", true);
   bad(R"({"messages":[{"role":"user","content":["a"]}]})", "messages", true);
-  const ApiError e = err(R"({"messages":[{"role":"user","content":[{"type":"image_url","image_url":{"url":"x"}}]}]})", true);
+  const ApiError e =
+      err(R"({"messages":[{"role":"user","content":[{"type":"image_url","image_url":{"url":"x"}}]}]})", true);
   CHECK(e.param == "messages");
   CHECK(e.message.find("only text content parts are supported") != std::string::npos);
 
@@ -201,14 +203,16 @@ TEST_CASE("chat messages", "[api]") {
   l.max_messages = 2;
   const std::string m = R"({"role":"user","content":"a"})";
   CHECK(std::holds_alternative<GenerationRequest>(parse_generation("{\"messages\":[" + m + "," + m + "]}", true, l)));
-  CHECK(std::get<ApiError>(parse_generation("{\"messages\":[" + m + "," + m + "," + m + "]}", true, l)).param == "messages");
+  CHECK(std::get<ApiError>(parse_generation("{\"messages\":[" + m + "," + m + "," + m + "]}", true, l)).param ==
+        "messages");
 }
 
 TEST_CASE("n: 1..max_n", "[api]") {
   CHECK(ok(comp()).n == 1);
   CHECK(ok(comp(R"("n":16)")).n == 16);
   CHECK(ok(comp(R"("n":null)")).n == 1);
-  for (const char* v : {"0", "-1", "17", "1.5", "\"2\"", "true", "1e12", "18446744073709551615", "[1]"}) bad(comp(std::string("\"n\":") + v), "n");
+  for (const char* v : {"0", "-1", "17", "1.5", "\"2\"", "true", "1e12", "18446744073709551615", "[1]"})
+    bad(comp(std::string("\"n\":") + v), "n");
   // n is checked before the prompt: a huge n with no prompt still names n.
   bad(R"({"n":1000000})", "n");
   bad(R"({"n":0})", "n", true);
@@ -221,7 +225,8 @@ TEST_CASE("max_tokens and max_completion_tokens", "[api]") {
   CHECK(ok(comp(R"("max_tokens":4096)")).max_tokens == 4096);
   CHECK(ok(chat(R"("max_completion_tokens":7)"), true).max_tokens == 7);
   CHECK(ok(chat(R"("max_tokens":9,"max_completion_tokens":7)"), true).max_tokens == 7);
-  for (const char* v : {"0", "-5", "1.5", "\"10\"", "1e12", "4097", "true", "{}", "18446744073709551615", "-9223372036854775808"})
+  for (const char* v :
+       {"0", "-5", "1.5", "\"10\"", "1e12", "4097", "true", "{}", "18446744073709551615", "-9223372036854775808"})
     bad(comp(std::string("\"max_tokens\":") + v), "max_tokens");
   bad(chat(R"("max_completion_tokens":0)"), "max_completion_tokens", true);
   bad(chat(R"("max_tokens":-1)"), "max_tokens", true);
@@ -343,7 +348,8 @@ TEST_CASE("logit_bias", "[api]") {
   bad(comp(R"("logit_bias":{"5":1e999})"), "");  // not even parseable
   Limits l = limits();
   l.max_logit_bias = 2;
-  CHECK(std::get<ApiError>(parse_generation(comp(R"("logit_bias":{"1":1,"2":1,"3":1})"), false, l)).param == "logit_bias");
+  CHECK(std::get<ApiError>(parse_generation(comp(R"("logit_bias":{"1":1,"2":1,"3":1})"), false, l)).param ==
+        "logit_bias");
 }
 
 TEST_CASE("seed", "[api]") {
@@ -440,10 +446,12 @@ TEST_CASE("tokenize and detokenize", "[api]") {
   CHECK(!t.add_special_tokens);
   CHECK(std::get<TokenizeRequest>(parse_tokenize(R"({"prompt":""})", l)).prompt == "");
   CHECK(std::get<ApiError>(parse_tokenize(R"({})", l)).status == 400);
-  CHECK(std::get<ApiError>(parse_tokenize(R"({"prompt":"a","messages":[{"role":"user","content":"a"}]})", l)).status == 400);
+  CHECK(std::get<ApiError>(parse_tokenize(R"({"prompt":"a","messages":[{"role":"user","content":"a"}]})", l)).status ==
+        400);
   CHECK(std::get<ApiError>(parse_tokenize(R"({"prompt":5})", l)).param == "prompt");
   CHECK(std::get<ApiError>(parse_tokenize(R"({"messages":[]})", l)).param == "messages");
-  CHECK(std::get<ApiError>(parse_tokenize(R"({"prompt":"a","add_special_tokens":"no"})", l)).param == "add_special_tokens");
+  CHECK(std::get<ApiError>(parse_tokenize(R"({"prompt":"a","add_special_tokens":"no"})", l)).param ==
+        "add_special_tokens");
   CHECK(std::get<ApiError>(parse_tokenize(R"({"model":"zz","prompt":"a"})", l)).status == 404);
   CHECK(std::get<ApiError>(parse_tokenize("[1]", l)).status == 400);
   CHECK(std::get<ApiError>(parse_tokenize(std::string(100000, '{'), l)).status == 400);
@@ -451,7 +459,8 @@ TEST_CASE("tokenize and detokenize", "[api]") {
   CHECK(std::get<std::vector<int32_t>>(parse_detokenize(R"({"model":"m","tokens":[1,2,999]})", l)) ==
         std::vector<int32_t>{1, 2, 999});
   CHECK(std::get<std::vector<int32_t>>(parse_detokenize(R"({"tokens":[]})", l)).empty());
-  for (const char* b : {R"({})", R"({"tokens":[1000]})", R"({"tokens":[-1]})", R"({"tokens":"1 2"})", R"({"tokens":[1.5]})"})
+  for (const char* b :
+       {R"({})", R"({"tokens":[1000]})", R"({"tokens":[-1]})", R"({"tokens":"1 2"})", R"({"tokens":[1.5]})"})
     CHECK(std::get<ApiError>(parse_detokenize(b, l)).param == "tokens");
   CHECK(std::get<ApiError>(parse_detokenize(R"({"model":"zz","tokens":[]})", l)).status == 404);
   CHECK(std::get<ApiError>(parse_detokenize("not json", l)).status == 400);

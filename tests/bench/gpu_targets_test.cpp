@@ -20,12 +20,16 @@ const nlohmann::json& target(const nlohmann::json& t, const std::string& starts)
 }
 }  // namespace
 
-TEST_CASE("gpu_bench's targets: the best row per target, the worst quantized type, the time between kernels", "[bench]") {
+TEST_CASE("gpu_bench's targets: the best row per target, the worst quantized type, the time between kernels",
+          "[bench]") {
   std::vector<Row> rows = {
-      row("decode Llama-3-8B dummy bf16, batch-invariant GEMV, CUDA graphs", "batch 1, ctx 1024", 5.0, 70, "bandwidth roofline"),
-      row("decode Llama-3-8B dummy bf16, cuBLAS above 8 tokens, CUDA graphs", "batch 1, ctx 1024", 4.5, 88, "bandwidth roofline"),
+      row("decode Llama-3-8B dummy bf16, batch-invariant GEMV, CUDA graphs", "batch 1, ctx 1024", 5.0, 70,
+          "bandwidth roofline"),
+      row("decode Llama-3-8B dummy bf16, cuBLAS above 8 tokens, CUDA graphs", "batch 1, ctx 1024", 4.5, 88,
+          "bandwidth roofline"),
       row("decode attention (paged, f16 KV, K staged)", "16 seqs x 4096 ctx", 0.1, 40, "copy"),
-      row("decode attention (tensor cores, batch-invariant, TROUPE_CUDA_ATTN=tc)", "16 seqs x 4096 ctx", 0.1, 60, "copy"),
+      row("decode attention (tensor cores, batch-invariant, TROUPE_CUDA_ATTN=tc)", "16 seqs x 4096 ctx", 0.1, 60,
+          "copy"),
       row("GEMV q8_0 (int8 x, dp4a)", "14336x4096, n=1", 0.1, 90, "copy"),
       row("GEMV q8_0 (int8 x, dp4a)", "14336x4096, n=8", 0.1, 20, "copy"),  // (8 tokens: not this target)
       row("GEMV q4_0 (int8 x, dp4a)", "14336x4096, n=1", 0.1, 86, "copy"),

@@ -68,9 +68,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         } else if (std::get<actors::StepFailed>(*r).error.empty()) {
           std::abort();  // a failure always says why
         }
-        round_trip(*r, codec::decode_step_result, [](const auto& v) {
-          return std::visit([](const auto& x) { return codec::encode(x); }, v);
-        });
+        round_trip(*r, codec::decode_step_result,
+                   [](const auto& v) { return std::visit([](const auto& x) { return codec::encode(x); }, v); });
       }
       break;
     case 2:  // the node link's hello and its answer (actors/node_link.h)

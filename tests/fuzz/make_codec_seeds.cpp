@@ -102,8 +102,9 @@ int main(int argc, char** argv) {
 
   // A StepResult whose sampled list claims 100,000 structs of zero size in no words (56
   // bytes): refused by the traversal budget, which grows with the message's size.
-  const uint64_t words[7] = {uint64_t{6} << 32, uint64_t{0x00020002} << 32, 0, 0, (uint64_t{7} << 32) | (1u << 2) | 1u,
-                             0, uint64_t{100000} << 2};
+  const uint64_t words[7] = {
+      uint64_t{6} << 32,    uint64_t{0x00020002} << 32, 0, 0, (uint64_t{7} << 32) | (1u << 2) | 1u, 0,
+      uint64_t{100000} << 2};
   codec::Bytes amp(sizeof(words));
   std::memcpy(amp.data(), words, sizeof(words));
   seed("empty-structs.bin", 1, amp);
@@ -114,7 +115,8 @@ int main(int argc, char** argv) {
   hello.layer_last = 30;
   hello.kv_blocks = 2048;
   seed("node-hello.bin", 2, codec::encode(hello));
-  seed("node-hello-reply.bin", 2, codec::encode(actors::NodeHelloReply{"", hello.model, "cpu(avx512-vnni, 2 threads)"}));
+  seed("node-hello-reply.bin", 2,
+       codec::encode(actors::NodeHelloReply{"", hello.model, "cpu(avx512-vnni, 2 threads)"}));
   seed("all-decoders.bin", 3, codec::encode(stage_step()));
   std::printf("make_codec_seeds: wrote %s\n", g_dir.c_str());
   return 0;

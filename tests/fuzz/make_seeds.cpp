@@ -154,8 +154,19 @@ Bytes gguf_tokenizer_gpt2() {
 
 Bytes gguf_tokenizer_spm() {
   gguf::Writer w;
-  std::vector<std::string> tokens = {"<unk>", "<s>", "</s>", "<0x41>", "<0xE2>", "<0x96>", "<0x81>",
-                                     "\xE2\x96\x81", "a", "b", "\xE2\x96\x81" "a", "ab"};
+  std::vector<std::string> tokens = {"<unk>",
+                                     "<s>",
+                                     "</s>",
+                                     "<0x41>",
+                                     "<0xE2>",
+                                     "<0x96>",
+                                     "<0x81>",
+                                     "\xE2\x96\x81",
+                                     "a",
+                                     "b",
+                                     "\xE2\x96\x81"
+                                     "a",
+                                     "ab"};
   std::vector<int32_t> types = {2, 3, 3, 6, 6, 6, 6, 1, 1, 1, 1, 1};
   std::vector<float> scores;
   for (size_t i = 0; i < tokens.size(); ++i) scores.push_back(-static_cast<float>(i));
@@ -210,7 +221,8 @@ void make_gguf() {
 
   // Truncations of a valid file: in the header, the metadata, the tensor infos, the data.
   for (size_t cut : {size_t{3}, size_t{20}, size_t{60}, tensors.size() / 3, tensors.size() / 2, tensors.size() - 1}) {
-    write_bytes(d, "trunc-" + std::to_string(cut) + ".gguf", Bytes(tensors.begin(), tensors.begin() + static_cast<long>(cut)));
+    write_bytes(d, "trunc-" + std::to_string(cut) + ".gguf",
+                Bytes(tensors.begin(), tensors.begin() + static_cast<long>(cut)));
   }
 
   write_bytes(d, "bad-magic.gguf", Raw().header(0, 0, 3, 0x46554746u).b);
@@ -232,12 +244,17 @@ void make_gguf() {
     write_bytes(d, "nested-too-deep.gguf", r.b);
   }
   write_bytes(d, "unknown-value-type.gguf", Raw().header(0, 1).key("x", 13).fill(8).b);
-  write_bytes(d, "unknown-array-type.gguf", Raw().header(0, 1).key("x", 9).put<uint32_t>(77).put<uint64_t>(1).fill(8).b);
+  write_bytes(d, "unknown-array-type.gguf",
+              Raw().header(0, 1).key("x", 9).put<uint32_t>(77).put<uint64_t>(1).fill(8).b);
   write_bytes(d, "bool-2.gguf", Raw().header(0, 1).key("b", 7).put<uint8_t>(2).b);
   write_bytes(d, "empty-key.gguf", Raw().header(0, 1).key("", 4).put<uint32_t>(1).b);
   write_bytes(d, "duplicate-key.gguf", Raw().header(0, 2).key("k", 4).put<uint32_t>(1).key("k", 4).put<uint32_t>(2).b);
-  write_bytes(d, "alignment-0.gguf", Raw().header(1, 1).key("general.alignment", 4).put<uint32_t>(0).tensor("t", {4}, 0, 0).pad(32).fill(16).b);
-  write_bytes(d, "alignment-3.gguf", Raw().header(1, 1).key("general.alignment", 4).put<uint32_t>(3).tensor("t", {4}, 0, 0).pad(32).fill(16).b);
+  write_bytes(
+      d, "alignment-0.gguf",
+      Raw().header(1, 1).key("general.alignment", 4).put<uint32_t>(0).tensor("t", {4}, 0, 0).pad(32).fill(16).b);
+  write_bytes(
+      d, "alignment-3.gguf",
+      Raw().header(1, 1).key("general.alignment", 4).put<uint32_t>(3).tensor("t", {4}, 0, 0).pad(32).fill(16).b);
   write_bytes(d, "alignment-string.gguf", Raw().header(0, 1).key("general.alignment", 8).str("32").b);
   write_bytes(d, "tensor-0-dims.gguf", Raw().header(1, 0).tensor("t", {}, 0, 0).pad(32).fill(32).b);
   write_bytes(d, "tensor-5-dims.gguf", Raw().header(1, 0).tensor("t", {1, 1, 1, 1, 1}, 0, 0).pad(32).fill(32).b);
@@ -287,11 +304,15 @@ void make_safetensors() {
   const std::string d = "safetensors";
   write_text(d, "valid-two.safetensors",
              st_file(R"({"__metadata__":{"format":"pt"},"a":{"dtype":"F32","shape":[2,2],"data_offsets":[0,16]},)"
-                     R"("b":{"dtype":"BF16","shape":[3],"data_offsets":[16,22]}})", 22));
+                     R"("b":{"dtype":"BF16","shape":[3],"data_offsets":[16,22]}})",
+                     22));
   write_text(d, "valid-f16-4d.safetensors",
              st_file(R"({"w":{"dtype":"F16","shape":[1,2,1,2],"data_offsets":[0,8]}})", 8));
-  write_text(d, "valid-scalar-and-empty.safetensors",
-             st_file(R"({"s":{"dtype":"F32","shape":[],"data_offsets":[0,4]},"e":{"dtype":"F32","shape":[0,3],"data_offsets":[4,4]}})", 4));
+  write_text(
+      d, "valid-scalar-and-empty.safetensors",
+      st_file(
+          R"({"s":{"dtype":"F32","shape":[],"data_offsets":[0,4]},"e":{"dtype":"F32","shape":[0,3],"data_offsets":[4,4]}})",
+          4));
   write_text(d, "valid-empty.safetensors", st_file("{}", 0));
   write_text(d, "header-padded.safetensors",
              st_file(R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}}    )", 4));
@@ -303,27 +324,39 @@ void make_safetensors() {
   write_text(d, "unknown-dtype.safetensors", st_file(R"({"a":{"dtype":"I64","shape":[1],"data_offsets":[0,8]}})", 8));
   write_text(d, "shape-mismatch.safetensors", st_file(R"({"a":{"dtype":"F32","shape":[3],"data_offsets":[0,8]}})", 8));
   write_text(d, "negative-dim.safetensors", st_file(R"({"a":{"dtype":"F32","shape":[-1],"data_offsets":[0,4]}})", 4));
-  write_text(d, "five-dims.safetensors", st_file(R"({"a":{"dtype":"F32","shape":[1,1,1,1,1],"data_offsets":[0,4]}})", 4));
+  write_text(d, "five-dims.safetensors",
+             st_file(R"({"a":{"dtype":"F32","shape":[1,1,1,1,1],"data_offsets":[0,4]}})", 4));
   write_text(d, "shape-overflow.safetensors",
              st_file(R"({"a":{"dtype":"F32","shape":[1099511627776,1099511627776],"data_offsets":[0,4]}})", 4));
-  write_text(d, "offsets-past-end.safetensors", st_file(R"({"a":{"dtype":"F32","shape":[4],"data_offsets":[0,16]}})", 8));
-  write_text(d, "offsets-reversed.safetensors", st_file(R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[8,4]}})", 8));
-  write_text(d, "overlap.safetensors",
-             st_file(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"b":{"dtype":"F32","shape":[2],"data_offsets":[4,12]}})", 12));
-  write_text(d, "hole.safetensors",
-             st_file(R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},"b":{"dtype":"F32","shape":[1],"data_offsets":[8,12]}})", 12));
+  write_text(d, "offsets-past-end.safetensors",
+             st_file(R"({"a":{"dtype":"F32","shape":[4],"data_offsets":[0,16]}})", 8));
+  write_text(d, "offsets-reversed.safetensors",
+             st_file(R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[8,4]}})", 8));
+  write_text(
+      d, "overlap.safetensors",
+      st_file(
+          R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"b":{"dtype":"F32","shape":[2],"data_offsets":[4,12]}})",
+          12));
+  write_text(
+      d, "hole.safetensors",
+      st_file(
+          R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},"b":{"dtype":"F32","shape":[1],"data_offsets":[8,12]}})",
+          12));
   write_text(d, "malformed-entry.safetensors", st_file(R"({"a":{"dtype":5,"shape":"x","data_offsets":[0]}})", 0));
-  write_text(d, "float-offsets.safetensors", st_file(R"({"a":{"dtype":"F32","shape":[1.0],"data_offsets":[0.0,4e0]}})", 4));
+  write_text(d, "float-offsets.safetensors",
+             st_file(R"({"a":{"dtype":"F32","shape":[1.0],"data_offsets":[0.0,4e0]}})", 4));
   write_text(d, "deep-nesting.safetensors", st_file(std::string(2000, '[') + std::string(2000, ']'), 0));
-  write_text(d, "unicode-names.safetensors",
-             st_file("{\"caf\xC3\xA9\\u0000\\ud83d\\ude00\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]}}", 4));
+  write_text(
+      d, "unicode-names.safetensors",
+      st_file("{\"caf\xC3\xA9\\u0000\\ud83d\\ude00\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]}}", 4));
 }
 
 // ---- tokenizer texts ----
 
 void make_tokenizer() {
   const std::string d = "tokenizer";
-  write_text(d, "english.txt", "The quick brown fox jumps over the lazy dog. It's 12:30, isn't it? I'd've said 'no'.\n");
+  write_text(d, "english.txt",
+             "The quick brown fox jumps over the lazy dog. It's 12:30, isn't it? I'd've said 'no'.\n");
   write_text(d, "chatml.txt",
              "<|im_start|>system\nYou are a helpful AI assistant named SmolLM.<|im_end|>\n"
              "<|im_start|>user\nHi!<|im_end|>\n<|im_start|>assistant\n<|endoftext|><|im_end|><|im_start|");
@@ -356,20 +389,23 @@ void make_chat_template(const fs::path& golden) {
     }
   }
   if (copied == 0) std::fprintf(stderr, "make_seeds: warning: no golden templates in %s\n", golden.c_str());
-  write_text(d, "loops-and-filters.jinja",
-             "{%- set ns = namespace(n=0, s='') -%}{% for m in messages if m.role != 'tool' %}"
-             "{% set ns.n = ns.n + loop.index %}{{ loop.index0 }}/{{ loop.length }}{{ loop.first }}{{ loop.last }}"
-             "{{ m.content | trim | upper | replace('A', 'b') if m.content is string else m.content | tojson }}"
-             "{% if loop.last %}{% break %}{% endif %}{% else %}none{% endfor %}"
-             "{{ ns.n }}{{ range(3) | list | join(',') }}{{ [3,1,2] | sort | reverse | first }}"
-             "{{ {'a': 1, 'b': [1, 2]} | tojson(indent=2) }}{{ 'x' ~ 7 ~ none }}{{ 'abc'[::-1] }}{{ 7 // 2 }}{{ 2 ** 10 }}");
-  write_text(d, "tools.jinja",
-             "{% for m in messages %}{% if m.tool_calls %}{% for c in m.tool_calls %}"
-             "{{ c.function.name }}({{ c.function.arguments | tojson }}){% endfor %}"
-             "{% elif m.role == 'tool' %}{{ m.name }}={{ m.content }}{% else %}{{ m['content'] }}{% endif %}{% endfor %}"
-             "{% if tools is defined %}{{ tools | map(attribute='function') | map(attribute='name') | join }}{% endif %}"
-             "{% if add_generation_prompt %}<|assistant|>{% endif %}");
-  write_text(d, "big-loop.jinja", "{% for i in range(100000) %}{% for j in range(100000) %}{{ i * j }}{% endfor %}{% endfor %}");
+  write_text(
+      d, "loops-and-filters.jinja",
+      "{%- set ns = namespace(n=0, s='') -%}{% for m in messages if m.role != 'tool' %}"
+      "{% set ns.n = ns.n + loop.index %}{{ loop.index0 }}/{{ loop.length }}{{ loop.first }}{{ loop.last }}"
+      "{{ m.content | trim | upper | replace('A', 'b') if m.content is string else m.content | tojson }}"
+      "{% if loop.last %}{% break %}{% endif %}{% else %}none{% endfor %}"
+      "{{ ns.n }}{{ range(3) | list | join(',') }}{{ [3,1,2] | sort | reverse | first }}"
+      "{{ {'a': 1, 'b': [1, 2]} | tojson(indent=2) }}{{ 'x' ~ 7 ~ none }}{{ 'abc'[::-1] }}{{ 7 // 2 }}{{ 2 ** 10 }}");
+  write_text(
+      d, "tools.jinja",
+      "{% for m in messages %}{% if m.tool_calls %}{% for c in m.tool_calls %}"
+      "{{ c.function.name }}({{ c.function.arguments | tojson }}){% endfor %}"
+      "{% elif m.role == 'tool' %}{{ m.name }}={{ m.content }}{% else %}{{ m['content'] }}{% endif %}{% endfor %}"
+      "{% if tools is defined %}{{ tools | map(attribute='function') | map(attribute='name') | join }}{% endif %}"
+      "{% if add_generation_prompt %}<|assistant|>{% endif %}");
+  write_text(d, "big-loop.jinja",
+             "{% for i in range(100000) %}{% for j in range(100000) %}{{ i * j }}{% endfor %}{% endfor %}");
   write_text(d, "big-output.jinja", "{% set s = 'xxxxxxxxxxxxxxxx' %}{{ s * 100000000 }}");
   write_text(d, "deep-expr.jinja", "{{ " + std::string(300, '(') + "1" + std::string(300, ')') + " }}");
   std::string deep;
@@ -381,10 +417,12 @@ void make_chat_template(const fs::path& golden) {
   write_text(d, "deep-values.jinja",
              "{% set ns = namespace(x=[], d={}) %}{% for i in range(100000) %}{% set ns.x = [ns.x, i] %}"
              "{% set ns.d = {'a': ns.d} %}{% endfor %}{{ ns.x | tojson }}{{ ns.d }}{{ ns.x == ns.x }}");
-  write_text(d, "raise.jinja", "{% if messages[0]['role'] != 'user' %}{{ raise_exception('first message must be user') }}{% endif %}");
+  write_text(d, "raise.jinja",
+             "{% if messages[0]['role'] != 'user' %}{{ raise_exception('first message must be user') }}{% endif %}");
   write_text(d, "unsupported.jinja", "{% macro m(x) %}{{ x }}{% endmacro %}{{ m(1) }}");
   write_text(d, "unterminated.jinja", "{% for m in messages %}{{ m.content ");
-  write_text(d, "whitespace-control.jinja", "  {%- if true -%}  a  {%+ endif +%}\n{#- comment -#}\n{{- 'b' -}}  {% generation %}c{% endgeneration %}");
+  write_text(d, "whitespace-control.jinja",
+             "  {%- if true -%}  a  {%+ endif +%}\n{#- comment -#}\n{{- 'b' -}}  {% generation %}c{% endgeneration %}");
 }
 
 }  // namespace

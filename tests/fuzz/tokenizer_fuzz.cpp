@@ -31,7 +31,7 @@ namespace {
 struct Entry {
   std::string name;
   Tokenizer tok;
-  bool byte_level;  // byte-level BPE: decode inverts encode for bytes the vocabulary spells
+  bool byte_level;                  // byte-level BPE: decode inverts encode for bytes the vocabulary spells
   std::array<bool, 256> missing{};  // bytes whose GPT-2 character is not a token (encode drops them)
 };
 std::vector<Entry>* g_toks = nullptr;
@@ -117,7 +117,12 @@ Tokenizer sentencepiece(std::vector<uint8_t>& keep) {
     types.push_back(6);  // BYTE
     scores.push_back(0);
   }
-  for (const char* p : {"\xE2\x96\x81", "a", "b", "\xE2\x96\x81" "a", "ab", "\xE2\x96\x81" "the",
+  for (const char* p : {"\xE2\x96\x81", "a", "b",
+                        "\xE2\x96\x81"
+                        "a",
+                        "ab",
+                        "\xE2\x96\x81"
+                        "the",
                         "th", "e", "t", "h", "\xC3\xA9", "<|user|>"}) {
     tokens.push_back(p);
     types.push_back(std::string(p) == "<|user|>" ? 4 : 1);
@@ -166,8 +171,10 @@ extern "C" int LLVMFuzzerInitialize(int*, char***) {
       n_missing += e.missing[b];
     }
     if (n_missing > 0)
-      std::fprintf(stderr, "tokenizer_fuzz: %s has no token for %d of the 256 bytes (texts with them skip the round-trip check)\n",
-                   e.name.c_str(), n_missing);
+      std::fprintf(
+          stderr,
+          "tokenizer_fuzz: %s has no token for %d of the 256 bytes (texts with them skip the round-trip check)\n",
+          e.name.c_str(), n_missing);
   }
   return 0;
 }
@@ -195,8 +202,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         bool spellable = true;
         for (unsigned char c : want) spellable = spellable && !e.missing[c];
         if (spellable && back != want) {
-          std::fprintf(stderr, "tokenizer_fuzz: %s: decode(encode(text)) != text (%zu vs %zu bytes)\n",
-                       e.name.c_str(), back.size(), want.size());
+          std::fprintf(stderr, "tokenizer_fuzz: %s: decode(encode(text)) != text (%zu vs %zu bytes)\n", e.name.c_str(),
+                       back.size(), want.size());
           std::abort();
         }
       }

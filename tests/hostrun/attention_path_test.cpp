@@ -42,7 +42,8 @@ TEST_CASE("host-run: which attention kernel a step takes (attention_path)", "[ho
       }
       // No shared memory to opt into (no device attribute): the per-token kernel.
       for (const bool inv : {true, false})
-        for (const char* attn : {static_cast<const char*>(nullptr), "tc", "wmma"}) CHECK(none(path(inv, attn, tokens, hd, 0)));
+        for (const char* attn : {static_cast<const char*>(nullptr), "tc", "wmma"})
+          CHECK(none(path(inv, attn, tokens, hd, 0)));
     }
   }
   // --cuda-cublas: tiles on tensor cores from 64 tokens, on the mma.sync kernel up to head

@@ -211,7 +211,8 @@ TEST_CASE("host-run: what a GPU would refuse or corrupt is an error of the step"
   }
 }
 
-TEST_CASE("host-run: a step's inputs packed for one upload: sequences, attention tiles, padded block tables", "[hostrun]") {
+TEST_CASE("host-run: a step's inputs packed for one upload: sequences, attention tiles, padded block tables",
+          "[hostrun]") {
   // Three sequences of 1, 20 and 33 tokens; 3 blocks each, padded to 4.
   std::vector<int32_t> ids(54), pos(54), slots(54), qs = {0, 1, 21, 54}, ctx = {8, 30, 40}, bt(9);
   std::iota(ids.begin(), ids.end(), 100);
@@ -276,9 +277,8 @@ TEST_CASE("host-run: a launch sequence whose graph capture fails runs eagerly, n
   graphs.set_recording(true);
   for (int i = 0; i < 4; ++i) {
     pageable[0] = static_cast<float>(i);
-    graphs.add("pageable copy", {1}, [&](cudaStream_t s) {
-      return cudaMemcpyAsync(dev, pageable.data(), 64, cudaMemcpyHostToDevice, s);
-    });
+    graphs.add("pageable copy", {1},
+               [&](cudaStream_t s) { return cudaMemcpyAsync(dev, pageable.data(), 64, cudaMemcpyHostToDevice, s); });
     std::string what;
     INFO("flush " << i << ": " << what);
     REQUIRE(graphs.flush(st, &what) == cudaSuccess);
@@ -334,7 +334,8 @@ TEST_CASE("host-run: gpu_bench's GEMV kernels alone run eagerly and from a graph
   CHECK(calls == 6);
 }
 
-TEST_CASE("host-run: tiny-llama in every dummy weight type gives the CPU backend's logits and greedy choices", "[hostrun][model]") {
+TEST_CASE("host-run: tiny-llama in every dummy weight type gives the CPU backend's logits and greedy choices",
+          "[hostrun][model]") {
   // Both backends are fed the CPU's greedy tokens (random weights give flat logits, so a
   // free-running comparison would diverge at the first near tie): every step's logits
   // agree within 2% of their range, and where the CPU's top two differ by more than
@@ -347,8 +348,8 @@ TEST_CASE("host-run: tiny-llama in every dummy weight type gives the CPU backend
     const Trace c = trace(*files, *cpu, kPrompt, 24);
     const Trace g = trace(*files, *gpu, kPrompt, 24, c.tokens);
     const Agreement a = agreement(c, g);
-    INFO(dtype << ": logits max |diff| " << a.max_diff << " of " << a.max_abs << " over 24 steps; " << a.agree
-               << " of " << a.decisive << " decisive steps pick the CPU's token");
+    INFO(dtype << ": logits max |diff| " << a.max_diff << " of " << a.max_abs << " over 24 steps; " << a.agree << " of "
+               << a.decisive << " decisive steps pick the CPU's token");
     CHECK(a.max_diff <= 0.02 * a.max_abs);
     CHECK(a.decisive >= 8);
     CHECK(a.agree == a.decisive);
@@ -373,7 +374,7 @@ TEST_CASE("host-run: fused epilogues, the norms' quantization and graph replay c
     const Trace b = trace(*files, *plain, kPrompt, 12);
     CHECK(plain->stats().find("fused GEMV epilogues: 0;") != std::string::npos);
     CHECK(a.tokens == b.tokens);
-    CHECK(a.logits == b.logits);  // bit for bit
+    CHECK(a.logits == b.logits);                         // bit for bit
     CHECK(CudaBackendOptions{}.graph_max_tokens == 64);  // graphs are the default (decode steps)
     auto graphs = hostrun_backend();
     const auto before = hostrun::counters();
@@ -494,7 +495,8 @@ TEST_CASE("host-run: the int8 matmuls on tensor cores (TROUPE_CUDA_Q8_MMA) chang
   }
 }
 
-TEST_CASE("host-run: every token's attention on tensor cores (TROUPE_CUDA_ATTN=tc) runs the model", "[hostrun][model]") {
+TEST_CASE("host-run: every token's attention on tensor cores (TROUPE_CUDA_ATTN=tc) runs the model",
+          "[hostrun][model]") {
   // The 12-token prompt in one tile per sequence, then decode steps of one token (split-KV
   // never: 12 keys are one segment). Other bits than the per-token kernel (P rounded to
   // f16), so: logits within 2% of their range of the default backend's, the same token
@@ -521,7 +523,8 @@ TEST_CASE("host-run: every token's attention on tensor cores (TROUPE_CUDA_ATTN=t
   }
 }
 
-TEST_CASE("host-run: --cuda-cublas prefill attention on tensor cores (mma.sync, WMMA) runs the model", "[hostrun][model]") {
+TEST_CASE("host-run: --cuda-cublas prefill attention on tensor cores (mma.sync, WMMA) runs the model",
+          "[hostrun][model]") {
   // A 100-token prompt in steps of up to 64 tokens: the first step's four one-sequence tiles
   // take the tensor-core kernel (64+ tokens), the second step (36) the per-token one, then
   // decode steps. Against the batch-invariant backend (other numerics: cuBLAS rounds x to
@@ -547,7 +550,8 @@ TEST_CASE("host-run: --cuda-cublas prefill attention on tensor cores (mma.sync, 
     const Agreement g = agreement(a, trace(*files, *be, prompt, 6, a.tokens));
     INFO((attn ? attn : "mma.sync") << ": logits max |diff| " << g.max_diff << " of " << g.max_abs << "; " << g.agree
                                     << " of " << g.decisive << "; " << be->stats());
-    CHECK(test::stats_count(*be, "prefill tiles' attention on mma.sync: ") == static_cast<uint64_t>(attn ? 0 : files->config.num_layers));
+    CHECK(test::stats_count(*be, "prefill tiles' attention on mma.sync: ") ==
+          static_cast<uint64_t>(attn ? 0 : files->config.num_layers));
     CHECK(g.max_diff > 0);
     CHECK(g.max_diff <= 0.03 * g.max_abs);
     CHECK(g.agree == g.decisive);
@@ -590,7 +594,10 @@ TEST_CASE("host-run: troupe_gpu_bench --smoke runs every section, row and check 
   std::filesystem::remove_all(dir);
 }
 
-TEST_CASE("host-run: a matmul takes prepared activations only from the op just before, on the same buffer, shape and rounding", "[hostrun]") {
+TEST_CASE(
+    "host-run: a matmul takes prepared activations only from the op just before, on the same buffer, shape and "
+    "rounding",
+    "[hostrun]") {
   // kernels/cuda/prepared.h: what the backend records after a norm, attention or SiLU and
   // a matmul asks for (seq: the backend's op count). Every take consumes the record.
   cuda::PreparedActivations p;
@@ -624,8 +631,8 @@ TEST_CASE("host-run: a matmul takes prepared activations only from the op just b
   };
   CHECK(take_half(a, 4, 64, 5, {h, true}));
   CHECK_FALSE(p.take_half(a, 4, 64, 5, {h, true}));  // consumed
-  CHECK_FALSE(take_half(a, 4, 64, 5, {h, false}));    // f16 asked, bf16 written
-  CHECK_FALSE(take_half(a, 4, 64, 5, {h2, true}));    // another buffer (xh_ reallocated)
+  CHECK_FALSE(take_half(a, 4, 64, 5, {h, false}));   // f16 asked, bf16 written
+  CHECK_FALSE(take_half(a, 4, 64, 5, {h2, true}));   // another buffer (xh_ reallocated)
   CHECK_FALSE(take_half(a, 4, 64, 5, {nullptr, true}));
   CHECK_FALSE(take_half(a, 4, 64, 6, {h, true}));
   CHECK_FALSE(take_half(b, 4, 64, 5, {h, true}));
@@ -638,7 +645,8 @@ TEST_CASE("host-run: a matmul takes prepared activations only from the op just b
   CHECK_FALSE(p.take_half(a, 4, 64, 5, {h, true}));
 }
 
-TEST_CASE("host-run: --cuda-cublas matmuls take x in half from the norm or SiLU before them, the same bits", "[hostrun][model]") {
+TEST_CASE("host-run: --cuda-cublas matmuls take x in half from the norm or SiLU before them, the same bits",
+          "[hostrun][model]") {
   // A 100-token prompt (steps of 64 and 36 tokens: cuBLAS) and decode steps (the GEMV): the
   // norms, attention and SiLU write their output in half for the cuBLAS matmul after them
   // (bf16; f16 for the other types, dequantized to f16 there), which converts nothing. Per
@@ -678,7 +686,8 @@ TEST_CASE("host-run: a decode step takes 7 launches a layer, int8 types and bf16
   // O, add + norm (quantizing for gate/up), gate/up with SiLU (quantizing for down), down.
   // Launches of one decode step (12 tokens of context: one attention launch) with 2 and 4
   // layers; the difference is two layers' worth.
-  for (const auto& [dtype, per_layer] : std::vector<std::pair<std::string, uint64_t>>{{"q8_0", 7}, {"q4_0", 7}, {"bf16", 7}}) {
+  for (const auto& [dtype, per_layer] :
+       std::vector<std::pair<std::string, uint64_t>>{{"q8_0", 7}, {"q4_0", 7}, {"bf16", 7}}) {
     uint64_t step[2] = {0, 0};
     for (int i = 0; i < 2; ++i) {
       auto files = tiny(dtype, i == 0 ? 2 : 4);

@@ -40,7 +40,8 @@ struct launcher {
           << " threads (the kernels here use 1-D blocks of 32..1024 whole warps)";
     else if (grid.x == 0 || grid.y == 0 || grid.z == 0 || grid.y > 65535 || grid.z > 65535 || grid.x > 0x7fffffffu)
       why << "grid of " << grid.x << "x" << grid.y << "x" << grid.z << " blocks";
-    else if (shmem > 48 * 1024 && static_cast<size_t>(hostrun::opted_shared_bytes(reinterpret_cast<const void*>(kernel))) < shmem)
+    else if (shmem > 48 * 1024 &&
+             static_cast<size_t>(hostrun::opted_shared_bytes(reinterpret_cast<const void*>(kernel))) < shmem)
       why << shmem << " bytes of dynamic shared memory without the kernel's opt-in";
     else if (dev != hostrun::current_device())
       why << "a stream of device " << dev << " while device " << hostrun::current_device() << " is current";
@@ -60,9 +61,9 @@ struct launcher {
       why << bad;
     }
     if (!why.str().empty()) {
-      hostrun::launch_failed(grid.x == 0 || block.x == 0 || block.x > 1024 ? cudaErrorInvalidConfiguration
-                                                                           : cudaErrorInvalidValue,
-                             why.str());
+      hostrun::launch_failed(
+          grid.x == 0 || block.x == 0 || block.x > 1024 ? cudaErrorInvalidConfiguration : cudaErrorInvalidValue,
+          why.str());
       return;
     }
     const dim3 g = grid;

@@ -262,10 +262,17 @@ cudaError_t CUDARTAPI cudaGetDeviceProperties(struct cudaDeviceProp* prop, int d
 cudaError_t CUDARTAPI cudaDeviceGetAttribute(int* value, enum cudaDeviceAttr attr, int device) {
   if (device < 0 || device >= st().num_devices) return fail(cudaErrorInvalidDevice);
   switch (attr) {
-    case cudaDevAttrMultiProcessorCount: *value = st().num_sms; return cudaSuccess;
-    case cudaDevAttrMaxSharedMemoryPerBlockOptin: *value = hostrun::kMaxOptinShared; return cudaSuccess;
-    case cudaDevAttrComputeCapabilityMajor: *value = 9; return cudaSuccess;
-    default: return fail(cudaErrorInvalidValue);  // (add what the backend comes to ask)
+    case cudaDevAttrMultiProcessorCount:
+      *value = st().num_sms;
+      return cudaSuccess;
+    case cudaDevAttrMaxSharedMemoryPerBlockOptin:
+      *value = hostrun::kMaxOptinShared;
+      return cudaSuccess;
+    case cudaDevAttrComputeCapabilityMajor:
+      *value = 9;
+      return cudaSuccess;
+    default:
+      return fail(cudaErrorInvalidValue);  // (add what the backend comes to ask)
   }
 }
 cudaError_t CUDARTAPI cudaFuncSetAttribute(const void* func, enum cudaFuncAttribute attr, int value) {
@@ -280,16 +287,26 @@ cudaError_t CUDARTAPI cudaFuncSetAttribute(const void* func, enum cudaFuncAttrib
 
 const char* CUDARTAPI cudaGetErrorString(cudaError_t error) {
   switch (error) {
-    case cudaSuccess: return "no error";
-    case cudaErrorInvalidValue: return "invalid argument";
-    case cudaErrorMemoryAllocation: return "out of memory";
-    case cudaErrorInvalidConfiguration: return "invalid configuration argument";
-    case cudaErrorInvalidDevice: return "invalid device ordinal";
-    case cudaErrorInvalidResourceHandle: return "invalid resource handle";
-    case cudaErrorIllegalAddress: return "an illegal memory access was encountered";
-    case cudaErrorStreamCaptureUnsupported: return "operation not permitted when stream is capturing";
-    case cudaErrorStreamCaptureInvalidated: return "operation failed due to a previous error during capture";
-    default: return "unrecognized error code (host-run)";
+    case cudaSuccess:
+      return "no error";
+    case cudaErrorInvalidValue:
+      return "invalid argument";
+    case cudaErrorMemoryAllocation:
+      return "out of memory";
+    case cudaErrorInvalidConfiguration:
+      return "invalid configuration argument";
+    case cudaErrorInvalidDevice:
+      return "invalid device ordinal";
+    case cudaErrorInvalidResourceHandle:
+      return "invalid resource handle";
+    case cudaErrorIllegalAddress:
+      return "an illegal memory access was encountered";
+    case cudaErrorStreamCaptureUnsupported:
+      return "operation not permitted when stream is capturing";
+    case cudaErrorStreamCaptureInvalidated:
+      return "operation failed due to a previous error during capture";
+    default:
+      return "unrecognized error code (host-run)";
   }
 }
 cudaError_t CUDARTAPI cudaGetLastError(void) {
@@ -373,13 +390,15 @@ cudaError_t check_copy(void* dst, const void* src, size_t count, enum cudaMemcpy
   auto bad = [&](int w, bool dev_side, const char* what) {
     if (w == -3 || (dev_side && w < 0) || (!dev_side && w >= 0 && kind != cudaMemcpyDefault)) {
       std::fprintf(stderr, "hostrun: cudaMemcpy of %zu bytes: the %s is %s\n", count, what,
-                   w == -3 ? "not inside one allocation" : dev_side ? "not device memory" : "device memory");
+                   w == -3    ? "not inside one allocation"
+                   : dev_side ? "not device memory"
+                              : "device memory");
       return true;
     }
     return false;
   };
-  if (kind != cudaMemcpyDefault && (bad(*wd, device_side(kind, true), "destination") ||
-                                    bad(*ws, device_side(kind, false), "source")))
+  if (kind != cudaMemcpyDefault &&
+      (bad(*wd, device_side(kind, true), "destination") || bad(*ws, device_side(kind, false), "source")))
     return cudaErrorInvalidValue;
   if (*wd == -3 || *ws == -3) return cudaErrorInvalidValue;
   return cudaSuccess;
@@ -588,28 +607,44 @@ cublasStatus_t CUBLASWINAPI cublasSetStream_v2(cublasHandle_t handle, cudaStream
 }
 const char* CUBLASWINAPI cublasGetStatusString(cublasStatus_t status) {
   switch (status) {
-    case CUBLAS_STATUS_SUCCESS: return "CUBLAS_STATUS_SUCCESS";
-    case CUBLAS_STATUS_INVALID_VALUE: return "CUBLAS_STATUS_INVALID_VALUE";
-    case CUBLAS_STATUS_NOT_SUPPORTED: return "CUBLAS_STATUS_NOT_SUPPORTED";
-    case CUBLAS_STATUS_EXECUTION_FAILED: return "CUBLAS_STATUS_EXECUTION_FAILED";
-    default: return "CUBLAS_STATUS (host-run: unknown)";
+    case CUBLAS_STATUS_SUCCESS:
+      return "CUBLAS_STATUS_SUCCESS";
+    case CUBLAS_STATUS_INVALID_VALUE:
+      return "CUBLAS_STATUS_INVALID_VALUE";
+    case CUBLAS_STATUS_NOT_SUPPORTED:
+      return "CUBLAS_STATUS_NOT_SUPPORTED";
+    case CUBLAS_STATUS_EXECUTION_FAILED:
+      return "CUBLAS_STATUS_EXECUTION_FAILED";
+    default:
+      return "CUBLAS_STATUS (host-run: unknown)";
   }
 }
 namespace {
 float load_elem(const void* p, cudaDataType t, size_t i) {
   switch (t) {
-    case CUDA_R_32F: return static_cast<const float*>(p)[i];
-    case CUDA_R_16F: return __half2float(static_cast<const __half*>(p)[i]);
-    case CUDA_R_16BF: return __bfloat162float(static_cast<const __nv_bfloat16*>(p)[i]);
-    default: return 0.f;
+    case CUDA_R_32F:
+      return static_cast<const float*>(p)[i];
+    case CUDA_R_16F:
+      return __half2float(static_cast<const __half*>(p)[i]);
+    case CUDA_R_16BF:
+      return __bfloat162float(static_cast<const __nv_bfloat16*>(p)[i]);
+    default:
+      return 0.f;
   }
 }
 void store_elem(void* p, cudaDataType t, size_t i, float v) {
   switch (t) {
-    case CUDA_R_32F: static_cast<float*>(p)[i] = v; break;
-    case CUDA_R_16F: static_cast<__half*>(p)[i] = __float2half_rn(v); break;
-    case CUDA_R_16BF: static_cast<__nv_bfloat16*>(p)[i] = __float2bfloat16_rn(v); break;
-    default: break;
+    case CUDA_R_32F:
+      static_cast<float*>(p)[i] = v;
+      break;
+    case CUDA_R_16F:
+      static_cast<__half*>(p)[i] = __float2half_rn(v);
+      break;
+    case CUDA_R_16BF:
+      static_cast<__nv_bfloat16*>(p)[i] = __float2bfloat16_rn(v);
+      break;
+    default:
+      break;
   }
 }
 size_t elem_bytes(cudaDataType t) { return t == CUDA_R_32F ? 4 : 2; }

@@ -79,10 +79,12 @@ struct Fixture {
   }
   float scale() const { return 1.0f / std::sqrt(static_cast<float>(c.hd)); }
   cuda::TcArgs tc_args(float* out, float* partials = nullptr, int max_segments = 0) const {
-    return cuda::TcArgs{st, q.data(), ldq, c.nh, c.nkv, bs, scale(), kc.data(), vc.data(), out, partials, max_segments, {}};
+    return cuda::TcArgs{st,        q.data(),  ldq, c.nh,     c.nkv,        bs, scale(),
+                        kc.data(), vc.data(), out, partials, max_segments, {}};
   }
   cuda::MmaArgs mma_args(float* out, float* partials = nullptr, int max_segments = 0) const {
-    return cuda::MmaArgs{st, q.data(), ldq, c.nh, c.nkv, bs, scale(), kc.data(), vc.data(), out, partials, max_segments, {}};
+    return cuda::MmaArgs{st,        q.data(),  ldq, c.nh,     c.nkv,        bs, scale(),
+                         kc.data(), vc.data(), out, partials, max_segments, {}};
   }
   cuda::Args args(bool skip_tc, uint8_t* xq = nullptr, cuda::Q8Numerics nq = {}) const {
     return cuda::Args{st, q.data(), ldq, c.nh, c.nkv, bs, scale(), kc.data(), vc.data(), skip_tc, xq, nq, {}};
@@ -111,7 +113,8 @@ struct Fixture {
           const int64_t slot = int64_t{tables[seq[t] * max_blocks + p / bs]} * bs + p % bs;
           for (int d = 0; d < hd; ++d) o[d] += sc[p] / z * __half2float(vc[slot * row + kvh * hd + d]);
         }
-        for (int d = 0; d < hd; ++d) w = std::max(w, std::fabs(o[d] - out[(static_cast<size_t>(t) * c.nh + h) * hd + d]));
+        for (int d = 0; d < hd; ++d)
+          w = std::max(w, std::fabs(o[d] - out[(static_cast<size_t>(t) * c.nh + h) * hd + d]));
       }
     }
     return w;
@@ -129,7 +132,8 @@ __global__ void quantize_rows_kernel(const float* x, int64_t dim, uint8_t* out, 
 // Whether every value of h is out's, rounded to f16 (or bf16) as to_half_rows rounds it.
 bool halves_of(const std::vector<float>& out, const std::vector<uint16_t>& h, bool bf16) {
   size_t wrong = h.size() != out.size();
-  for (size_t i = 0; i < h.size() && i < out.size(); ++i) wrong += h[i] != (bf16 ? f32_to_bf16(out[i]) : f32_to_f16(out[i]));
+  for (size_t i = 0; i < h.size() && i < out.size(); ++i)
+    wrong += h[i] != (bf16 ? f32_to_bf16(out[i]) : f32_to_f16(out[i]));
   return wrong == 0;
 }
 
@@ -143,12 +147,13 @@ void check(const Case& c, std::mt19937& g) {
   Fixture f(c, {0, 300, 599}, {5, 3, 1}, g);  // prefill, a chunk, a decode token
   const int segs = cuda::attention_segments(f.st.max_context);
   std::vector<float> looped(static_cast<size_t>(f.n) * c.nh * c.hd, -1.0f), split(looped.size(), -2.0f);
-  cuda_emu::launch3(f.n, head_groups(c), 1, cuda::kThreads, cuda::attention_loop_kernel<DPL>, f.args(false), looped.data());
+  cuda_emu::launch3(f.n, head_groups(c), 1, cuda::kThreads, cuda::attention_loop_kernel<DPL>, f.args(false),
+                    looped.data());
   std::vector<float> partials(static_cast<size_t>(f.n) * c.nh * segs * (c.hd + 2), 0.0f);
   cuda_emu::launch3(f.n, head_groups(c), segs, cuda::kThreads, cuda::attention_split_kernel<DPL>, f.args(false), segs,
-          partials.data());
+                    partials.data());
   cuda_emu::launch3(f.n, c.nh, 1, cuda::kThreads, cuda::attention_combine_kernel<DPL>, f.args(false), segs,
-          static_cast<const float*>(partials.data()), split.data());
+                    static_cast<const float*>(partials.data()), split.data());
   CHECK(std::memcmp(looped.data(), split.data(), looped.size() * 4) == 0);
   // More segments than any token needs (attention_segments() rounds up): their blocks
   // return at once and the combine merges a token's own segments only, so the same bits;
@@ -175,18 +180,20 @@ void check(const Case& c, std::mt19937& g) {
   // bytes the quantizer writes from the output, and the output's bits are unchanged.
   const int64_t dim = int64_t{c.nh} * c.hd;
   const size_t qbytes = static_cast<size_t>(f.n) * cuda::q8_row_bytes(dim);
-  for (const cuda::Q8Numerics nq : {cuda::q8_numerics(DType::Q4_0), cuda::q8_numerics(DType::Q4_1), cuda::q8_numerics(DType::Q6_K)}) {
+  for (const cuda::Q8Numerics nq :
+       {cuda::q8_numerics(DType::Q4_0), cuda::q8_numerics(DType::Q4_1), cuda::q8_numerics(DType::Q6_K)}) {
     std::vector<uint8_t> want(qbytes, 0), xq_loop(qbytes, 0), xq_split(qbytes, 0);
     if (dim / 32 <= 32)  // (one block of dim threads, as the reference kernel wants)
-      cuda_emu::launch(f.n, static_cast<unsigned>(dim), quantize_rows_kernel, static_cast<const float*>(looped.data()), dim,
-                       want.data(), nq);
+      cuda_emu::launch(f.n, static_cast<unsigned>(dim), quantize_rows_kernel, static_cast<const float*>(looped.data()),
+                       dim, want.data(), nq);
     std::vector<float> out_loop(looped.size(), -5.0f), out_split(looped.size(), -6.0f);
-    cuda_emu::launch3(f.n, head_groups(c), 1, cuda::kThreads, cuda::attention_loop_kernel<DPL>, f.args(false, xq_loop.data(), nq),
-                      out_loop.data());
+    cuda_emu::launch3(f.n, head_groups(c), 1, cuda::kThreads, cuda::attention_loop_kernel<DPL>,
+                      f.args(false, xq_loop.data(), nq), out_loop.data());
     cuda_emu::launch3(f.n, head_groups(c), segs, cuda::kThreads, cuda::attention_split_kernel<DPL>, f.args(false), segs,
                       partials.data());
-    cuda_emu::launch3(f.n, c.nh, 1, cuda::kThreads, cuda::attention_combine_kernel<DPL>, f.args(false, xq_split.data(), nq),
-                      segs, static_cast<const float*>(partials.data()), out_split.data());
+    cuda_emu::launch3(f.n, c.nh, 1, cuda::kThreads, cuda::attention_combine_kernel<DPL>,
+                      f.args(false, xq_split.data(), nq), segs, static_cast<const float*>(partials.data()),
+                      out_split.data());
     CHECK(std::memcmp(looped.data(), out_loop.data(), looped.size() * 4) == 0);
     CHECK(std::memcmp(looped.data(), out_split.data(), looped.size() * 4) == 0);
     CHECK(xq_loop == xq_split);
@@ -223,11 +230,13 @@ void check_tc(const Case& c, std::mt19937& g) {
   // prefill (0..44): tiles 0 and 1 mix sequences, tiles 2, 3 and the partial tile 4 do not.
   Fixture f(c, {300, 100, 0}, {1, 20, 45}, g);
   std::vector<float> pure(static_cast<size_t>(f.n) * c.nh * HD, -1.0f), mixed(pure.size(), -3.0f);
-  cuda_emu::launch3(f.n, head_groups(c), 1, cuda::kThreads, cuda::attention_loop_kernel<DPL>, f.args(false), pure.data());
+  cuda_emu::launch3(f.n, head_groups(c), 1, cuda::kThreads, cuda::attention_loop_kernel<DPL>, f.args(false),
+                    pure.data());
   const unsigned tiles = static_cast<unsigned>((f.n + 15) / 16);
   cuda_emu::launch3(tiles, head_groups(c), 1, cuda::kTcWarps * 32, cuda::attention_tc_kernel<HD, cuda::kUniform>,
                     f.tc_args(mixed.data()));
-  cuda_emu::launch3(f.n, head_groups(c), 1, cuda::kThreads, cuda::attention_loop_kernel<DPL>, f.args(true), mixed.data());
+  cuda_emu::launch3(f.n, head_groups(c), 1, cuda::kThreads, cuda::attention_loop_kernel<DPL>, f.args(true),
+                    mixed.data());
   auto in_tc = [&](int t) { return t >= 32; };  // tiles 2, 3, 4
   const size_t per_token = static_cast<size_t>(c.nh) * HD;
   for (int t = 0; t < f.n; ++t) {
@@ -268,11 +277,13 @@ template <int HD>
 void check_mma(const Case& c, std::mt19937& g) {
   Fixture f(c, {300, 200, 0}, {1, 47, 40}, g);
   std::vector<float> pure(static_cast<size_t>(f.n) * c.nh * HD, -1.0f), mixed(pure.size(), -3.0f);
-  cuda_emu::launch3(f.n, head_groups(c), 1, cuda::kThreads, cuda::attention_loop_kernel<HD / 32>, f.args(false), pure.data());
+  cuda_emu::launch3(f.n, head_groups(c), 1, cuda::kThreads, cuda::attention_loop_kernel<HD / 32>, f.args(false),
+                    pure.data());
   const unsigned tiles = static_cast<unsigned>((f.n + 15) / 16);
   cuda_emu::launch3(tiles, head_groups(c), 1, cuda::kMmaWarps * 32, cuda::attention_mma_kernel<HD, cuda::kMmaUniform>,
                     f.mma_args(mixed.data()));
-  cuda_emu::launch3(f.n, head_groups(c), 1, cuda::kThreads, cuda::attention_loop_kernel<HD / 32>, f.args(true), mixed.data());
+  cuda_emu::launch3(f.n, head_groups(c), 1, cuda::kThreads, cuda::attention_loop_kernel<HD / 32>, f.args(true),
+                    mixed.data());
   auto in_mma = [&](int t) { return t >= 16; };  // tiles 1-5
   const size_t per_token = static_cast<size_t>(c.nh) * HD;
   for (int t = 0; t < f.n; ++t) {
@@ -296,7 +307,8 @@ void check_mma(const Case& c, std::mt19937& g) {
     ma.xh = {h.data(), bf16};
     cuda::Args la = f.args(true);
     la.xh = {h.data(), bf16};
-    cuda_emu::launch3(tiles, head_groups(c), 1, cuda::kMmaWarps * 32, cuda::attention_mma_kernel<HD, cuda::kMmaUniform>, ma);
+    cuda_emu::launch3(tiles, head_groups(c), 1, cuda::kMmaWarps * 32, cuda::attention_mma_kernel<HD, cuda::kMmaUniform>,
+                      ma);
     cuda_emu::launch3(f.n, head_groups(c), 1, cuda::kThreads, cuda::attention_loop_kernel<HD / 32>, la, again.data());
     INFO((bf16 ? "bf16" : "f16"));
     CHECK(std::memcmp(again.data(), mixed.data(), mixed.size() * 4) == 0);
@@ -418,14 +430,16 @@ void check_masked_v(const Case& c, std::mt19937& g, Launch launch) {
   const auto inf = with_v15(std::numeric_limits<float>::infinity());
   int nan_tokens = 0;
   for (size_t t = 0; t < 15; ++t)
-    nan_tokens += std::any_of(inf.begin() + t * per_token, inf.begin() + (t + 1) * per_token, [](float v) { return std::isnan(v); });
+    nan_tokens += std::any_of(inf.begin() + t * per_token, inf.begin() + (t + 1) * per_token,
+                              [](float v) { return std::isnan(v); });
   INFO("tokens before position 15 that an Inf V row there turns into NaN: " << nan_tokens);
   CHECK(nan_tokens > 0);
 }
 
 }  // namespace
 
-TEST_CASE("the batch-invariant tensor-core attention's source: split-KV, any tiling, the reference", "[kernels][cuda-emulation]") {
+TEST_CASE("the batch-invariant tensor-core attention's source: split-KV, any tiling, the reference",
+          "[kernels][cuda-emulation]") {
   std::mt19937 g(33);
   check_tc_invariant<2>({8, 2, 64}, g);  // group 4: every warp a head
   check_tc_invariant<1>({6, 3, 32}, g);  // group 2: two spare warps
@@ -435,7 +449,8 @@ TEST_CASE("the batch-invariant tensor-core attention's source: split-KV, any til
   check_tc_invariant<4>({4, 2, 128}, g, /*every_token_alone=*/false);
 }
 
-TEST_CASE("the paged-attention kernels' source: split-KV gives the looped path's bits and the reference's values", "[kernels][cuda-emulation]") {
+TEST_CASE("the paged-attention kernels' source: split-KV gives the looped path's bits and the reference's values",
+          "[kernels][cuda-emulation]") {
   std::mt19937 g(31);
   check<2>({8, 2, 64}, g);   // group 4: one full four-head group per KV head
   check<4>({6, 1, 128}, g);  // group 6: a full group and a half-empty one
@@ -443,7 +458,8 @@ TEST_CASE("the paged-attention kernels' source: split-KV gives the looped path's
   check<8>({4, 2, 256}, g);  // the widest head
 }
 
-TEST_CASE("the tensor-core prefill attention's source takes the one-sequence tiles and matches the reference", "[kernels][cuda-emulation]") {
+TEST_CASE("the tensor-core prefill attention's source takes the one-sequence tiles and matches the reference",
+          "[kernels][cuda-emulation]") {
   std::mt19937 g(32);
   check_tc<2>({8, 2, 64}, g);   // group 4: every warp a head
   check_tc<4>({6, 3, 128}, g);  // group 2: two spare warps
@@ -451,7 +467,8 @@ TEST_CASE("the tensor-core prefill attention's source takes the one-sequence til
   check_tc<5>({2, 1, 160}, g);  // 32-key steps (heads over 128)
 }
 
-TEST_CASE("the mma.sync prefill attention's source takes the one-sequence tiles and matches the reference", "[kernels][cuda-emulation]") {
+TEST_CASE("the mma.sync prefill attention's source takes the one-sequence tiles and matches the reference",
+          "[kernels][cuda-emulation]") {
   std::mt19937 g(34);
   check_mma<64>({8, 2, 64}, g);    // group 4: every warp a head
   check_mma<128>({6, 3, 128}, g);  // group 2: two spare warps
@@ -459,7 +476,8 @@ TEST_CASE("the mma.sync prefill attention's source takes the one-sequence tiles 
   check_mma<96>({4, 1, 96}, g);    // the head size whose O n-tiles are not a power of two
 }
 
-TEST_CASE("the batch-invariant mma.sync attention's source: split-KV, any tiling, the reference", "[kernels][cuda-emulation]") {
+TEST_CASE("the batch-invariant mma.sync attention's source: split-KV, any tiling, the reference",
+          "[kernels][cuda-emulation]") {
   std::mt19937 g(35);
   check_mma_invariant<64>({8, 2, 64}, g);    // group 4: every warp a head
   check_mma_invariant<32>({6, 3, 32}, g);    // group 2: two spare warps
@@ -467,13 +485,13 @@ TEST_CASE("the batch-invariant mma.sync attention's source: split-KV, any tiling
   check_mma_invariant<96>({8, 2, 96}, g);
 }
 
-TEST_CASE("attention_segments: the segments a context needs, rounded up to two sizes an octave", "[kernels][cuda-emulation]") {
+TEST_CASE("attention_segments: the segments a context needs, rounded up to two sizes an octave",
+          "[kernels][cuda-emulation]") {
   // Decode steps keep one launch signature (and CUDA graph) while contexts grow.
   CHECK(cuda::attention_segments(0) == 0);
-  const std::vector<std::pair<int, int>> want = {{1, 1},     {256, 1},   {257, 2},   {512, 2},   {513, 3},
-                                                 {768, 3},   {769, 4},   {1024, 4},  {1025, 6},  {1536, 6},
-                                                 {1537, 8},  {2049, 12}, {3072, 12}, {3073, 16}, {4097, 24},
-                                                 {8193, 48}, {32768, 128}};
+  const std::vector<std::pair<int, int>> want = {
+      {1, 1},    {256, 1},  {257, 2},   {512, 2},   {513, 3},   {768, 3},   {769, 4},   {1024, 4},   {1025, 6},
+      {1536, 6}, {1537, 8}, {2049, 12}, {3072, 12}, {3073, 16}, {4097, 24}, {8193, 48}, {32768, 128}};
   for (const auto& [ctx, segs] : want) {
     INFO("context " << ctx);
     CHECK(cuda::attention_segments(ctx) == segs);
@@ -488,7 +506,8 @@ TEST_CASE("attention_segments: the segments a context needs, rounded up to two s
   CHECK(sizes == 24);  // 1 .. 4096 segments: 1, 2, then two sizes in each of 11 octaves (3, 4 .. 3072, 4096)
 }
 
-TEST_CASE("the tile attention kernels' source: a V row at the f16 limit past a token's position leaves it unchanged", "[kernels][cuda-emulation]") {
+TEST_CASE("the tile attention kernels' source: a V row at the f16 limit past a token's position leaves it unchanged",
+          "[kernels][cuda-emulation]") {
   std::mt19937 g(35);
   const Case c{2, 1, 64};
   check_masked_v<64>(c, g, [&](const Fixture& f, unsigned tiles, std::vector<float>& out) {

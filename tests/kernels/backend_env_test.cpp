@@ -64,12 +64,12 @@ TEST_CASE("TROUPE_CUDA_* values are parsed strictly", "[kernels][env]") {
     const char* value;
     const char* takes;
   };
-  for (const Bad& bad : {Bad{"TROUPE_CUDA_GEMV", "Simple", "one of simple, auto"},
-                         Bad{"TROUPE_CUDA_ATTN", "direkt", "one of direct, staged, tc, wmma"},
-                         Bad{"TROUPE_CUDA_FUSE", "false", "one of 0, 1"},
-                         Bad{"TROUPE_CUDA_Q8_MMA", "64 tokens", "a token count"},
-                         Bad{"TROUPE_CUDA_Q8_MMA", "-1", "a token count"},
-                         Bad{"TROUPE_CUDA_Q8_MMA", "99999999999999999999", "a token count"}}) {
+  for (const Bad& bad :
+       {Bad{"TROUPE_CUDA_GEMV", "Simple", "one of simple, auto"},
+        Bad{"TROUPE_CUDA_ATTN", "direkt", "one of direct, staged, tc, wmma"},
+        Bad{"TROUPE_CUDA_FUSE", "false", "one of 0, 1"}, Bad{"TROUPE_CUDA_Q8_MMA", "64 tokens", "a token count"},
+        Bad{"TROUPE_CUDA_Q8_MMA", "-1", "a token count"},
+        Bad{"TROUPE_CUDA_Q8_MMA", "99999999999999999999", "a token count"}}) {
     DYNAMIC_SECTION(bad.name << "=" << bad.value) {
       EnvScope e(bad.name, bad.value);
       auto o = cuda_env_options();

@@ -63,7 +63,8 @@ TEST_CASE("cuda: paged attention and KV writes match the CPU (GQA, chunked prefi
           }
           std::vector<int32_t> bt;
           for (int s = 0; s < 3; ++s)
-            if ((phase == 0 && first[s] > 0) || phase == 1) bt.insert(bt.end(), tables.begin() + s * max_blocks, tables.begin() + (s + 1) * max_blocks);
+            if ((phase == 0 && first[s] > 0) || phase == 1)
+              bt.insert(bt.end(), tables.begin() + s * max_blocks, tables.begin() + (s + 1) * max_blocks);
           StepInputs st;
           st.num_tokens = static_cast<int32_t>(pos.size());
           st.num_seqs = static_cast<int32_t>(ctx.size());
@@ -86,7 +87,9 @@ TEST_CASE("cuda: paged attention and KV writes match the CPU (GQA, chunked prefi
       };
       expect_close(run(*gpu), run(*cpu), 2e-3, 2e-3,
                    "attention hd " + std::to_string(hd) +
-                       (mode == 1 ? " (mma.sync for the prefill tiles)" : mode == 2 ? " (WMMA for the prefill tiles)" : ""));
+                       (mode == 1   ? " (mma.sync for the prefill tiles)"
+                        : mode == 2 ? " (WMMA for the prefill tiles)"
+                                    : ""));
     }
   }
 }
@@ -101,7 +104,9 @@ TEST_CASE("cuda: split-KV decode attention gives the same bits as the looped pat
   // Sequence 0 owns blocks [0, 64), sequence 1 blocks [64, 128).
   std::vector<int32_t> tables(2 * max_blocks);
   std::iota(tables.begin(), tables.end(), 0);
-  struct Tok { int32_t seq, pos; };
+  struct Tok {
+    int32_t seq, pos;
+  };
   // Runs one step (tokens grouped by sequence, in order); returns the attention output.
   auto step = [&](Backend& b, KvCache& cache, const std::vector<Tok>& toks, uint32_t seed) {
     std::vector<int32_t> ids, pos, slots, qs = {0}, ctx, bt;
@@ -115,8 +120,15 @@ TEST_CASE("cuda: split-KV decode attention gives the same bits as the looped pat
         bt.insert(bt.end(), tables.begin() + toks[i].seq * max_blocks, tables.begin() + (toks[i].seq + 1) * max_blocks);
       }
     }
-    StepInputs st{static_cast<int32_t>(pos.size()), static_cast<int32_t>(ctx.size()), ids.data(), pos.data(), qs.data(),
-                  ctx.data(), slots.data(), bt.data(), max_blocks};
+    StepInputs st{static_cast<int32_t>(pos.size()),
+                  static_cast<int32_t>(ctx.size()),
+                  ids.data(),
+                  pos.data(),
+                  qs.data(),
+                  ctx.data(),
+                  slots.data(),
+                  bt.data(),
+                  max_blocks};
     // Each token's q, k, v depend on (sequence, position) only, whatever its batch.
     std::vector<float> qkv;
     for (const Tok& tk : toks) {
@@ -173,7 +185,8 @@ TEST_CASE("cuda: split-KV decode attention gives the same bits as the looped pat
     auto [t_alone, t_with] = run(*tc);
     REQUIRE(t_alone == t_with);  // bit for bit
     CHECK(t_alone != g_alone);   // (another kernel: P rounded to f16)
-    expect_close(t_alone, c_alone, 3e-3, 3e-3, std::string("tensor-core decode attention vs the CPU, ") + (k == 0 ? "mma.sync" : "WMMA"));
+    expect_close(t_alone, c_alone, 3e-3, 3e-3,
+                 std::string("tensor-core decode attention vs the CPU, ") + (k == 0 ? "mma.sync" : "WMMA"));
     kernels_alone[k] = t_alone;
   }
   CHECK(kernels_alone[0] != kernels_alone[1]);  // (two kernels ran, not one twice)

@@ -95,7 +95,7 @@ struct Block {
   Barrier all;
   std::vector<Barrier> warps;
   std::vector<uint64_t> lanes[2];  // one slot per thread for shuffles, by warp barrier parity
-  std::vector<int> mma;  // six words per thread: an emulated mma's fragments
+  std::vector<int> mma;            // six words per thread: an emulated mma's fragments
   struct AsyncCopy {
     void* dst;
     const void* src;
@@ -104,8 +104,8 @@ struct Block {
   std::vector<std::vector<AsyncCopy>> async;  // per thread: its cp.async copies not yet made
   std::vector<int> async_groups;              // per thread: the groups it has committed
   std::vector<Fiber> fibers;
-  unsigned running = 0;  // the fiber being run
-  unsigned at = 0;       // its place in `order`
+  unsigned running = 0;         // the fiber being run
+  unsigned at = 0;              // its place in `order`
   std::vector<unsigned> order;  // the threads in the order they take turns (Schedule below)
   void* scheduler_sp = nullptr;
   std::function<void()> body;  // one thread's kernel call for the current block
@@ -192,9 +192,9 @@ inline void switch_to_next(Block& blk, void** save) {
 inline void* fresh_context(unsigned i) {
   unsigned char* top = stacks()[i].get() + kStackBytes;
   auto* sp = reinterpret_cast<uint64_t*>(reinterpret_cast<uintptr_t>(top) & ~uintptr_t{15});
-  *--sp = 0;  // (fiber_entry's frame then starts 8 mod 16, as after a call)
+  *--sp = 0;                                         // (fiber_entry's frame then starts 8 mod 16, as after a call)
   *--sp = reinterpret_cast<uint64_t>(&fiber_entry);  // troupe_emu_switch's ret
-  for (int r = 0; r < 6; ++r) *--sp = 0;            // rbp, rbx, r12 .. r15
+  for (int r = 0; r < 6; ++r) *--sp = 0;             // rbp, rbx, r12 .. r15
   return sp;
 }
 
@@ -227,7 +227,8 @@ inline void run_block(Block& blk, unsigned block) {
   threadIdx.x = blk.running;
   troupe_emu_switch(&blk.scheduler_sp, blk.fibers[blk.running].sp);
   if (blk.finished != block) {
-    std::fprintf(stderr, "cuda emulation: deadlock in block (%u, %u, %u): %u threads wait at barriers never completed\n",
+    std::fprintf(stderr,
+                 "cuda emulation: deadlock in block (%u, %u, %u): %u threads wait at barriers never completed\n",
                  blockIdx.x, blockIdx.y, blockIdx.z, block - blk.finished);
     std::abort();
   }
@@ -276,10 +277,12 @@ struct DeviceAllocator {
   DeviceAllocator() = default;
   template <typename U>
   DeviceAllocator(const DeviceAllocator<U>&) {}
-  T* allocate(size_t n) { return static_cast<T*>(::operator new(n * sizeof(T), std::align_val_t{256})); }
-  void deallocate(T* p, size_t) { ::operator delete(p, std::align_val_t{256}); }
+  T* allocate(size_t n) { return static_cast<T*>(::operator new (n * sizeof(T), std::align_val_t{256})); }
+  void deallocate(T* p, size_t) { ::operator delete (p, std::align_val_t{256}); }
   template <typename U>
-  bool operator==(const DeviceAllocator<U>&) const { return true; }
+  bool operator==(const DeviceAllocator<U>&) const {
+    return true;
+  }
 };
 template <typename T>
 using device_vector = std::vector<T, DeviceAllocator<T>>;
@@ -302,8 +305,12 @@ inline void mma_s8_16x8x32(int (&d)[4], const int (&a)[4], const int (&b)[2]) {
   mine[5] = b[1];
   wait(blk.warps[warp]);
   const int* w = &blk.mma[warp * 32 * 6];
-  auto byte = [](int word, int k) { return static_cast<int>(static_cast<int8_t>(static_cast<uint32_t>(word) >> (8 * k))); };
-  auto A = [&](int r, int k) { return byte(w[((r % 8) * 4 + (k % 16) / 4) * 6 + (r >= 8 ? 1 : 0) + (k >= 16 ? 2 : 0)], k % 4); };
+  auto byte = [](int word, int k) {
+    return static_cast<int>(static_cast<int8_t>(static_cast<uint32_t>(word) >> (8 * k)));
+  };
+  auto A = [&](int r, int k) {
+    return byte(w[((r % 8) * 4 + (k % 16) / 4) * 6 + (r >= 8 ? 1 : 0) + (k >= 16 ? 2 : 0)], k % 4);
+  };
   auto B = [&](int k, int c) { return byte(w[(c * 4 + (k % 16) / 4) * 6 + 4 + (k >= 16 ? 1 : 0)], k % 4); };
   const int g = static_cast<int>(lane / 4), q = static_cast<int>(lane % 4);
   int out[4];
@@ -322,7 +329,8 @@ template <typename T>
 T __shfl_xor_sync(unsigned /*mask: full warps only*/, T v, int lane_mask) {
   static_assert(sizeof(T) <= 8 && std::is_trivially_copyable_v<T>);
   auto& blk = *cuda_emu::current;
-  const unsigned me = threadIdx.x, warp = me / 32, partner = (me & ~31u) | ((me & 31u) ^ static_cast<unsigned>(lane_mask));
+  const unsigned me = threadIdx.x, warp = me / 32,
+                 partner = (me & ~31u) | ((me & 31u) ^ static_cast<unsigned>(lane_mask));
   uint64_t bits = 0;
   std::memcpy(&bits, &v, sizeof(T));
   // (slots alternate with the warp barrier's generation: a lane that has read may write
@@ -379,9 +387,7 @@ inline int __dp4a(int a, int b, int c) {
   return c;
 }
 inline float rsqrtf(float x) { return 1.0f / std::sqrt(x); }  // (CUDA's is within 2 ulp of this)
-inline void __syncwarp(unsigned /*mask*/ = 0xffffffffu) {
-  cuda_emu::wait(cuda_emu::current->warps[threadIdx.x / 32]);
-}
+inline void __syncwarp(unsigned /*mask*/ = 0xffffffffu) { cuda_emu::wait(cuda_emu::current->warps[threadIdx.x / 32]); }
 inline uint32_t __float_as_uint(float f) { return std::bit_cast<uint32_t>(f); }
 inline int __ffs(int x) { return x == 0 ? 0 : std::countr_zero(static_cast<uint32_t>(x)) + 1; }
 template <typename T>
@@ -498,7 +504,9 @@ inline void mma_f16_16x8x16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, 
     const uint16_t bits = static_cast<uint16_t>(static_cast<uint32_t>(word) >> (16 * (k & 1)));
     return static_cast<double>(__half2float(std::bit_cast<__half>(bits)));
   };
-  auto A = [&](int r, int k) { return half(w[((r % 8) * 4 + (k % 8) / 2) * 6 + (r >= 8 ? 1 : 0) + (k >= 8 ? 2 : 0)], k); };
+  auto A = [&](int r, int k) {
+    return half(w[((r % 8) * 4 + (k % 8) / 2) * 6 + (r >= 8 ? 1 : 0) + (k >= 8 ? 2 : 0)], k);
+  };
   auto B = [&](int k, int c) { return half(w[(c * 4 + (k % 8) / 2) * 6 + 4 + (k >= 8 ? 1 : 0)], k); };
   const int g = static_cast<int>(lane / 4), q = static_cast<int>(lane % 4);
   float out[4];
@@ -518,13 +526,16 @@ inline void mma_f16_16x8x16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, 
 // and 2 (l % 4) + 1, column l / 4). Every lane of the warp calls it.
 inline void ldmatrix_x4(uint32_t (&r)[4], const void* row, bool trans) {
   if (reinterpret_cast<uintptr_t>(row) % 16 != 0) {
-    std::fprintf(stderr, "cuda_emulation: ldmatrix with a row address %p not 16-byte aligned: thread %u of block (%u, %u, %u)\n",
-                 row, threadIdx.x, blockIdx.x, blockIdx.y, blockIdx.z);
+    std::fprintf(
+        stderr, "cuda_emulation: ldmatrix with a row address %p not 16-byte aligned: thread %u of block (%u, %u, %u)\n",
+        row, threadIdx.x, blockIdx.x, blockIdx.y, blockIdx.z);
     std::abort();
   }
   const unsigned lane = threadIdx.x % 32;
   for (int i = 0; i < 4; ++i) {
-    auto at = [&](unsigned src_row) { return static_cast<const uint16_t*>(__shfl_sync(0xffffffffu, row, static_cast<int>(8 * i + src_row))); };
+    auto at = [&](unsigned src_row) {
+      return static_cast<const uint16_t*>(__shfl_sync(0xffffffffu, row, static_cast<int>(8 * i + src_row)));
+    };
     uint16_t lo, hi;
     if (trans) {
       const uint16_t* r0 = at(2 * (lane % 4));
@@ -549,7 +560,9 @@ inline void ldmatrix_x4(uint32_t (&r)[4], const void* row, bool trans) {
 // copy) clobbers it in another, and the tests' bits or values differ.
 inline void cp_async16(void* dst, const void* src, bool zero_fill) {
   if (reinterpret_cast<uintptr_t>(dst) % 16 != 0 || (!zero_fill && reinterpret_cast<uintptr_t>(src) % 16 != 0)) {
-    std::fprintf(stderr, "cuda_emulation: cp.async of 16 bytes from %p to %p, not both 16-byte aligned: thread %u of block (%u, %u, %u)\n",
+    std::fprintf(stderr,
+                 "cuda_emulation: cp.async of 16 bytes from %p to %p, not both 16-byte aligned: thread %u of block "
+                 "(%u, %u, %u)\n",
                  src, dst, threadIdx.x, blockIdx.x, blockIdx.y, blockIdx.z);
     std::abort();
   }

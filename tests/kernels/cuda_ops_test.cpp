@@ -19,12 +19,11 @@
 #include "tests/kernels/kernel_test_util.h"
 
 using namespace troupe;
+using test::expect_close;
 using test::get;
 using test::gpu_or_skip;
 using test::put;
-using test::expect_close;
 using test::stats_count;
-
 
 TEST_CASE("cuda: rms_norm, rope, silu_mul, add, add_bias, gather_rows match the CPU", "[cuda][kernels]") {
   auto gpu = gpu_or_skip();
@@ -91,7 +90,7 @@ TEST_CASE("cuda: rms_norm, rope, silu_mul, add, add_bias, gather_rows match the 
 
 namespace {
 
-const DType kWeightTypes[] = {DType::F32, DType::F16, DType::BF16, DType::Q4_0, DType::Q4_1, DType::Q5_0,
+const DType kWeightTypes[] = {DType::F32,  DType::F16,  DType::BF16, DType::Q4_0, DType::Q4_1, DType::Q5_0,
                               DType::Q5_1, DType::Q8_0, DType::Q4_K, DType::Q5_K, DType::Q6_K};
 
 int64_t cols_for(DType t, int variant) {
@@ -115,7 +114,8 @@ TEST_CASE("cuda: embedding rows of every weight type dequantize exactly as the r
     const std::vector<int32_t> ids = {36, 0, 5, 5, 17};
     std::vector<float> ref(ids.size() * cols);
     const size_t rb = *row_bytes(t, static_cast<uint64_t>(cols));
-    for (size_t i = 0; i < ids.size(); ++i) cpu::dequantize_row_ref(t, data.data() + rb * ids[i], ref.data() + i * cols, cols);
+    for (size_t i = 0; i < ids.size(); ++i)
+      cpu::dequantize_row_ref(t, data.data() + rb * ids[i], ref.data() + i * cols, cols);
     auto run = [&](Backend& b) {
       auto w = b.make_weight(t, cols, {{data.data(), rows}});
       if (!w) FAIL(w.error().message);
@@ -131,7 +131,8 @@ TEST_CASE("cuda: embedding rows of every weight type dequantize exactly as the r
     const bool k_quant = t == DType::Q4_K || t == DType::Q5_K || t == DType::Q6_K;
     float range = 0;
     for (float v : ref) range = std::max(range, std::fabs(v));
-    expect_close(got, run(*cpu), k_quant ? 2e-3 * range : 0, k_quant ? 1e-3 : 0, "embed " + name + " vs the CPU backend");
+    expect_close(got, run(*cpu), k_quant ? 2e-3 * range : 0, k_quant ? 1e-3 : 0,
+                 "embed " + name + " vs the CPU backend");
   }
 }
 
@@ -180,8 +181,8 @@ TEST_CASE("cuda: matmul of every weight type matches the double reference and th
           // rounded to f16. The tensor-core matmul: x rounded to the weight's f16/bf16.
           const bool tc_path = tc && (t == DType::F16 || t == DType::BF16);
           const bool half_path = (!invariant && n > 8) || tc_path;
-          const bool block32 = t == DType::Q4_0 || t == DType::Q4_1 || t == DType::Q5_0 || t == DType::Q5_1 ||
-                               t == DType::Q8_0;
+          const bool block32 =
+              t == DType::Q4_0 || t == DType::Q4_1 || t == DType::Q5_0 || t == DType::Q5_1 || t == DType::Q8_0;
           const bool kquant = t == DType::Q4_K || t == DType::Q5_K || t == DType::Q6_K;
           const bool q8 = !half_path && (block32 || kquant);
           const double rel = tc_path && t == DType::BF16 ? 5e-3 : half_path ? 2e-3 : q8 ? 2e-2 : 2e-5;
@@ -189,7 +190,9 @@ TEST_CASE("cuda: matmul of every weight type matches the double reference and th
           for (size_t i = 0; i < got.size(); ++i)
             if (!(std::fabs(double(got[i]) - ref[i]) <= 1e-5 + rel * mag[i])) ++bad;
           INFO(dtype_traits(t).name << " rows " << rows << " cols " << cols << " n " << n
-                                    << (tc ? " (tensor-core matmul)" : invariant ? " (GEMV)" : " (cuBLAS above 8)"));
+                                    << (tc          ? " (tensor-core matmul)"
+                                        : invariant ? " (GEMV)"
+                                                    : " (cuBLAS above 8)"));
           CHECK(bad == 0);
           auto cpu_y = run(*cpu);
           size_t far = 0;
@@ -372,8 +375,8 @@ TEST_CASE("cuda: the GEMVs' fused SiLU and RoPE + KV-write epilogues give the un
   std::mt19937 rng(16);
   const int64_t cols = 512;
   // F32 has no fused kernel: its fused calls take the unfused ops (the same bits trivially).
-  for (const DType t : {DType::BF16, DType::F16, DType::Q4_0, DType::Q4_1, DType::Q8_0, DType::Q4_K, DType::Q6_K,
-                        DType::F32}) {
+  for (const DType t :
+       {DType::BF16, DType::F16, DType::Q4_0, DType::Q4_1, DType::Q8_0, DType::Q4_K, DType::Q6_K, DType::F32}) {
     for (const int64_t ffn : {37L, 2101L}) {  // one gate/up pair a warp, and two (a partial last warp)
       auto data = test::random_weight(t, 2 * ffn, cols, rng);
       auto w = gpu->make_weight(t, cols, {{data.data(), ffn}, {data.data() + data.size() / 2, ffn}});
@@ -390,8 +393,8 @@ TEST_CASE("cuda: the GEMVs' fused SiLU and RoPE + KV-write epilogues give the un
         gpu->matmul(**w, px, n, gu, 2 * ffn);
         gpu->silu_mul(gu, n, ffn, out);
         expect_close(fused, get(*gpu, out, static_cast<size_t>(n * ffn)), 0, 0,
-                     std::string("matmul_silu vs matmul + silu_mul (exact), ") + std::string(dtype_traits(t).name) + " ffn " +
-                         std::to_string(ffn) + " n " + std::to_string(n));
+                     std::string("matmul_silu vs matmul + silu_mul (exact), ") + std::string(dtype_traits(t).name) +
+                         " ffn " + std::to_string(ffn) + " n " + std::to_string(n));
       }
     }
     for (auto kind : {RopeKind::Interleaved, RopeKind::Neox}) {
@@ -430,8 +433,8 @@ TEST_CASE("cuda: the GEMVs' fused SiLU and RoPE + KV-write epilogues give the un
       const auto fused = run(true);
       CHECK(fused_calls() == before + (t == DType::F32 ? 0 : 1));
       expect_close(fused, run(false), 0, 0,
-                   std::string("matmul_rope_kv_write vs matmul + rope_kv_write (exact), ") + std::string(dtype_traits(t).name) +
-                       (kind == RopeKind::Neox ? " neox" : " interleaved"));
+                   std::string("matmul_rope_kv_write vs matmul + rope_kv_write (exact), ") +
+                       std::string(dtype_traits(t).name) + (kind == RopeKind::Neox ? " neox" : " interleaved"));
     }
   }
 }
@@ -442,7 +445,9 @@ TEST_CASE("cuda: norms that quantize their output for the next matmul give the u
     return gpu_or_skip();
   }();
   if (!gpu) return;
-  auto quantized = [&] { return stats_count(*gpu, "activations quantized for the next matmul (by norms, attention, SiLU): "); };
+  auto quantized = [&] {
+    return stats_count(*gpu, "activations quantized for the next matmul (by norms, attention, SiLU): ");
+  };
   auto used = [&] { return stats_count(*gpu, "used by the next matmul: "); };
   std::mt19937 rng(17);
   const int64_t cols = 768, rows = 300;  // (a multiple of the K-quants' 256-value blocks)
@@ -475,8 +480,8 @@ TEST_CASE("cuda: norms that quantize their output for the next matmul give the u
         return r;
       };
       for (bool add : {false, true}) {
-        const std::string what = std::string(dtype_traits(t).name) + " n " + std::to_string(n) +
-                                 (add ? " add_rms_norm" : " rms_norm");
+        const std::string what =
+            std::string(dtype_traits(t).name) + " n " + std::to_string(n) + (add ? " add_rms_norm" : " rms_norm");
         const auto before = quantized(), used_before = used();
         const auto hinted = run(add, true, false);
         CHECK(quantized() == before + (int8 ? 1 : 0));
@@ -493,13 +498,16 @@ TEST_CASE("cuda: norms that quantize their output for the next matmul give the u
   }
 }
 
-TEST_CASE("cuda: the SiLU GEMV that quantizes its output for the down matmul gives the unfused ops' bits", "[cuda][kernels]") {
+TEST_CASE("cuda: the SiLU GEMV that quantizes its output for the down matmul gives the unfused ops' bits",
+          "[cuda][kernels]") {
   auto gpu = [] {
     test::EnvScope e("TROUPE_CUDA_FUSE", nullptr);  // (the backend reads it when made)
     return gpu_or_skip();
   }();
   if (!gpu) return;
-  auto quantized = [&] { return stats_count(*gpu, "activations quantized for the next matmul (by norms, attention, SiLU): "); };
+  auto quantized = [&] {
+    return stats_count(*gpu, "activations quantized for the next matmul (by norms, attention, SiLU): ");
+  };
   auto used = [&] { return stats_count(*gpu, "used by the next matmul: "); };
   std::mt19937 rng(18);
   const int64_t cols = 256, rows = 70;
@@ -541,7 +549,8 @@ TEST_CASE("cuda: the SiLU GEMV that quantizes its output for the down matmul giv
         const auto hinted = run(true, false);
         CHECK(quantized() == before + (int8 ? 1 : 0));
         CHECK(used() == used_before + (int8 ? 1 : 0));
-        expect_close(hinted, run(false, false), 0, 0, "SiLU GEMV quantizing for the down matmul vs not (exact), " + what);
+        expect_close(hinted, run(false, false), 0, 0,
+                     "SiLU GEMV quantizing for the down matmul vs not (exact), " + what);
         const auto used_altered = used();
         const auto altered = run(true, true);
         CHECK(used() == used_altered);  // another op in between: the down matmul quantizes itself
@@ -554,7 +563,9 @@ TEST_CASE("cuda: the SiLU GEMV that quantizes its output for the down matmul giv
   }
 }
 
-TEST_CASE("cuda: --cuda-cublas matmuls taking x in half from the norm or SiLU before them give the converting matmul's bits", "[cuda][kernels]") {
+TEST_CASE(
+    "cuda: --cuda-cublas matmuls taking x in half from the norm or SiLU before them give the converting matmul's bits",
+    "[cuda][kernels]") {
   auto gpu = [] {
     test::EnvScope e("TROUPE_CUDA_FUSE", nullptr);  // (the backend reads it when made)
     return gpu_or_skip(/*batch_invariant=*/false);
@@ -606,7 +617,10 @@ TEST_CASE("cuda: --cuda-cublas matmuls taking x in half from the norm or SiLU be
       };
       for (int op = 0; op < 4; ++op) {
         const std::string what = std::string(dtype_traits(t).name) + " n " + std::to_string(n) + " " +
-                                 (op == 0 ? "rms_norm" : op == 1 ? "add_rms_norm" : op == 2 ? "gate/up + SiLU" : "SiLU");
+                                 (op == 0   ? "rms_norm"
+                                  : op == 1 ? "add_rms_norm"
+                                  : op == 2 ? "gate/up + SiLU"
+                                            : "SiLU");
         INFO(what << "; " << gpu->stats());
         const auto taken0 = taken(), converted0 = converted();
         const auto hinted = run(op, true, false);

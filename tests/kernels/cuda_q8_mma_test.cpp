@@ -16,7 +16,8 @@ using test::gpu_or_skip;
 using test::put;
 using test::stats_count;
 
-TEST_CASE("cuda: the int8 matmuls on tensor cores (TROUPE_CUDA_Q8_MMA) give the GEMV's bits", "[cuda][kernels][batch]") {
+TEST_CASE("cuda: the int8 matmuls on tensor cores (TROUPE_CUDA_Q8_MMA) give the GEMV's bits",
+          "[cuda][kernels][batch]") {
   // From 16 tokens on the mma kernel runs (70 tokens: two 64-token blocks, the second
   // ragged; 200 rows: a ragged 16-row tile); single tokens still take the GEMV, so each
   // token alone must get the bits it gets in the batch, and the whole batch the GEMV's.
@@ -28,8 +29,8 @@ TEST_CASE("cuda: the int8 matmuls on tensor cores (TROUPE_CUDA_Q8_MMA) give the 
   }();
   std::mt19937 rng(16);
   const int64_t rows = 200, n = 70;
-  for (const DType t : {DType::Q4_0, DType::Q4_1, DType::Q5_0, DType::Q5_1, DType::Q8_0, DType::Q4_K, DType::Q5_K,
-                        DType::Q6_K}) {
+  for (const DType t :
+       {DType::Q4_0, DType::Q4_1, DType::Q5_0, DType::Q5_1, DType::Q8_0, DType::Q4_K, DType::Q5_K, DType::Q6_K}) {
     const int64_t cols = t == DType::Q4_K || t == DType::Q5_K || t == DType::Q6_K ? 768 : 1536;
     INFO(dtype_traits(t).name << " " << rows << " x " << cols << ", " << n << " tokens");
     auto data = test::random_weight(t, rows, cols, rng);

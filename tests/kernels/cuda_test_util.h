@@ -38,7 +38,7 @@ inline std::vector<float> get(Backend& b, const float* p, size_t n) {
 
 // Every element: |a - b| <= abs_tol + rel_tol * |b|.
 inline void expect_close(const std::vector<float>& got, const std::vector<float>& want, double abs_tol, double rel_tol,
-                  const std::string& what) {
+                         const std::string& what) {
   REQUIRE(got.size() == want.size());
   size_t bad = 0, first = 0;
   double worst = 0;

@@ -17,9 +17,10 @@
 
 using namespace troupe;
 
-TEST_CASE("the CUDA block decoders' source decodes every weight type exactly as the reference", "[kernels][cuda-emulation]") {
+TEST_CASE("the CUDA block decoders' source decodes every weight type exactly as the reference",
+          "[kernels][cuda-emulation]") {
   std::mt19937 g(6);
-  const DType types[] = {DType::F32, DType::F16, DType::BF16, DType::Q4_0, DType::Q4_1, DType::Q5_0,
+  const DType types[] = {DType::F32,  DType::F16,  DType::BF16, DType::Q4_0, DType::Q4_1, DType::Q5_0,
                          DType::Q5_1, DType::Q8_0, DType::Q4_K, DType::Q5_K, DType::Q6_K};
   for (DType t : types) {
     const bool k_quant = t == DType::Q4_K || t == DType::Q5_K || t == DType::Q6_K;

@@ -26,7 +26,8 @@ TEST_CASE("the CUDA element-wise kernels' source matches the CPU backend", "[ker
   std::vector<float> act(static_cast<size_t>(n * ffn)), act_cpu(act.size());
   cuda_emu::launch(3, 64, cuda::silu_mul_kernel, gu.data(), n, ffn, act.data(), cuda::HalfOut{});
   cpu->silu_mul(gu.data(), n, ffn, act_cpu.data());
-  for (size_t i = 0; i < act.size(); ++i) CHECK(std::fabs(act[i] - act_cpu[i]) <= 1e-6f + 1e-5f * std::fabs(act_cpu[i]));
+  for (size_t i = 0; i < act.size(); ++i)
+    CHECK(std::fabs(act[i] - act_cpu[i]) <= 1e-6f + 1e-5f * std::fabs(act_cpu[i]));
   // With its output also in half for cuBLAS: the same f32 bits, and every half value as
   // to_half_rows rounds it (below: the host converters' bits).
   for (bool bf16 : {false, true}) {
@@ -65,9 +66,9 @@ TEST_CASE("the CUDA element-wise kernels' source matches the CPU backend", "[ker
     std::fill(h.begin(), h.end(), __float2half_rn(-9.0f));
     std::fill(b.begin(), b.end(), __float2bfloat16_rn(-9.0f));
     auto xa = test::random_floats(static_cast<size_t>(rn * ldx), g, 3.0f);  // (16-byte aligned storage)
-    xa[1] = 70000.0f;   // beyond f16: +inf there
-    xa[2] = -1e-6f;     // an f16 subnormal
-    xa[3] = 1.00048828125f;  // halfway between two f16 values: to even
+    xa[1] = 70000.0f;                                                       // beyond f16: +inf there
+    xa[2] = -1e-6f;                                                         // an f16 subnormal
+    xa[3] = 1.00048828125f;                                                 // halfway between two f16 values: to even
     if (vec) {
       cuda_emu::launch(2, 64, cuda::to_half_rows_kernel<__half, true>, static_cast<const float*>(xa.data()), ldx, rn,
                        cols, ld_out, n_pad, h.data());

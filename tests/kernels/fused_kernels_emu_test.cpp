@@ -37,7 +37,8 @@ double max_diff(const std::vector<float>& a, const std::vector<float>& b) {
 
 }  // namespace
 
-TEST_CASE("the fused add+RMSNorm kernel's source, run on the CPU, gives add + rms_norm's bits", "[kernels][cuda-emulation]") {
+TEST_CASE("the fused add+RMSNorm kernel's source, run on the CPU, gives add + rms_norm's bits",
+          "[kernels][cuda-emulation]") {
   std::mt19937 rng(3);
   auto cpu = make_cpu_backend({1});
   for (int64_t dim : {7, 576, 2050}) {
@@ -90,7 +91,8 @@ TEST_CASE("the norms' kernels, quantizing their output, give quantize_q8's bytes
                            w.data(), 1e-5f, dim, yf.data(), qf.data(), nq, cuda::HalfOut{});
         else
           cuda_emu::launch(static_cast<unsigned>(n), cuda::kThreads, cuda::rms_norm_kernel,
-                           static_cast<const float*>(xf.data()), w.data(), 1e-5f, dim, of.data(), qf.data(), nq, cuda::HalfOut{});
+                           static_cast<const float*>(xf.data()), w.data(), 1e-5f, dim, of.data(), qf.data(), nq,
+                           cuda::HalfOut{});
         const auto& outf = add ? yf : of;
         // Unfused: the plain norm, then the quantizer kernel on its output.
         auto xu = x0, yu = y0;
@@ -105,8 +107,8 @@ TEST_CASE("the norms' kernels, quantizing their output, give quantize_q8's bytes
         const auto& outu = add ? yu : ou;
         std::vector<uint8_t> qu(qf.size(), 0xEE);
         const int64_t warps = n * (dim / 32);
-        cuda_emu::launch(static_cast<unsigned>((warps + 7) / 8), 256, cuda::quantize_q8_kernel, outu.data(), dim, dim, n,
-                         nq, qu.data());
+        cuda_emu::launch(static_cast<unsigned>((warps + 7) / 8), 256, cuda::quantize_q8_kernel, outu.data(), dim, dim,
+                         n, nq, qu.data());
         INFO("dim " << dim << ", " << dtype_traits(type).name << (add ? ", add_rms_norm" : ", rms_norm"));
         CHECK(same_bits(outf, outu));
         CHECK(same_bits(xf, xu));
@@ -114,13 +116,15 @@ TEST_CASE("the norms' kernels, quantizing their output, give quantize_q8's bytes
         // Every quant byte and scale was written (the plain row's zero block too).
         const size_t written = static_cast<size_t>(dim / 32) * 40;
         for (int64_t t = 0; t < n; ++t)
-          CHECK(std::count(qf.begin() + t * rb, qf.begin() + t * rb + written, uint8_t{0xEE}) < static_cast<long>(written / 8));
+          CHECK(std::count(qf.begin() + t * rb, qf.begin() + t * rb + written, uint8_t{0xEE}) <
+                static_cast<long>(written / 8));
       }
     }
   }
 }
 
-TEST_CASE("the norms' kernels, writing their output in half for cuBLAS, give to_half_rows' bits", "[kernels][cuda-emulation]") {
+TEST_CASE("the norms' kernels, writing their output in half for cuBLAS, give to_half_rows' bits",
+          "[kernels][cuda-emulation]") {
   std::mt19937 rng(6);
   // 576 and 2080 as above; 7: a width no quantized GEMV takes (cuBLAS takes any).
   for (int64_t dim : {576, 2080, 7}) {
@@ -159,7 +163,8 @@ TEST_CASE("the norms' kernels, writing their output in half for cuBLAS, give to_
   }
 }
 
-TEST_CASE("the fused RoPE+KV-write kernel's source, run on the CPU, gives rope + kv_write's bits", "[kernels][cuda-emulation]") {
+TEST_CASE("the fused RoPE+KV-write kernel's source, run on the CPU, gives rope + kv_write's bits",
+          "[kernels][cuda-emulation]") {
   std::mt19937 rng(4);
   for (bool neox : {false, true}) {
     const int64_t nh = 6, nkv = 2, hd = 64, n = 4, ld = (nh + 2 * nkv) * hd + 5, row = nkv * hd;
@@ -179,7 +184,8 @@ TEST_CASE("the fused RoPE+KV-write kernel's source, run on the CPU, gives rope +
     auto qu = qkv0;
     std::vector<__half> ku(kf.size()), vu(kf.size());
     cuda_emu::launch(static_cast<unsigned>(n), 256, cuda::rope_kernel, qu.data(), ld, nh, hd, cs.data(), neox);
-    cuda_emu::launch(static_cast<unsigned>(n), 256, cuda::rope_kernel, qu.data() + nh * hd, ld, nkv, hd, cs.data(), neox);
+    cuda_emu::launch(static_cast<unsigned>(n), 256, cuda::rope_kernel, qu.data() + nh * hd, ld, nkv, hd, cs.data(),
+                     neox);
     cuda_emu::launch(static_cast<unsigned>(n), 128, cuda::kv_write_kernel, slots.data(), qu.data() + nh * hd,
                      qu.data() + (nh + nkv) * hd, ld, row, ku.data(), vu.data());
     CHECK(same_bits(qf, qu));
@@ -200,7 +206,8 @@ TEST_CASE("the fused RoPE+KV-write kernel's source, run on the CPU, gives rope +
   }
 }
 
-TEST_CASE("the KV-write kernels' source stores no Inf or NaN: the CPU backend's finite f16", "[kernels][cuda-emulation]") {
+TEST_CASE("the KV-write kernels' source stores no Inf or NaN: the CPU backend's finite f16",
+          "[kernels][cuda-emulation]") {
   // K and V rows holding NaN, +-Inf and values beyond the f16 range among ordinary ones:
   // kv_write and rope_kv_write store what the CPU backend's kv_write stores (NaN as 0, the
   // rest saturated to +-65504), so no masked key's zero weight meets Inf or NaN in P V.

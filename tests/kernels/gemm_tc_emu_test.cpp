@@ -38,9 +38,10 @@ template <typename H>
 struct Case {
   int64_t rows, cols, kp, ldx, ldy;
   cuda_emu::device_vector<H> w;  // [rows, kp], zero past cols
-  std::vector<float> x;  // [n_max, ldx]
+  std::vector<float> x;          // [n_max, ldx]
 
-  Case(int64_t r, int64_t c, int64_t n_max, std::mt19937& g) : rows(r), cols(c), kp((c + 31) / 32 * 32), ldx(c + 3), ldy(r + 2) {
+  Case(int64_t r, int64_t c, int64_t n_max, std::mt19937& g)
+      : rows(r), cols(c), kp((c + 31) / 32 * 32), ldx(c + 3), ldy(r + 2) {
     std::normal_distribution<float> nd(0.0f, 1.0f);
     w.assign(static_cast<size_t>(rows * kp), to_h<H>(0.0f));
     for (int64_t i = 0; i < rows; ++i)
@@ -64,9 +65,10 @@ struct Case {
                         cuda::gemm_tc_large_kernel<H>, static_cast<const H*>(w.data()), kp, rows, kp,
                         static_cast<const H*>(xh.data()), n, y.data(), ldy);
     else
-      cuda_emu::launch3(static_cast<unsigned>((rows + cuda::kF - 1) / cuda::kF), static_cast<unsigned>(n_pad / cuda::kF),
-                        1, cuda::kSmallWarps * 32, cuda::gemm_tc_small_kernel<H>, static_cast<const H*>(w.data()), kp,
-                        rows, kp, static_cast<const H*>(xh.data()), n, y.data(), ldy);
+      cuda_emu::launch3(static_cast<unsigned>((rows + cuda::kF - 1) / cuda::kF),
+                        static_cast<unsigned>(n_pad / cuda::kF), 1, cuda::kSmallWarps * 32,
+                        cuda::gemm_tc_small_kernel<H>, static_cast<const H*>(w.data()), kp, rows, kp,
+                        static_cast<const H*>(xh.data()), n, y.data(), ldy);
     if (xh_out) *xh_out = xh;
     return y;
   }

@@ -29,8 +29,8 @@ void check_group(const std::vector<uint8_t>& w, size_t row_bytes, int64_t rows, 
   // One row per warp (blocks of kWarpsPerBlock rows) and R rows per warp; blockIdx.y picks
   // the token group.
   cuda_emu::launch3(static_cast<unsigned>((rows + cuda::kWarpsPerBlock - 1) / cuda::kWarpsPerBlock), groups, 1,
-                    cuda::kWarpsPerBlock * 32, cuda::gemv_half_kernel<BF16, NT, 4>, w.data(), row_bytes, rows, cols,
-                    xp, ldx, n, vec, y_old.data(), int64_t{rows});
+                    cuda::kWarpsPerBlock * 32, cuda::gemv_half_kernel<BF16, NT, 4>, w.data(), row_bytes, rows, cols, xp,
+                    ldx, n, vec, y_old.data(), int64_t{rows});
   const int64_t per_block = int64_t{cuda::kWarpsPerBlock} * cuda::kHalfRowsPerWarp;
   cuda_emu::launch3(static_cast<unsigned>((rows + per_block - 1) / per_block), groups, 1, cuda::kWarpsPerBlock * 32,
                     cuda::gemv_half_rows_kernel<BF16, NT, cuda::kHalfRowsPerWarp>, w.data(), row_bytes, cols, xp, ldx,
@@ -49,7 +49,8 @@ void check_group(const std::vector<uint8_t>& w, size_t row_bytes, int64_t rows, 
 
 }  // namespace
 
-TEST_CASE("the several-rows-per-warp f16/bf16 GEMV kernel's source gives the one-row kernel's bits", "[kernels][cuda-emulation]") {
+TEST_CASE("the several-rows-per-warp f16/bf16 GEMV kernel's source gives the one-row kernel's bits",
+          "[kernels][cuda-emulation]") {
   std::mt19937 g(8);
   std::normal_distribution<float> nd(0.0f, 1.0f);
   // (44: aligned x whose last vector has one whole 16-byte half: the staged kernels load it as one)
@@ -98,7 +99,8 @@ TEST_CASE("the several-rows-per-warp f16/bf16 GEMV kernel's source gives the one
   }
 }
 
-TEST_CASE("the one-token several-rows-per-warp GEMV kernel's source gives the one-row kernel's bits", "[kernels][cuda-emulation]") {
+TEST_CASE("the one-token several-rows-per-warp GEMV kernel's source gives the one-row kernel's bits",
+          "[kernels][cuda-emulation]") {
   std::mt19937 g(9);
   std::normal_distribution<float> nd(0.0f, 1.0f);
   auto run_type = [&]<DType T>(int64_t cols) {
@@ -159,8 +161,8 @@ void check_half_epilogues(std::mt19937& g, int64_t cols, int64_t n, bool aligned
     using E = decltype(out);
     const int64_t per_block = int64_t{cuda::kWarpsPerBlock} * (R / E::kRows);
     cuda_emu::launch3(static_cast<unsigned>((out.items() + per_block - 1) / per_block), groups, 1,
-                      cuda::kWarpsPerBlock * 32, cuda::gemv_half_rows_kernel<BF16, NT, R, E>, w.data(), row_bytes,
-                      cols, x, cols, n, vec, out);
+                      cuda::kWarpsPerBlock * 32, cuda::gemv_half_rows_kernel<BF16, NT, R, E>, w.data(), row_bytes, cols,
+                      x, cols, n, vec, out);
   };
   for (int64_t ffn : {6, 19}) {
     const auto w = weight(2 * ffn);
@@ -177,7 +179,8 @@ void check_half_epilogues(std::mt19937& g, int64_t cols, int64_t n, bool aligned
 
 }  // namespace
 
-TEST_CASE("the f16/bf16 GEMV's fused SiLU and RoPE + KV-write epilogues give the unfused ops' bits", "[kernels][cuda-emulation]") {
+TEST_CASE("the f16/bf16 GEMV's fused SiLU and RoPE + KV-write epilogues give the unfused ops' bits",
+          "[kernels][cuda-emulation]") {
   std::mt19937 g(15);
   check_half_epilogues<true, 1>(g, 64, 1, true);
   check_half_epilogues<false, 1>(g, 45, 1, false);

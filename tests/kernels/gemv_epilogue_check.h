@@ -66,8 +66,8 @@ void check_rope_epilogue(int64_t nh, int64_t nkv, int64_t hd, int64_t n, bool ne
   slots.resize(static_cast<size_t>(n));
   std::vector<float> qkv(static_cast<size_t>(n * ld), -9.0f);
   std::vector<uint16_t> kc(static_cast<size_t>(num_slots * kv_row), 0xABCD), vc(kc.size(), 0xABCD);
-  fused(cuda::RopeKvOut{cuda::RopeKvArgs{qkv.data(), ld, nh, nkv, hd, cs.data(), neox, slots.data(), kc.data(),
-                                         vc.data()}});
+  fused(cuda::RopeKvOut{
+      cuda::RopeKvArgs{qkv.data(), ld, nh, nkv, hd, cs.data(), neox, slots.data(), kc.data(), vc.data()}});
   // The expected: the plain sums at stride ld, Q and K heads rotated in place, rotated K
   // and V in the token's slot as f16.
   std::vector<float> want(qkv.size(), -9.0f);

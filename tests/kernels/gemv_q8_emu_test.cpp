@@ -37,8 +37,8 @@ Q8 q8_block(const std::vector<uint8_t>& xq, int64_t cols, int64_t t, int64_t b) 
 }
 
 template <DType T, int NT, int R>
-std::vector<float> run(const std::vector<uint8_t>& w, size_t row_bytes, int64_t rows, int64_t nb,
-                       const uint8_t* xq, int64_t n) {
+std::vector<float> run(const std::vector<uint8_t>& w, size_t row_bytes, int64_t rows, int64_t nb, const uint8_t* xq,
+                       int64_t n) {
   std::vector<float> y(static_cast<size_t>(n * rows), -7.0f);
   const unsigned blocks = static_cast<unsigned>((rows + cuda::kWarpsPerBlock * R - 1) / (cuda::kWarpsPerBlock * R));
   const unsigned groups = static_cast<unsigned>((n + NT - 1) / NT);
@@ -66,7 +66,8 @@ void check(std::mt19937& g, int64_t rows, int64_t nb, int64_t n) {
                    cuda::q8_numerics(T), xq.data());
   for (int64_t i = 0; i < n * nb; ++i) {  // q = round(x / d) within a step of x's scale
     const Q8 b = q8_block(xq, cols, i / nb, i % nb);
-    for (int j = 0; j < 32; ++j) REQUIRE(std::fabs(b.q[j] * b.d - x[i * 32 + j]) <= 0.6 * b.d + 1e-6);  // (d is f16-rounded)
+    for (int j = 0; j < 32; ++j)
+      REQUIRE(std::fabs(b.q[j] * b.d - x[i * 32 + j]) <= 0.6 * b.d + 1e-6);  // (d is f16-rounded)
   }
   const auto one = run<T, NT, 1>(w, rb, rows, nb, xq.data(), n);
   const auto four = run<T, NT, 4>(w, rb, rows, nb, xq.data(), n);
@@ -118,8 +119,9 @@ void check_unpack(std::mt19937& g, int64_t nb) {
       for (int e = 0; e < 32; ++e) {
         const int q = static_cast<int>(static_cast<int8_t>(static_cast<uint32_t>(v[e / 4]) >> (8 * (e % 4))));
         const int qu = static_cast<int>((static_cast<uint32_t>(v[e / 4]) >> (8 * (e % 4))) & 0xFF);
-        const double got = T == DType::Q6_K ? double(d) * sc[e / 16] * q : T == DType::Q8_0 ? double(d) * q
-                                                                                              : double(d) * qu + m;
+        const double got = T == DType::Q6_K   ? double(d) * sc[e / 16] * q
+                           : T == DType::Q8_0 ? double(d) * q
+                                              : double(d) * qu + m;
         const double want = deq[j * 32 + e];
         INFO(dtype_traits(T).name << " row " << r << " block " << j << " element " << e);
         REQUIRE(std::fabs(got - want) <= 1e-6 * (std::fabs(want) + std::fabs(double(m)) + std::fabs(double(d))));
@@ -130,7 +132,8 @@ void check_unpack(std::mt19937& g, int64_t nb) {
 
 }  // namespace
 
-TEST_CASE("the int8-activation GEMV's block unpacking gives the reference dequantizer's values", "[kernels][cuda-emulation]") {
+TEST_CASE("the int8-activation GEMV's block unpacking gives the reference dequantizer's values",
+          "[kernels][cuda-emulation]") {
   std::mt19937 g(13);
   for (int64_t nb : {1, 7}) {
     check_unpack<DType::Q4_0>(g, nb);
@@ -146,7 +149,8 @@ TEST_CASE("the int8-activation GEMV's block unpacking gives the reference dequan
   }
 }
 
-TEST_CASE("the int8-activation GEMV kernel's source: rows per warp and batch never change a token's bits", "[kernels][cuda-emulation]") {
+TEST_CASE("the int8-activation GEMV kernel's source: rows per warp and batch never change a token's bits",
+          "[kernels][cuda-emulation]") {
   std::mt19937 g(12);
   for (int64_t rows : {5, 33}) {
     for (int64_t nb : {3, 20}) {
@@ -244,7 +248,8 @@ void check_epilogues(std::mt19937& g, int64_t nb, int64_t n) {
 
 }  // namespace
 
-TEST_CASE("the int8-activation GEMV's fused SiLU and RoPE + KV-write epilogues give the unfused ops' bits", "[kernels][cuda-emulation]") {
+TEST_CASE("the int8-activation GEMV's fused SiLU and RoPE + KV-write epilogues give the unfused ops' bits",
+          "[kernels][cuda-emulation]") {
   std::mt19937 g(14);
   check_epilogues<DType::Q4_1, 1>(g, 3, 1);
   check_epilogues<DType::Q4_0, 4>(g, 5, 3);

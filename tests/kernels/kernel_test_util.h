@@ -51,7 +51,8 @@ inline std::vector<uint8_t> device_rows(DType type, const std::vector<uint8_t>& 
   const size_t src_rb = *row_bytes(type, static_cast<uint64_t>(cols));
   *stride = *cuda::device_row_bytes(type, cols);
   std::vector<uint8_t> out(*stride * static_cast<size_t>(rows));
-  for (int64_t r = 0; r < rows; ++r) cuda::to_device_row(type, gguf.data() + src_rb * r, cols, out.data() + *stride * r);
+  for (int64_t r = 0; r < rows; ++r)
+    cuda::to_device_row(type, gguf.data() + src_rb * r, cols, out.data() + *stride * r);
   return out;
 }
 

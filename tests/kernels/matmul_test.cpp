@@ -15,10 +15,14 @@ namespace {
 
 std::vector<Isa> available_isas() {
   std::vector<Isa> v{Isa::Scalar};
-  if (detect_isa() >= Isa::Avx2) v.push_back(Isa::Avx2);
-  else WARN("AVX2 kernels not exercised: this CPU (or TROUPE_CPU_ISA) does not allow them");
-  if (detect_isa() >= Isa::Avx512) v.push_back(Isa::Avx512);
-  else WARN("AVX-512 VNNI kernels not exercised: this CPU (or TROUPE_CPU_ISA) does not allow them");
+  if (detect_isa() >= Isa::Avx2)
+    v.push_back(Isa::Avx2);
+  else
+    WARN("AVX2 kernels not exercised: this CPU (or TROUPE_CPU_ISA) does not allow them");
+  if (detect_isa() >= Isa::Avx512)
+    v.push_back(Isa::Avx512);
+  else
+    WARN("AVX-512 VNNI kernels not exercised: this CPU (or TROUPE_CPU_ISA) does not allow them");
   return v;
 }
 
@@ -49,21 +53,26 @@ void reference(DType type, const std::vector<uint8_t>& w, int64_t rows, int64_t 
 // float weights only see f32 rounding.
 double tolerance(DType type) {
   switch (type) {
-    case DType::F32: case DType::F16: case DType::BF16: return 1e-5;
-    default: return 2e-2;
+    case DType::F32:
+    case DType::F16:
+    case DType::BF16:
+      return 1e-5;
+    default:
+      return 2e-2;
   }
 }
 
 }  // namespace
 
 TEST_CASE("matmul matches the reference for every type, ISA and odd shape", "[kernels][matmul]") {
-  const DType types[] = {DType::F32, DType::F16, DType::BF16, DType::Q4_0, DType::Q4_1, DType::Q5_0,
+  const DType types[] = {DType::F32,  DType::F16,  DType::BF16, DType::Q4_0, DType::Q4_1, DType::Q5_0,
                          DType::Q5_1, DType::Q8_0, DType::Q4_K, DType::Q5_K, DType::Q6_K};
   std::mt19937 rng(1234);
   for (DType type : types) {
     const int64_t block = dtype_traits(type).block_size;
     const int64_t unit = block == 1 ? 1 : (block == 256 ? 256 : 32);
-    const std::pair<int64_t, int64_t> shapes[] = {{1, unit == 1 ? 7 : unit}, {7, unit * 3}, {33, unit == 1 ? 129 : unit * 5}, {18, unit * 2}};
+    const std::pair<int64_t, int64_t> shapes[] = {
+        {1, unit == 1 ? 7 : unit}, {7, unit * 3}, {33, unit == 1 ? 129 : unit * 5}, {18, unit * 2}};
     for (auto [rows, cols] : shapes) {
       for (bool structured : {false, true}) {
         auto w = test::random_weight(type, rows, cols, rng, structured);
@@ -82,7 +91,8 @@ TEST_CASE("matmul matches the reference for every type, ISA and odd shape", "[ke
               const double err = std::fabs(y[i] - yref[i]);
               if (err > tolerance(type) * mag[i] + 1e-5) {
                 FAIL("type " << dtype_traits(type).name << " isa " << isa_name(isa) << " shape " << rows << "x" << cols
-                             << " n " << n << " elem " << i << ": got " << y[i] << " want " << yref[i] << " (mag " << mag[i] << ")");
+                             << " n " << n << " elem " << i << ": got " << y[i] << " want " << yref[i] << " (mag "
+                             << mag[i] << ")");
               }
             }
           }
@@ -108,7 +118,8 @@ TEST_CASE("SIMD matmul agrees closely with the scalar kernel", "[kernels][matmul
     for (Isa isa : available_isas()) {
       matmul(*packed, x.data(), 5, yv.data(), pool, s, isa);
       for (size_t i = 0; i < ys.size(); ++i) {
-        INFO("type " << dtype_traits(type).name << " isa " << isa_name(isa) << " elem " << i << " scalar " << ys[i] << " simd " << yv[i]);
+        INFO("type " << dtype_traits(type).name << " isa " << isa_name(isa) << " elem " << i << " scalar " << ys[i]
+                     << " simd " << yv[i]);
         REQUIRE(std::fabs(ys[i] - yv[i]) <= 1e-4f * (1 + std::fabs(ys[i])));
       }
     }
@@ -140,7 +151,8 @@ TEST_CASE("matmul results do not depend on the other tokens in the call", "[kern
 
 TEST_CASE("unpack_row reproduces the reference dequantizer", "[kernels][packed]") {
   std::mt19937 rng(5);
-  for (DType type : {DType::Q4_0, DType::Q4_1, DType::Q5_0, DType::Q5_1, DType::Q8_0, DType::Q4_K, DType::Q5_K, DType::Q6_K, DType::BF16}) {
+  for (DType type : {DType::Q4_0, DType::Q4_1, DType::Q5_0, DType::Q5_1, DType::Q8_0, DType::Q4_K, DType::Q5_K,
+                     DType::Q6_K, DType::BF16}) {
     const int64_t cols = dtype_traits(type).block_size == 256 ? 512 : 96, rows = 3;
     auto w = test::random_weight(type, rows, cols, rng);
     auto packed = pack_weight(type, rows, cols, w.data());

@@ -29,7 +29,8 @@ TEST_CASE("rms_norm matches the formula", "[kernels][ops]") {
       for (int64_t j = 0; j < dim; ++j) ss += double(x[r * dim + j]) * x[r * dim + j];
       const double s = 1.0 / std::sqrt(ss / dim + 1e-5);
       for (int64_t j = 0; j < dim; ++j)
-        REQUIRE(std::fabs(y[r * dim + j] - x[r * dim + j] * s * w[j]) <= 1e-5 * (1 + std::fabs(x[r * dim + j] * s * w[j])));
+        REQUIRE(std::fabs(y[r * dim + j] - x[r * dim + j] * s * w[j]) <=
+                1e-5 * (1 + std::fabs(x[r * dim + j] * s * w[j])));
     }
   }
 }
@@ -121,7 +122,7 @@ TEST_CASE("the KV cache's f16 conversion stays finite: NaN to 0, saturation at +
     for (int64_t i = 0; i < n; ++i) {
       INFO("n " << n << " i " << i << " x " << x[i]);
       REQUIRE(h[i] == f32_to_f16_kv(x[i]));
-      REQUIRE((h[i] & 0x7c00) != 0x7c00);  // never Inf or NaN
+      REQUIRE((h[i] & 0x7c00) != 0x7c00);                                  // never Inf or NaN
       if (std::fabs(x[i]) <= 65504.0f) REQUIRE(h[i] == f32_to_f16(x[i]));  // (NaN compares false)
     }
   }
@@ -157,7 +158,11 @@ TEST_CASE("paged attention matches naive causal attention", "[kernels][ops][atte
     std::vector<float> k, v;
     int last = -1;
     for (auto [s, p] : toks) {
-      if (s != last) { if (last >= 0) qs.push_back(static_cast<int32_t>(ids.size())); last = s; ctx.push_back(0); }
+      if (s != last) {
+        if (last >= 0) qs.push_back(static_cast<int32_t>(ids.size()));
+        last = s;
+        ctx.push_back(0);
+      }
       ids.push_back(1);
       pos.push_back(p);
       slots.push_back(tables[s * mb + p / bs] * bs + p % bs);
@@ -168,7 +173,8 @@ TEST_CASE("paged attention matches naive causal attention", "[kernels][ops][atte
     qs.push_back(static_cast<int32_t>(ids.size()));
     return std::make_tuple(ids, pos, slots, qs, ctx, k, v);
   };
-  auto run_step = [&](const std::vector<std::pair<int, int>>& toks, const std::vector<float>* q, std::vector<float>* out) {
+  auto run_step = [&](const std::vector<std::pair<int, int>>& toks, const std::vector<float>* q,
+                      std::vector<float>* out) {
     auto [ids, pos, slots, qs, ctx, k, v] = write(toks);
     StepInputs st;
     st.num_tokens = static_cast<int32_t>(ids.size());
@@ -207,7 +213,10 @@ TEST_CASE("paged attention matches naive causal attention", "[kernels][ops][atte
         w[j] = d / std::sqrt(double(hd));
         mx = std::max(mx, w[j]);
       }
-      for (auto& e : w) { e = std::exp(e - mx); z += e; }
+      for (auto& e : w) {
+        e = std::exp(e - mx);
+        z += e;
+      }
       for (int i = 0; i < hd; ++i) {
         double o = 0;
         for (int j = 0; j <= p; ++j) o += w[j] / z * V[s][(j * nkv + kh) * hd + i];
@@ -222,11 +231,16 @@ TEST_CASE("blocked attention gives the bits of the one-key-at-a-time path", "[ke
   // attention_tile (what the backend calls) and each SIMD body this CPU has, called directly:
   // attention_tile dispatches once per process, so on an AVX-512 machine it alone would never
   // reach the AVX2 body.
-  std::vector<std::pair<const char*, void (*)(const cpu::AttentionTile&)>> bodies{{"attention_tile", cpu::attention_tile}};
-  if (cpu::detect_isa() >= cpu::Isa::Avx2) bodies.push_back({"avx2", cpu::attention_tile_avx2});
-  else WARN("AVX2 attention body not exercised: this CPU (or TROUPE_CPU_ISA) lacks AVX2/FMA/F16C");
-  if (cpu::detect_isa() >= cpu::Isa::Avx512) bodies.push_back({"avx512", cpu::attention_tile_avx512});
-  else WARN("AVX-512 attention body not exercised: this CPU (or TROUPE_CPU_ISA) lacks AVX-512");
+  std::vector<std::pair<const char*, void (*)(const cpu::AttentionTile&)>> bodies{
+      {"attention_tile", cpu::attention_tile}};
+  if (cpu::detect_isa() >= cpu::Isa::Avx2)
+    bodies.push_back({"avx2", cpu::attention_tile_avx2});
+  else
+    WARN("AVX2 attention body not exercised: this CPU (or TROUPE_CPU_ISA) lacks AVX2/FMA/F16C");
+  if (cpu::detect_isa() >= cpu::Isa::Avx512)
+    bodies.push_back({"avx512", cpu::attention_tile_avx512});
+  else
+    WARN("AVX-512 attention body not exercised: this CPU (or TROUPE_CPU_ISA) lacks AVX-512");
   std::mt19937 rng(11);
   for (int32_t hd : {64, 128}) {
     for (int32_t group : {1, 2, 3, 4, 5}) {
@@ -239,37 +253,38 @@ TEST_CASE("blocked attention gives the bits of the one-key-at-a-time path", "[ke
       std::iota(table.begin(), table.end(), 0);
       std::shuffle(table.begin(), table.end(), rng);
       for (int32_t num : {1, 3, 4})
-      for (const int32_t first : {0, 5, std::uniform_int_distribution<int32_t>(0, 300)(rng)}) {  // short and odd lengths
-      for (const auto& [body_name, body] : bodies) {
-        std::vector<int32_t> pos(static_cast<size_t>(num));
-        std::iota(pos.begin(), pos.end(), first);
-        const auto q = test::random_floats(static_cast<size_t>(num * nh * hd), rng);
-        std::vector<float> fast(q.size(), 7.0f), slow(q.size(), -7.0f);
-        for (int32_t h = 0; h < nkv; ++h) {
-          cpu::AttentionTile at;
-          at.k = k.data();
-          at.v = v.data();
-          at.row = row;
-          at.head_dim = hd;
-          at.block_size = bs;
-          at.group = group;
-          at.kv_head = h;
-          at.block_table = table.data();
-          at.scale = 1.0f / std::sqrt(float(hd));
-          at.q = q.data();
-          at.ld_q = int64_t{nh} * hd;
-          at.positions = pos.data();
-          at.num = num;
-          at.ld_out = at.ld_q;
-          at.out = fast.data();
-          body(at);
-          at.out = slow.data();
-          cpu::attention_tile_portable(at);
+        for (const int32_t first :
+             {0, 5, std::uniform_int_distribution<int32_t>(0, 300)(rng)}) {  // short and odd lengths
+          for (const auto& [body_name, body] : bodies) {
+            std::vector<int32_t> pos(static_cast<size_t>(num));
+            std::iota(pos.begin(), pos.end(), first);
+            const auto q = test::random_floats(static_cast<size_t>(num * nh * hd), rng);
+            std::vector<float> fast(q.size(), 7.0f), slow(q.size(), -7.0f);
+            for (int32_t h = 0; h < nkv; ++h) {
+              cpu::AttentionTile at;
+              at.k = k.data();
+              at.v = v.data();
+              at.row = row;
+              at.head_dim = hd;
+              at.block_size = bs;
+              at.group = group;
+              at.kv_head = h;
+              at.block_table = table.data();
+              at.scale = 1.0f / std::sqrt(float(hd));
+              at.q = q.data();
+              at.ld_q = int64_t{nh} * hd;
+              at.positions = pos.data();
+              at.num = num;
+              at.ld_out = at.ld_q;
+              at.out = fast.data();
+              body(at);
+              at.out = slow.data();
+              cpu::attention_tile_portable(at);
+            }
+            INFO(body_name << ": hd " << hd << " group " << group << " num " << num << " first " << first);
+            for (size_t i = 0; i < q.size(); ++i) REQUIRE(std::memcmp(&fast[i], &slow[i], sizeof(float)) == 0);
+          }
         }
-        INFO(body_name << ": hd " << hd << " group " << group << " num " << num << " first " << first);
-        for (size_t i = 0; i < q.size(); ++i) REQUIRE(std::memcmp(&fast[i], &slow[i], sizeof(float)) == 0);
-      }
-      }
     }
   }
 }
@@ -282,9 +297,22 @@ TEST_CASE("the softmax's vector exp gives std::exp's bits", "[kernels][ops][atte
   for (int round = 0; round < 8; ++round) {
     for (size_t i = 0; i < x.size(); ++i) x[i] = (i % 3 == 2 ? positive : i % 3 ? wide : narrow)(rng);
     // Edges: 0, the underflow threshold and its neighbours, subnormal results, tiny inputs.
-    const float edges[] = {0.0f, -0.0f, -0x1.9fe368p6f, std::nextafter(-0x1.9fe368p6f, 0.0f),
-                           std::nextafter(-0x1.9fe368p6f, -200.0f), -87.5f, -88.7f, -1e-30f, -200.0f,
-                           1e-30f, 87.9f, 88.0f, 88.1f, 88.7f, 89.0f, 200.0f};
+    const float edges[] = {0.0f,
+                           -0.0f,
+                           -0x1.9fe368p6f,
+                           std::nextafter(-0x1.9fe368p6f, 0.0f),
+                           std::nextafter(-0x1.9fe368p6f, -200.0f),
+                           -87.5f,
+                           -88.7f,
+                           -1e-30f,
+                           -200.0f,
+                           1e-30f,
+                           87.9f,
+                           88.0f,
+                           88.1f,
+                           88.7f,
+                           89.0f,
+                           200.0f};
     std::copy(std::begin(edges), std::end(edges), x.begin());
     const float sub = round % 2 ? 0.0f : 1.5f;
     auto got = x;

@@ -36,7 +36,8 @@ std::vector<float> normal_row(int32_t vocab, float sigma, std::mt19937& g) {
 
 }  // namespace
 
-TEST_CASE("the CUDA sampling kernel's source, run on the CPU, picks the host sampler's tokens", "[sampling][kernels][cuda-emulation]") {
+TEST_CASE("the CUDA sampling kernel's source, run on the CPU, picks the host sampler's tokens",
+          "[sampling][kernels][cuda-emulation]") {
   std::mt19937 g(17);
   std::vector<Case> cases;
   auto add = [&](std::vector<float> row, float t, int32_t k, float top_p, float min_p, const char* what) {

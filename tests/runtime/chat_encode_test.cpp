@@ -45,7 +45,7 @@ TEST_CASE("chat: special-token text in content stays text, the template's tokens
   auto b = encode_chat(tok, s.tmpl, inj, true);
   REQUIRE(b.ok());
   auto count = [](const std::vector<int32_t>& v, int32_t id) { return std::count(v.begin(), v.end(), id); };
-  CHECK(count(*b, im_end) == count(*a, im_end));      // only the template's own
+  CHECK(count(*b, im_end) == count(*a, im_end));  // only the template's own
   CHECK(count(*b, im_start) == count(*a, im_start));
   auto evil_text = s.tmpl.render(inj, true, "", "");
   REQUIRE(evil_text.ok());

@@ -79,7 +79,8 @@ TEST_CASE("chat template golden cases match jinja2", "[chat_template]") {
     // The same case through the typed entry point when it only needs role/content.
     if (c["uses_render"].get<bool>()) {
       std::vector<ChatMessage> messages;
-      for (const auto& m : vars["messages"]) messages.push_back({m["role"].get<std::string>(), m["content"].get<std::string>()});
+      for (const auto& m : vars["messages"])
+        messages.push_back({m["role"].get<std::string>(), m["content"].get<std::string>()});
       auto typed = t.render(messages, vars["add_generation_prompt"].get<bool>(), vars["bos_token"].get<std::string>(),
                             vars["eos_token"].get<std::string>());
       REQUIRE(typed.ok() == got.ok());
@@ -158,7 +159,8 @@ TEST_CASE("chat template loop budget", "[chat_template]") {
   ChatTemplate eleven = must_parse("{% for i in range(5) %}{{ i }}{% endfor %}{% for i in range(6) %}{% endfor %}");
   CHECK_THAT(render_error(eleven, {}, small), Catch::Contains("loop budget exceeded"));
   // range() itself refuses to build more items than the budget allows.
-  CHECK_THAT(render_error(must_parse("{{ range(1000000000000) | length }}"), {}), Catch::Contains("loop budget exceeded"));
+  CHECK_THAT(render_error(must_parse("{{ range(1000000000000) | length }}"), {}),
+             Catch::Contains("loop budget exceeded"));
 }
 
 TEST_CASE("chat template output budget", "[chat_template]") {
@@ -197,7 +199,8 @@ TEST_CASE("chat template depth and time budgets", "[chat_template]") {
   quick.max_seconds = 0.05;
   quick.max_loop_iterations = uint64_t{1} << 40;
   ChatTemplate slow = must_parse(
-      "{% for i in range(100000) %}{% for j in range(100000) %}{% if i == j and i < 0 %}x{% endif %}{% endfor %}{% endfor %}");
+      "{% for i in range(100000) %}{% for j in range(100000) %}{% if i == j and i < 0 %}x{% endif %}{% endfor %}{% "
+      "endfor %}");
   auto start = std::chrono::steady_clock::now();
   CHECK_THAT(render_error(slow, {}, quick), Catch::Contains("time budget exceeded (max_seconds=0.05)"));
   CHECK(std::chrono::steady_clock::now() - start < std::chrono::seconds(2));
@@ -210,11 +213,13 @@ TEST_CASE("chat template value nesting is bounded by max_depth", "[chat_template
   const std::string limit = "value nested deeper than 64 levels (max_depth=64)";
   CHECK_THAT(render_error(must_parse(grow + "{% set ns.x = [ns.x] %}{% endfor %}{{ ns.x | tojson }}"), {}),
              Catch::Contains("line 1: " + limit));
-  CHECK_THAT(render_error(must_parse(grow + "{% set ns.x = [ns.x] %}{% endfor %}{{ ns.x }}"), {}), Catch::Contains(limit));
+  CHECK_THAT(render_error(must_parse(grow + "{% set ns.x = [ns.x] %}{% endfor %}{{ ns.x }}"), {}),
+             Catch::Contains(limit));
   CHECK_THAT(render_error(must_parse(grow + "{% set ns.d = {'a': ns.d} %}{% endfor %}{{ ns.d | string }}"), {}),
              Catch::Contains(limit));
   CHECK_THAT(render_error(must_parse(grow + "{% set ns.d = dict(a=ns.d) %}{% endfor %}"), {}), Catch::Contains(limit));
-  CHECK_THAT(render_error(must_parse(grow + "{% set ns.d = {'a': ns.d}.items() %}{% endfor %}"), {}), Catch::Contains(limit));
+  CHECK_THAT(render_error(must_parse(grow + "{% set ns.d = {'a': ns.d}.items() %}{% endfor %}"), {}),
+             Catch::Contains(limit));
   CHECK_THAT(render_error(must_parse(grow + "{% set ns.x = [ns.x] | list %}{% endfor %}"), {}), Catch::Contains(limit));
   // Exactly max_depth levels still render; the limit follows the budget.
   ChatTemplate to64 = must_parse(
@@ -224,7 +229,8 @@ TEST_CASE("chat template value nesting is bounded by max_depth", "[chat_template
   TemplateBudget shallow;
   shallow.max_depth = 30;
   CHECK(render_ok(to64, {{"n", 30}}, shallow).size() == 61);
-  CHECK_THAT(render_error(to64, {{"n", 31}}, shallow), Catch::Contains("value nested deeper than 30 levels (max_depth=30)"));
+  CHECK_THAT(render_error(to64, {{"n", 31}}, shallow),
+             Catch::Contains("value nested deeper than 30 levels (max_depth=30)"));
   // Template variables are held to the same limit, before any recursion over them.
   nlohmann::ordered_json deep = 1;
   for (int k = 0; k < 100000; ++k) deep = nlohmann::ordered_json::array({std::move(deep)});

@@ -213,10 +213,12 @@ TEST_CASE("cuda: greedy tokens on bf16 weights match the CPU backend", "[cuda][m
   compare_backends(*files, {1, 17, 300, 511, 42, 42, 9, 0, 250, 77}, "tiny-llama bf16 (dummy weights)");
   CudaBackendOptions tc;
   tc.tc_gemm = true;
-  compare_backends(*files, {1, 17, 300, 511, 42, 42, 9, 0, 250, 77}, "tiny-llama bf16 (dummy weights), tensor cores", tc);
+  compare_backends(*files, {1, 17, 300, 511, 42, 42, 9, 0, 250, 77}, "tiny-llama bf16 (dummy weights), tensor cores",
+                   tc);
 }
 
-TEST_CASE("cuda: greedy tokens on a bf16 Hugging Face directory of real weights match the CPU backend", "[cuda][model]") {
+TEST_CASE("cuda: greedy tokens on a bf16 Hugging Face directory of real weights match the CPU backend",
+          "[cuda][model]") {
   if (gpu_missing()) return;
   const std::string path = test::default_model_path();
   if (!test::file_exists(path)) FAIL(test::model_missing_message(path));
@@ -333,7 +335,7 @@ TEST_CASE("cuda: decode replayed from CUDA graphs gives the same logits as eager
   WARN(stats);
   const auto pos = stats.find(" held, ");
   REQUIRE(pos != std::string::npos);
-  CHECK(std::stoll(stats.substr(pos + 7)) >= 30);  // replays
+  CHECK(std::stoll(stats.substr(pos + 7)) >= 30);                // replays
   CHECK(stats.find(" 0 failed captures") != std::string::npos);  // (a failed one runs eagerly)
   CHECK((*without)->stats().find(" 0 replays") != std::string::npos);
 }
@@ -382,11 +384,11 @@ TEST_CASE("cuda: seeded sampling on the device matches the host sampler and its 
   const auto together = run(device);
   std::map<int64_t, std::vector<int32_t>> alone;
   for (const auto& r : device) alone[r.id] = run({r})[r.id];
-  CHECK(together == alone);         // a request's draws do not depend on its neighbours
-  CHECK(run(host) == together);     // the device draws what the host sampler draws
+  CHECK(together == alone);      // a request's draws do not depend on its neighbours
+  CHECK(run(host) == together);  // the device draws what the host sampler draws
   std::set<int32_t> distinct;
   for (const auto& [id, toks] : together) distinct.insert(toks.begin(), toks.end());
-  CHECK(distinct.size() > 10);      // sampled, not stuck
+  CHECK(distinct.size() > 10);  // sampled, not stuck
 }
 
 TEST_CASE("cuda: troupe run's sampling on the device draws what the host sampler draws", "[cuda][sampling]") {

@@ -63,7 +63,8 @@ TEST_CASE("engine: concurrent greedy requests equal solo runs, with and without 
   }
   const int n_new = 10;
   std::map<int64_t, std::vector<int32_t>> solo;
-  for (size_t i = 0; i < prompts.size(); ++i) solo[static_cast<int64_t>(i)] = solo_greedy(**model, *be, prompts[i], n_new);
+  for (size_t i = 0; i < prompts.size(); ++i)
+    solo[static_cast<int64_t>(i)] = solo_greedy(**model, *be, prompts[i], n_new);
   for (int32_t blocks : {64, 12}) {  // plenty, then about 2x oversubscribed
     for (bool prefix : {false, true}) {
       EngineConfig cfg;

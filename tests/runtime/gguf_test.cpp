@@ -131,7 +131,8 @@ TEST_CASE("the tiny model file parses and truncations fail cleanly", "[gguf][bad
   // The last tensor's data ends exactly at the end of the file (no trailing padding), so
   // every strict prefix must be rejected.
   uint64_t end = 0;
-  for (const auto& t : f->tensors()) end = std::max<uint64_t>(end, static_cast<uint64_t>(t.data - bytes.data()) + t.nbytes);
+  for (const auto& t : f->tensors())
+    end = std::max<uint64_t>(end, static_cast<uint64_t>(t.data - bytes.data()) + t.nbytes);
   REQUIRE(end == bytes.size());
   // Every byte of the header and metadata, then every 101st byte of the tensor data.
   const size_t data_start = static_cast<size_t>(f->tensors().front().data - bytes.data());
@@ -255,7 +256,8 @@ TEST_CASE("model-level inconsistencies in a GGUF are clear errors", "[gguf][badi
   REQUIRE_THAT(open_with([](gguf::Writer& w) { w.add_u32("llama.vocab_size", 1000); }), Catch::Contains("vocabulary"));
   // A later key with the same name is a duplicate, so bad hyper-parameters need a fresh key set:
   // use an architecture name with no metadata at all.
-  REQUIRE_THAT(open_with([](gguf::Writer& w) { w.add_string("general.architecture", "x"); }), Catch::Contains("duplicate"));
+  REQUIRE_THAT(open_with([](gguf::Writer& w) { w.add_string("general.architecture", "x"); }),
+               Catch::Contains("duplicate"));
   test::TinyModelSpec s;
   s.kv_heads = 3;  // 4 query heads cannot be shared evenly by 3 KV heads
   {

@@ -57,10 +57,10 @@ inline std::string write_bf16_hf_dir(const ModelFiles& gguf, const std::filesyst
     const std::string layer = g.substr(4, dot - 4), rest = g.substr(dot + 1);
     const std::string p = "model.layers." + layer + ".";
     static const std::pair<const char*, const char*> map[] = {
-        {"attn_norm.weight", "input_layernorm.weight"},   {"ffn_norm.weight", "post_attention_layernorm.weight"},
-        {"attn_q.weight", "self_attn.q_proj.weight"},     {"attn_k.weight", "self_attn.k_proj.weight"},
-        {"attn_v.weight", "self_attn.v_proj.weight"},     {"attn_output.weight", "self_attn.o_proj.weight"},
-        {"ffn_gate.weight", "mlp.gate_proj.weight"},      {"ffn_up.weight", "mlp.up_proj.weight"},
+        {"attn_norm.weight", "input_layernorm.weight"}, {"ffn_norm.weight", "post_attention_layernorm.weight"},
+        {"attn_q.weight", "self_attn.q_proj.weight"},   {"attn_k.weight", "self_attn.k_proj.weight"},
+        {"attn_v.weight", "self_attn.v_proj.weight"},   {"attn_output.weight", "self_attn.o_proj.weight"},
+        {"ffn_gate.weight", "mlp.gate_proj.weight"},    {"ffn_up.weight", "mlp.up_proj.weight"},
         {"ffn_down.weight", "mlp.down_proj.weight"}};
     for (const auto& [from, to] : map)
       if (rest == from) return p + to;
@@ -76,7 +76,8 @@ inline std::string write_bf16_hf_dir(const ModelFiles& gguf, const std::filesyst
     const auto row_bytes = troupe::row_bytes(t.type, static_cast<uint64_t>(cols));
     if (!row_bytes) return "tensor " + name + ": bad row size";
     for (int64_t r = 0; r < rows; ++r)
-      if (!cpu::dequantize_row_ref(t.type, static_cast<const uint8_t*>(t.data) + *row_bytes * r, v.data() + r * cols, cols))
+      if (!cpu::dequantize_row_ref(t.type, static_cast<const uint8_t*>(t.data) + *row_bytes * r, v.data() + r * cols,
+                                   cols))
         return "tensor " + name + ": no reference dequantizer";
     if (name.find("attn_q.weight") != std::string::npos) v = unpermute_rows(v, rows, cols, c.num_heads);
     if (name.find("attn_k.weight") != std::string::npos) v = unpermute_rows(v, rows, cols, c.num_kv_heads);

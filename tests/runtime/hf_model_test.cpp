@@ -161,8 +161,10 @@ void write_hf_dir(const TempDir& d, const Spec& s, const HfWeights& w, DType t, 
                {{"id", 2}, {"content", "</s>"}, {"special", true}}}},
              {"model", {{"type", "BPE"}, {"vocab", vocab}, {"merges", json::array()}, {"unk_token", "<unk>"}}}};
   write_text(d.path / "tokenizer.json", tj.dump());
-  write_text(d.path / "tokenizer_config.json",
-             json{{"bos_token", "<s>"}, {"eos_token", "</s>"}, {"add_bos_token", true}, {"chat_template", kChatTemplate}}.dump());
+  write_text(
+      d.path / "tokenizer_config.json",
+      json{{"bos_token", "<s>"}, {"eos_token", "</s>"}, {"add_bos_token", true}, {"chat_template", kChatTemplate}}
+          .dump());
 }
 
 // convert_hf_to_gguf.py (LlamaModel.permute):
@@ -391,7 +393,8 @@ TEST_CASE("config.json errors name the problem", "[model][hf][badinput]") {
     REQUIRE(m.error().message.find('\n') == std::string::npos);
     return m.error().message;
   };
-  for (const char* field : {"hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "vocab_size"}) {
+  for (const char* field :
+       {"hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "vocab_size"}) {
     json c = hf_config(s);
     c.erase(field);
     INFO("without " << field);
@@ -452,8 +455,9 @@ TEST_CASE("config.json errors name the problem", "[model][hf][badinput]") {
     // A tokenizer_config.json with odd chat_template entries is ignored, not fatal.
     TempDir d("odd_template");
     write_hf_dir(d, s, w, DType::F32, hf_config(s));
-    write_text(d.path / "tokenizer_config.json",
-               json{{"chat_template", {{{"name", 5}, {"template", "x"}}, {{"name", "default"}, {"template", "T"}}}}}.dump());
+    write_text(
+        d.path / "tokenizer_config.json",
+        json{{"chat_template", {{{"name", 5}, {"template", "x"}}, {{"name", "default"}, {"template", "T"}}}}}.dump());
     auto m = open_model(d.str());
     if (!m) FAIL(m.error().message);
     CHECK(m->chat_template == "T");

@@ -44,8 +44,8 @@ TEST_CASE("the default model as a bf16 HF directory predicts what its GGUF predi
       max_abs = std::max(max_abs, std::fabs(double(a.first_logits[i])));
     }
     const size_t same = test::common_prefix(a.tokens, b.tokens);
-    WARN("'" << text << "': bf16 directory vs GGUF: " << same << " of " << n << " greedy tokens equal; prompt logits max |diff| "
-             << max_diff << " (max |logit| " << max_abs << ")");
+    WARN("'" << text << "': bf16 directory vs GGUF: " << same << " of " << n
+             << " greedy tokens equal; prompt logits max |diff| " << max_diff << " (max |logit| " << max_abs << ")");
     CHECK(a.tokens[0] == b.tokens[0]);
     CHECK(max_diff <= 0.05 * max_abs);
   }

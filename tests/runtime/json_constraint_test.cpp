@@ -67,7 +67,8 @@ void random_value(std::mt19937& rng, int depth, std::string& out, bool object_on
       break;
     }
     case 1: {  // string with escapes
-      static const char* parts[] = {"a", "b c", "\\n", "\\\"", "\\\\", "\\/", "\\u00e9", "\\uD83D\\uDE00", "\xc3\xa9", "-"};
+      static const char* parts[] = {"a",        "b c", "\\n", "\\\"", "\\\\", "\\/", "\\u00e9", "\\uD83D\\uDE00",
+                                    "\xc3\xa9", "-"};
       out += '"';
       const int n = static_cast<int>(rng() % 5);
       for (int i = 0; i < n; ++i) out += parts[rng() % 10];
@@ -115,11 +116,24 @@ TEST_CASE("JsonPrefix refuses invalid texts at the offending byte", "[json]") {
   REQUIRE(run(" {}").first == 0);
   REQUIRE(run("[1]").first == 0);
   REQUIRE(run("\"a\"").first == 0);
-  const std::vector<Case> cases = {          {"{\"a\":1,}", 7},
-      {"{\"a\":01}", 6},     {"{\"a\":1.}", 7},    {"{\"a\":.5}", 5},     {"{\"a\":\"\\x\"}", 7},
-      {"{\"a\":\"\x01\"}", 6}, {"{\"a\" 1}", 5},   {"{a:1}", 1},          {"{\"a\":tru}", 8},
-      {"{\"a\":1}}", 7},     {"{\"a\":[1,]}", 8},  {"{\"a\":-}", 6},      {"{\"a\":1e}", 7},
-      {"{\"a\":\"\\u12G4\"}", 10}, {"{\"a\":1]", 6}, {"{\"a\":[}", 6},   {"{,}", 1},
+  const std::vector<Case> cases = {
+      {"{\"a\":1,}", 7},
+      {"{\"a\":01}", 6},
+      {"{\"a\":1.}", 7},
+      {"{\"a\":.5}", 5},
+      {"{\"a\":\"\\x\"}", 7},
+      {"{\"a\":\"\x01\"}", 6},
+      {"{\"a\" 1}", 5},
+      {"{a:1}", 1},
+      {"{\"a\":tru}", 8},
+      {"{\"a\":1}}", 7},
+      {"{\"a\":[1,]}", 8},
+      {"{\"a\":-}", 6},
+      {"{\"a\":1e}", 7},
+      {"{\"a\":\"\\u12G4\"}", 10},
+      {"{\"a\":1]", 6},
+      {"{\"a\":[}", 6},
+      {"{,}", 1},
   };
   for (const Case& c : cases) {
     INFO(c.text);
@@ -151,9 +165,14 @@ TEST_CASE("JsonPrefix agrees with nlohmann::json on mutated texts", "[json][prop
       const size_t at = rng() % text.size();
       const char c = alphabet[rng() % alphabet.size()];
       switch (rng() % 3) {
-        case 0: text[at] = c; break;
-        case 1: text.insert(text.begin() + static_cast<std::ptrdiff_t>(at), c); break;
-        default: text.erase(at, 1);
+        case 0:
+          text[at] = c;
+          break;
+        case 1:
+          text.insert(text.begin() + static_cast<std::ptrdiff_t>(at), c);
+          break;
+        default:
+          text.erase(at, 1);
       }
     }
     const auto [stop, complete] = run(text);
@@ -161,9 +180,7 @@ TEST_CASE("JsonPrefix agrees with nlohmann::json on mutated texts", "[json][prop
     bool theirs = false;
     try {
       theirs = nlohmann::json::parse(text).is_object();
-    } catch (const nlohmann::json::parse_error&) {
-      theirs = false;
-    } catch (const nlohmann::json::out_of_range&) {
+    } catch (const nlohmann::json::parse_error&) { theirs = false; } catch (const nlohmann::json::out_of_range&) {
       continue;  // a number beyond a double (1e510): valid JSON that nlohmann cannot hold
     }
     // nlohmann allows whitespace around the value; JSON mode does not
@@ -171,7 +188,8 @@ TEST_CASE("JsonPrefix agrees with nlohmann::json on mutated texts", "[json][prop
                    std::isspace(static_cast<unsigned char>(text.back()))))
       continue;
     std::string shown;
-    for (char ch : text) shown += (ch >= 0x20 && ch < 0x7f) ? std::string(1, ch) : "<" + std::to_string(int(uint8_t(ch))) + ">";
+    for (char ch : text)
+      shown += (ch >= 0x20 && ch < 0x7f) ? std::string(1, ch) : "<" + std::to_string(int(uint8_t(ch))) + ">";
     INFO(shown);
     REQUIRE(ours == theirs);
     agreed_valid += ours ? 1 : 0;
@@ -223,9 +241,9 @@ TEST_CASE("sampling under JSON mode writes only object prefixes and ends on a wh
   auto tb = std::make_shared<TokenBytes>();
   // multi-byte tokens, and (as byte-level vocabularies have) every byte JSON needs alone,
   // so that no accepted prefix is a dead end
-  tb->bytes = {"{", "}", "[", "]", "\"", ":", ",", " ", "a", "bc", "1", "0", ".5", "e", "-", "true", "nu", "ll",
-               "\\", "n", "{\"", "\"}", "\":", "\",\"", "x\"y", ".", "E", "+", "t", "r", "u", "f", "l", "s", "b",
-               "/", "\n", "", ""};
+  tb->bytes = {"{", "}", "[",    "]",  "\"", ":",  ",", " ",   "a",   "bc",  "1",     "0",    ".5",
+               "e", "-", "true", "nu", "ll", "\\", "n", "{\"", "\"}", "\":", "\",\"", "x\"y", ".",
+               "E", "+", "t",    "r",  "u",  "f",  "l", "s",   "b",   "/",   "\n",    "",     ""};
   tb->eog.assign(tb->bytes.size(), 0);
   tb->eog.back() = 1;  // the last token ends generation; the one before it is a control token
   tb->finish();

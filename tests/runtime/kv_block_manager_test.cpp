@@ -134,8 +134,10 @@ TEST_CASE("random operations keep every invariant and return the pool to baselin
         auto cached = m.add_sequence(id, p);
         REQUIRE(cached.has_value());
         REQUIRE(*cached < static_cast<int32_t>(p.size()));
-        if (m.reserve(id, static_cast<int32_t>(p.size()), p, nullptr)) tokens[id] = p;
-        else m.free_sequence(id);
+        if (m.reserve(id, static_cast<int32_t>(p.size()), p, nullptr))
+          tokens[id] = p;
+        else
+          m.free_sequence(id);
       } else if (kind == 1) {  // grow
         const int64_t id = pick();
         if (id < 0) continue;

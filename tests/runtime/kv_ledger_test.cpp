@@ -60,7 +60,8 @@ std::vector<int32_t> shared_prompt(std::mt19937& rng, int len) {
   const int base = static_cast<int>(rng() % 3);
   const int shared = static_cast<int>(rng() % (len + 1));
   std::vector<int32_t> p;
-  for (int i = 0; i < len; ++i) p.push_back(i < shared ? 1 + (i * 7 + base * 11) % 45 : 1 + static_cast<int32_t>(rng() % 45));
+  for (int i = 0; i < len; ++i)
+    p.push_back(i < shared ? 1 + (i * 7 + base * 11) % 45 : 1 + static_cast<int32_t>(rng() % 45));
   return p;
 }
 
@@ -74,8 +75,11 @@ struct LedgerPath {
   int32_t budget;
   int whole_refusals = 0;
   LedgerPath(const SchedulerConfig& sc, const KvBlockConfig& kc)
-      : owner(kc), ledger(kc, sc.chunked_prefill), sched(sc, ledger, SchedulingPolicy::fcfs()),
-        cache(kc.num_blocks, kc.block_size), budget(sc.max_batched_tokens) {}
+      : owner(kc),
+        ledger(kc, sc.chunked_prefill),
+        sched(sc, ledger, SchedulingPolicy::fcfs()),
+        cache(kc.num_blocks, kc.block_size),
+        budget(sc.max_batched_tokens) {}
 
   KvOpsReply send(const StepPlan& plan, std::vector<KvOp>* ops_out) {
     KvOpsRequest req = make_kv_request(ledger, sched, plan, ++batch);
@@ -137,7 +141,8 @@ struct LedgerPath {
 
 }  // namespace
 
-TEST_CASE("kv ledger: random workloads through plan/apply keep the cache right and match solo runs", "[kv][scheduler][property]") {
+TEST_CASE("kv ledger: random workloads through plan/apply keep the cache right and match solo runs",
+          "[kv][scheduler][property]") {
   int cases = 0;
   for (uint32_t seed = 1; seed <= 24; ++seed) {
     std::mt19937 rng(seed);
@@ -145,8 +150,8 @@ TEST_CASE("kv ledger: random workloads through plan/apply keep the cache right a
     const int32_t blocks = std::vector<int32_t>{14, 30, 200}[seed % 3];
     SchedulerConfig sc{std::vector<int32_t>{16, 32, 64}[(seed / 3) % 3], 6, seed % 4 != 0};
     KvBlockConfig kc{blocks, bs, seed % 5 != 0};
-    INFO("seed " << seed << " budget " << sc.max_batched_tokens << " blocks " << blocks << " bs " << bs
-                 << " chunked " << sc.chunked_prefill << " prefix caching " << kc.enable_prefix_caching);
+    INFO("seed " << seed << " budget " << sc.max_batched_tokens << " blocks " << blocks << " bs " << bs << " chunked "
+                 << sc.chunked_prefill << " prefix caching " << kc.enable_prefix_caching);
     LedgerPath lp(sc, kc);
     KvBlockManager direct_kv(kc);
     Scheduler direct(sc, direct_kv, SchedulingPolicy::fcfs());
@@ -210,7 +215,8 @@ TEST_CASE("kv ledger: random workloads through plan/apply keep the cache right a
   REQUIRE(cases == 24);
 }
 
-TEST_CASE("kv ledger: a prompt longer than the budget reuses its cached prefix (hint first, then admission)", "[kv][scheduler]") {
+TEST_CASE("kv ledger: a prompt longer than the budget reuses its cached prefix (hint first, then admission)",
+          "[kv][scheduler]") {
   const int32_t bs = 8;
   SchedulerConfig sc{32, 4, true};
   KvBlockConfig kc{64, bs, true};
@@ -245,7 +251,9 @@ TEST_CASE("kv ledger: a prompt longer than the budget reuses its cached prefix (
   REQUIRE(second.seqs[0].samples);
 }
 
-TEST_CASE("kv ledger: the owner refuses what does not fit and later admissions with it, and settle puts them back in order", "[kv][scheduler]") {
+TEST_CASE(
+    "kv ledger: the owner refuses what does not fit and later admissions with it, and settle puts them back in order",
+    "[kv][scheduler]") {
   KvBlockManager owner({4, 4, false});
   KvOpsRequest req;
   KvOp a;

@@ -77,9 +77,9 @@ TEST_CASE("prompt lookup on the default model: the same tokens in fewer steps", 
   const std::string passage =
       "The quick brown fox jumps over the lazy dog. Pack my box with five dozen liquor jugs. "
       "How vexingly quick daft zebras jump!";
-  const auto prompt = tok.encode("Copy this text exactly.\nText: " + passage + "\nCopy: " + passage + "\nText: " +
-                                     passage + "\nCopy:",
-                                 true, true);
+  const auto prompt = tok.encode(
+      "Copy this text exactly.\nText: " + passage + "\nCopy: " + passage + "\nText: " + passage + "\nCopy:", true,
+      true);
   SamplingParams greedy;
   greedy.temperature = 0;
   SamplingParams seeded;

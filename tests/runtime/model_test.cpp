@@ -36,7 +36,8 @@ std::vector<float> deq(const TensorRef& t) {
   std::vector<float> v(static_cast<size_t>(t.shape[0] * t.rows()));
   const size_t rb = *row_bytes(t.type, static_cast<uint64_t>(t.shape[0]));
   for (int64_t r = 0; r < t.rows(); ++r)
-    cpu::dequantize_row_ref(t.type, static_cast<const uint8_t*>(t.data) + rb * r, v.data() + r * t.shape[0], t.shape[0]);
+    cpu::dequantize_row_ref(t.type, static_cast<const uint8_t*>(t.data) + rb * r, v.data() + r * t.shape[0],
+                            t.shape[0]);
   return v;
 }
 
@@ -84,9 +85,11 @@ std::vector<double> reference_logits(const ModelFiles& m, const std::vector<int3
   for (int32_t l = 0; l < c.num_layers; ++l) {
     const std::string p = "blk." + std::to_string(l) + ".";
     auto an = deq(*W.find(p + "attn_norm.weight")), fn = deq(*W.find(p + "ffn_norm.weight"));
-    auto wq = deq(*W.find(p + "attn_q.weight")), wk = deq(*W.find(p + "attn_k.weight")), wv = deq(*W.find(p + "attn_v.weight"));
+    auto wq = deq(*W.find(p + "attn_q.weight")), wk = deq(*W.find(p + "attn_k.weight")),
+         wv = deq(*W.find(p + "attn_v.weight"));
     auto wo = deq(*W.find(p + "attn_output.weight"));
-    auto wg = deq(*W.find(p + "ffn_gate.weight")), wu = deq(*W.find(p + "ffn_up.weight")), wd = deq(*W.find(p + "ffn_down.weight"));
+    auto wg = deq(*W.find(p + "ffn_gate.weight")), wu = deq(*W.find(p + "ffn_up.weight")),
+         wd = deq(*W.find(p + "ffn_down.weight"));
     std::vector<std::vector<double>> q(T), k(T), v(T);
     for (size_t t = 0; t < T; ++t) {
       auto h = rmsnorm(x[t], an, c.rms_eps);
@@ -109,7 +112,10 @@ std::vector<double> reference_logits(const ModelFiles& m, const std::vector<int3
           mx = std::max(mx, s[j]);
         }
         double z = 0;
-        for (auto& e : s) { e = std::exp(e - mx); z += e; }
+        for (auto& e : s) {
+          e = std::exp(e - mx);
+          z += e;
+        }
         for (size_t j = 0; j <= t; ++j)
           for (int64_t i = 0; i < hd; ++i) att[h * hd + i] += s[j] / z * v[j][kh * hd + i];
       }

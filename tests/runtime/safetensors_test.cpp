@@ -20,7 +20,8 @@ using nlohmann::json;
 namespace {
 
 // 8-byte little-endian header length, the header, then the data section.
-std::vector<uint8_t> file_bytes(const std::string& header, const std::vector<uint8_t>& data, uint64_t hlen_override = 0) {
+std::vector<uint8_t> file_bytes(const std::string& header, const std::vector<uint8_t>& data,
+                                uint64_t hlen_override = 0) {
   std::vector<uint8_t> out(8 + header.size() + data.size());
   const uint64_t hlen = hlen_override ? hlen_override : header.size();
   std::memcpy(out.data(), &hlen, 8);
@@ -83,8 +84,8 @@ struct TempDir {
   }
   ~TempDir() { std::filesystem::remove_all(path); }
   void write(const std::string& name, const std::vector<uint8_t>& bytes) const {
-    std::ofstream(path / name, std::ios::binary).write(reinterpret_cast<const char*>(bytes.data()),
-                                                        static_cast<std::streamsize>(bytes.size()));
+    std::ofstream(path / name, std::ios::binary)
+        .write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
   }
   void write(const std::string& name, const std::string& text) const { std::ofstream(path / name) << text; }
 };
@@ -116,7 +117,8 @@ TEST_CASE("a hand-written safetensors file parses", "[safetensors]") {
 
   // Header padded with spaces (as the Python writer aligns it), F16, a 0-d scalar and an
   // empty tensor.
-  json h = {{"s", tensor("F16", {}, 0, 2)}, {"e", tensor("F32", {0, 5}, 2, 2)}, {"h", tensor("F16", {1, 1, 1, 3}, 2, 8)}};
+  json h = {
+      {"s", tensor("F16", {}, 0, 2)}, {"e", tensor("F32", {0, 5}, 2, 2)}, {"h", tensor("F16", {1, 1, 1, 3}, 2, 8)}};
   auto padded = file_bytes(h.dump() + "      ", iota_bytes(8));
   auto r2 = safetensors::parse(padded.data(), padded.size());
   if (!r2) FAIL(r2.error().message);
@@ -257,7 +259,8 @@ TEST_CASE("sharded safetensors: the index stays inside the model directory", "[s
     d.write("s1.safetensors", shard_a);
     d.write("s2.safetensors", shard_b);
     d.write("model.safetensors.index.json",
-            json{{"metadata", {{"total_size", 20}}}, {"weight_map", {{"a", "s1.safetensors"}, {"b", "s2.safetensors"}}}}.dump());
+            json{{"metadata", {{"total_size", 20}}}, {"weight_map", {{"a", "s1.safetensors"}, {"b", "s2.safetensors"}}}}
+                .dump());
     auto s = safetensors::Shards::open_dir(d.path.string());
     if (!s) FAIL(s.error().message);
     REQUIRE(s->tensors().size() == 2);
@@ -274,11 +277,10 @@ TEST_CASE("sharded safetensors: the index stays inside the model directory", "[s
     d.write("a/b", shard_b);
     const std::string escape = "troupe_st_escape_" + std::to_string(::getpid()) + ".safetensors";
     d.write("../" + escape, shard_b);
-    const std::vector<std::string> bad_names = {"../" + escape, "/etc/passwd", "a/b", "..", ".", "", "a\\b",
-                                                (d.path / "s1.safetensors").string()};
+    const std::vector<std::string> bad_names = {
+        "../" + escape, "/etc/passwd", "a/b", "..", ".", "", "a\\b", (d.path / "s1.safetensors").string()};
     for (const std::string& bad : bad_names) {
-      d.write("model.safetensors.index.json",
-              json{{"weight_map", {{"a", "s1.safetensors"}, {"b", bad}}}}.dump());
+      d.write("model.safetensors.index.json", json{{"weight_map", {{"a", "s1.safetensors"}, {"b", bad}}}}.dump());
       auto s = safetensors::Shards::open_dir(d.path.string());
       INFO("weight_map file '" << bad << "'");
       REQUIRE_FALSE(s.ok());
@@ -290,7 +292,8 @@ TEST_CASE("sharded safetensors: the index stays inside the model directory", "[s
     TempDir d;
     d.write("s1.safetensors", shard_a);
     d.write("s2.safetensors", file_bytes(json{{"a", tensor("F32", {2}, 0, 8)}}, iota_bytes(8)));
-    d.write("model.safetensors.index.json", json{{"weight_map", {{"a", "s1.safetensors"}, {"x", "s2.safetensors"}}}}.dump());
+    d.write("model.safetensors.index.json",
+            json{{"weight_map", {{"a", "s1.safetensors"}, {"x", "s2.safetensors"}}}}.dump());
     auto s = safetensors::Shards::open_dir(d.path.string());
     REQUIRE_FALSE(s.ok());
     CHECK_THAT(s.error().message, Catch::Contains("'a'") && Catch::Contains("two shards"));

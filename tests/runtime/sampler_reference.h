@@ -25,7 +25,8 @@ inline int32_t full_sort_reference(const std::vector<float>& w, const SamplingPa
     std::sort(idx.begin(), idx.end(), better);
   std::vector<double> probs(static_cast<size_t>(k0));
   double sum = 0;
-  for (int32_t i = 0; i < k0; ++i) sum += probs[i] = std::exp(static_cast<double>(w[idx[i]] - w[idx[0]]) / p.temperature);
+  for (int32_t i = 0; i < k0; ++i)
+    sum += probs[i] = std::exp(static_cast<double>(w[idx[i]] - w[idx[0]]) / p.temperature);
   for (auto& x : probs) x /= sum;
   int32_t k = k0;
   if (p.min_p > 0) {
@@ -36,7 +37,10 @@ inline int32_t full_sort_reference(const std::vector<float>& w, const SamplingPa
   if (p.top_p < 1) {
     double c = 0;
     int32_t keep = 0;
-    while (keep < k) { c += probs[keep++]; if (c >= p.top_p) break; }
+    while (keep < k) {
+      c += probs[keep++];
+      if (c >= p.top_p) break;
+    }
     k = std::max(1, keep);
   }
   double total = 0;

@@ -192,9 +192,9 @@ TEST_CASE("repetition penalty divides positive and multiplies negative logits of
   const std::vector<float> l = {2.0f, 1.5f, -1.0f};
   SamplingParams p;
   p.repetition_penalty = 1.5f;
-  CHECK(greedy_pick(p, l, {0}, {}) == 1);   // prompt tokens count
-  CHECK(greedy_pick(p, l, {}, {0}) == 1);   // generated tokens count
-  CHECK(greedy_pick(p, l, {2}, {}) == 0);   // an unseen token is untouched
+  CHECK(greedy_pick(p, l, {0}, {}) == 1);  // prompt tokens count
+  CHECK(greedy_pick(p, l, {}, {0}) == 1);  // generated tokens count
+  CHECK(greedy_pick(p, l, {2}, {}) == 0);  // an unseen token is untouched
   p.repetition_penalty = 1.2f;
   CHECK(greedy_pick(p, l, {0}, {}) == 0);
   // Negative logits: -0.5 * 3 = -1.5 < -1.0, so the unseen -1.0 wins; unpenalized -0.5 would.
@@ -213,7 +213,7 @@ TEST_CASE("presence and frequency penalties subtract from generated tokens only"
   p.presence_penalty = 0.6f;  // 2.0 - 0.6 = 1.4 < 1.5
   CHECK(greedy_pick(p, l, {}, {0}) == 1);
   CHECK(greedy_pick(p, l, {0}, {}) == 0);  // prompt tokens do not count
-  p.presence_penalty = 0.4f;  // 1.6 > 1.5, and presence does not grow with the count
+  p.presence_penalty = 0.4f;               // 1.6 > 1.5, and presence does not grow with the count
   CHECK(greedy_pick(p, l, {}, {0, 0, 0}) == 0);
   p.presence_penalty = 0;
   p.frequency_penalty = 0.3f;  // once: 1.7 > 1.5; twice: 1.4 < 1.5
@@ -382,7 +382,8 @@ TEST_CASE("validate rejects out-of-range, NaN and infinite parameters, naming th
       {"logit_bias", [](SamplingParams& p, float n, float) { p.logit_bias[3] = n; }},
       {"logit_bias", [](SamplingParams& p, float, float i) { p.logit_bias[3] = i; }},
       {"logit_bias", [](SamplingParams& p, float, float) { p.logit_bias[3] = 101.0f; }},
-      {"logit_bias", [](SamplingParams& p, float, float) {
+      {"logit_bias",
+       [](SamplingParams& p, float, float) {
          for (int32_t t = 0; t < 2000; ++t) p.logit_bias[t] = 1.0f;  // more than 1024 keys
        }},
   };
@@ -408,7 +409,8 @@ TEST_CASE("staged sorting samples what a full sort would", "[sampler]") {
     std::vector<float> logits(static_cast<size_t>(n));
     for (auto& x : logits) x = d(g);
     for (int i = 0; i < 10; ++i) logits[g() % n] += static_cast<float>(g() % 15);
-    if (trial % 7 == 0) for (int i = 0; i < 50; ++i) logits[g() % n] = 1.5f;  // ties
+    if (trial % 7 == 0)
+      for (int i = 0; i < 50; ++i) logits[g() % n] = 1.5f;  // ties
     SamplingParams p;
     p.temperature = 0.2f + (g() % 30) / 10.0f;
     p.top_p = trial % 3 == 0 ? 1.0f : 0.5f + (g() % 50) / 100.0f;
@@ -437,12 +439,14 @@ TEST_CASE("Philox4x32-10 gives Random123's known answers; a draw depends on (see
   CHECK(zero.v[1] == 0xe169c58du);
   CHECK(zero.v[2] == 0xbc57ac4cu);
   CHECK(zero.v[3] == 0x9b00dbd8u);
-  const Philox4 ones = philox4x32_10(Philox4{{0xffffffffu, 0xffffffffu, 0xffffffffu, 0xffffffffu}}, 0xffffffffu, 0xffffffffu);
+  const Philox4 ones =
+      philox4x32_10(Philox4{{0xffffffffu, 0xffffffffu, 0xffffffffu, 0xffffffffu}}, 0xffffffffu, 0xffffffffu);
   CHECK(ones.v[0] == 0x408f276du);
   CHECK(ones.v[1] == 0x41c83b0eu);
   CHECK(ones.v[2] == 0xa20bc7c6u);
   CHECK(ones.v[3] == 0x6d5451fdu);
-  const Philox4 pi = philox4x32_10(Philox4{{0x243f6a88u, 0x85a308d3u, 0x13198a2eu, 0x03707344u}}, 0xa4093822u, 0x299f31d0u);
+  const Philox4 pi =
+      philox4x32_10(Philox4{{0x243f6a88u, 0x85a308d3u, 0x13198a2eu, 0x03707344u}}, 0xa4093822u, 0x299f31d0u);
   CHECK(pi.v[0] == 0xd16cfe09u);
   CHECK(pi.v[1] == 0x94fdccebu);
   CHECK(pi.v[2] == 0x5001e420u);

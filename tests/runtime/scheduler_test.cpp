@@ -118,7 +118,9 @@ TEST_CASE("aborts at any point return every block", "[scheduler]") {
   Scheduler s({12, 6}, kv, SchedulingPolicy::fcfs());
   int64_t next = 0;
   for (int step = 0; step < 500; ++step) {
-    if (rng() % 3 == 0) (void)s.add({next++, prompt(1 + static_cast<int>(rng() % 15), static_cast<int>(rng() % 3)), 1 + static_cast<int32_t>(rng() % 10), 0});
+    if (rng() % 3 == 0)
+      (void)s.add({next++, prompt(1 + static_cast<int>(rng() % 15), static_cast<int>(rng() % 3)),
+                   1 + static_cast<int32_t>(rng() % 10), 0});
     if (rng() % 5 == 0 && next > 0) s.abort(static_cast<int64_t>(rng() % next));
     StepPlan p = s.schedule();
     std::vector<int32_t> sampled;
@@ -174,13 +176,16 @@ TEST_CASE("chunked prefill on or off gives the same outputs, in different steps"
     KvBlockManager kv({96, 4, true});
     Scheduler s({16, 6, chunked}, kv, SchedulingPolicy::fcfs());
     std::mt19937 rng(5);
-    for (int i = 0; i < 20; ++i) REQUIRE(s.add({i, prompt(1 + static_cast<int>(rng() % 16), i % 5), 1 + static_cast<int>(rng() % 12), 0}).ok());
+    for (int i = 0; i < 20; ++i)
+      REQUIRE(s.add({i, prompt(1 + static_cast<int>(rng() % 16), i % 5), 1 + static_cast<int>(rng() % 12), 0}).ok());
     std::vector<StepPlan> plans;
     auto out = drive(s, kv, &plans);
     REQUIRE(out.size() == 20);
     for (const auto& p : plans) CHECK(p.num_tokens <= 16);
-    if (chunked) first = out;
-    else CHECK(out == first);
+    if (chunked)
+      first = out;
+    else
+      CHECK(out == first);
     steps.push_back(plans.size());
   }
   CHECK(steps[0] != steps[1]);
@@ -238,8 +243,8 @@ TEST_CASE("step-time model: least squares over recent steps", "[scheduler][itl]"
   CHECK(line.seconds_per_row() == 0);
   CHECK(line.seconds_per_pair() == 0);
   // Rows and attention pairs that vary apart from tokens get their own prices.
-  const std::vector<StepShape> shapes = {{8, 8, 4000},  {64, 1, 2080},  {512, 2, 131328}, {100, 10, 9000},
-                                         {40, 40, 800}, {300, 3, 200000}, {16, 16, 32000}, {200, 1, 20100}};
+  const std::vector<StepShape> shapes = {{8, 8, 4000},  {64, 1, 2080},    {512, 2, 131328}, {100, 10, 9000},
+                                         {40, 40, 800}, {300, 3, 200000}, {16, 16, 32000},  {200, 1, 20100}};
   for (const auto& sh : shapes) m.observe(sh, t(sh.tokens, sh.rows, sh.pairs));
   REQUIRE(m.ready());
   CHECK(m.fixed_seconds() == Approx(0.01).epsilon(1e-6));
@@ -283,7 +288,8 @@ TEST_CASE("step-time model: a stall of the machine is counted at 1.5x the predic
   feed(stalled, 30, 1, false);
   REQUIRE(clean.ready());
   feed(stalled, 300, 1, true);
-  INFO("decode-only " << stalled.predict({8, 8, 0}) << " vs " << t(8) << ", prefill " << stalled.predict({70, 8, 0}) << " vs " << t(70));
+  INFO("decode-only " << stalled.predict({8, 8, 0}) << " vs " << t(8) << ", prefill " << stalled.predict({70, 8, 0})
+                      << " vs " << t(70));
   CHECK(stalled.predict({8, 8, 0}) == Approx(t(8)).epsilon(0.1));
   CHECK(stalled.predict({70, 8, 0}) == Approx(t(70)).epsilon(0.1));
   feed(clean, 300, 2, false);  // the machine at half speed from now on
@@ -335,8 +341,10 @@ TEST_CASE("latency target: streaming steps are capped, decodes keep their token,
     REQUIRE(p.num_tokens <= 79);
     int decodes = 0;
     for (const auto& q : p.seqs) {
-      if (q.id == 9) prefilled += q.num_new;
-      else decodes += q.num_new == 1;
+      if (q.id == 9)
+        prefilled += q.num_new;
+      else
+        decodes += q.num_new == 1;
     }
     CHECK(decodes == 4);
     step_all(s, p);
@@ -361,7 +369,7 @@ TEST_CASE("latency target: a floor of three decode-only steps, and off without c
     // (340 tokens), not 100 ms.
     KvBlockManager kv({2048, 16, false});
     auto s_owned = itl_scheduler(kv, 0.1);
-  Scheduler& s = *s_owned;
+    Scheduler& s = *s_owned;
     for (int64_t id = 1; id <= 100; ++id) REQUIRE(s.add({id, prompt(4, static_cast<int>(id)), 50, 0}).ok());
     step_all(s, s.schedule());  // 400 prompt tokens: all 100 sample their first token
     REQUIRE(s.add({500, prompt(2000, 5), 4, 0}).ok());
@@ -371,7 +379,7 @@ TEST_CASE("latency target: a floor of three decode-only steps, and off without c
     // Chunked prefill off: a prompt must go whole, so no cap applies (it would never fit).
     KvBlockManager kv({512, 16, false});
     auto s_owned = itl_scheduler(kv, 0.1, false);
-  Scheduler& s = *s_owned;
+    Scheduler& s = *s_owned;
     REQUIRE(s.add({1, prompt(10, 1), 50, 0}).ok());
     step_all(s, s.schedule());
     REQUIRE(s.add({2, prompt(400, 2), 4, 0}).ok());
@@ -389,7 +397,7 @@ TEST_CASE("latency target: a prefill ahead in policy order leaves the decodes af
   REQUIRE(s.add({2, prompt(6, 2), 100, 5}).ok());
   step_all(s, s.schedule());
   REQUIRE(s.add({3, prompt(900, 3), 4, 0}).ok());  // more urgent: first in policy order once running
-  step_all(s, s.schedule());                         // (admitted after the running ones)
+  step_all(s, s.schedule());                       // (admitted after the running ones)
   for (int step = 0; step < 5; ++step) {
     StepPlan p = s.schedule();
     REQUIRE(p.seqs.size() == 3);
@@ -411,7 +419,9 @@ TEST_CASE("the waiting queue keeps the order a stable sort by the policy would",
   for (int variant = 0; variant < 3; ++variant) {
     std::mt19937 rng(100 + variant);
     SchedulingPolicy ties{[](const SchedState& a, const SchedState& b) { return a.req.priority < b.req.priority; }};
-    SchedulingPolicy policy = variant == 0 ? ties : variant == 1 ? SchedulingPolicy::priority() : SchedulingPolicy::fcfs();
+    SchedulingPolicy policy = variant == 0   ? ties
+                              : variant == 1 ? SchedulingPolicy::priority()
+                                             : SchedulingPolicy::fcfs();
     KvBlockManager kv({24, 4, variant != 1});
     Scheduler s({12, 6}, kv, policy);
     std::vector<int64_t> ref;  // the reference waiting queue
@@ -428,7 +438,7 @@ TEST_CASE("the waiting queue keeps the order a stable sort by the policy would",
       for (int k = static_cast<int>(rng() % 3); k > 0; --k) {
         const int64_t id = next_id++;
         SeqRequest r{id, prompt(2 + static_cast<int>(rng() % 20), static_cast<int>(id)),
-                       1 + static_cast<int32_t>(rng() % 12), static_cast<int32_t>(rng() % 3)};
+                     1 + static_cast<int32_t>(rng() % 12), static_cast<int32_t>(rng() % 3)};
         REQUIRE(s.add(r).ok());
         ref.push_back(id);
         resort();

@@ -43,7 +43,10 @@ inline gguf::Writer tiny_model_writer(const TinyModelSpec& s = {}) {
     types.push_back(6);
     scores.push_back(0);
   }
-  for (const char* p : {"\xE2\x96\x81", "a", "b", "\xE2\x96\x81" "a", "ab"}) {
+  for (const char* p : {"\xE2\x96\x81", "a", "b",
+                        "\xE2\x96\x81"
+                        "a",
+                        "ab"}) {
     tokens.push_back(p);
     types.push_back(1);
     scores.push_back(-static_cast<float>(tokens.size()));
@@ -83,7 +86,8 @@ inline gguf::Writer tiny_model_writer(const TinyModelSpec& s = {}) {
     mat(p + "attn_output.weight", DType::Q4_0, s.heads * hd, H, ws);
     mat(p + "ffn_gate.weight", DType::Q5_0, H, s.ffn, ws);
     mat(p + "ffn_up.weight", l == 0 ? DType::Q5_0 : DType::F16, H, s.ffn, ws);
-    mat(p + "ffn_down.weight", l == 0 ? DType::Q4_K : DType::Q8_0, s.ffn, H, 1.0f / std::sqrt(static_cast<float>(s.ffn)));
+    mat(p + "ffn_down.weight", l == 0 ? DType::Q4_K : DType::Q8_0, s.ffn, H,
+        1.0f / std::sqrt(static_cast<float>(s.ffn)));
   }
   vec("output_norm.weight", H);
   mat("output.weight", DType::Q5_1, H, V, ws);

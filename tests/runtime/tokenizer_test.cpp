@@ -114,7 +114,8 @@ TEST_CASE("SmolLM2 tokenizer matches the Hugging Face reference ids", "[tokenize
     if (ids != c.ids) problem += "\n  parse_special: got " + show_ids(ids) + " want " + show_ids(c.ids);
     if (plain != c.ids_plain) problem += "\n  plain: got " + show_ids(plain) + " want " + show_ids(c.ids_plain);
     if (tok.decode(c.ids) != c.decoded) problem += "\n  decode(ids) = " + show_text(tok.decode(c.ids));
-    if (tok.decode(c.ids_plain) != c.decoded) problem += "\n  decode(ids_plain) = " + show_text(tok.decode(c.ids_plain));
+    if (tok.decode(c.ids_plain) != c.decoded)
+      problem += "\n  decode(ids_plain) = " + show_text(tok.decode(c.ids_plain));
     if (c.roundtrip && c.decoded != c.text) problem += "\n  golden file: decoded != text";
     for (int32_t id : plain) {
       if (tok.is_special(id)) problem += "\n  parse_special=false produced special id " + std::to_string(id);
@@ -218,14 +219,16 @@ TEST_CASE("Pre-tokenizer regexes split like Hugging Face tokenizers", "[tokenize
     for (size_t i = 0; i < texts.size(); ++i) {
       const auto want = all_ends.at(i).get<std::vector<size_t>>();
       std::vector<size_t> got;
-      for (std::string_view w : pre->split(texts[i])) got.push_back(static_cast<size_t>(w.data() - texts[i].data()) + w.size());
+      for (std::string_view w : pre->split(texts[i]))
+        got.push_back(static_cast<size_t>(w.data() - texts[i].data()) + w.size());
       if (got != want && ++num_failed <= 5) {
         report += "\ncase " + show_text(texts[i]) + " got " + std::to_string(got.size()) + " pieces, want " +
                   std::to_string(want.size());
       }
       ++num_checked;
     }
-    INFO("pre-tokenizer " << pre_name << ": " << texts.size() - num_failed << " of " << texts.size() << " match" << report);
+    INFO("pre-tokenizer " << pre_name << ": " << texts.size() - num_failed << " of " << texts.size() << " match"
+                          << report);
     CHECK(num_failed == 0);
   }
   CHECK(num_checked == 4 * texts.size());
@@ -349,7 +352,7 @@ TEST_CASE("from_hf_dir: Llama-2-style tokenizer.json (merges by rank, byte fallb
     pieces.push_back(buf);
   }
   for (std::string p : std::vector<std::string>{"h", "e", "l", "o", "w", "r", "d", sp, "he", "ll", "hell", "hello",
-                                                 sp + "hello", "or", sp + "w", sp + "wor", "ld"}) {
+                                                sp + "hello", "or", sp + "w", sp + "wor", "ld"}) {
     pieces.push_back(p);
   }
   for (size_t i = 0; i < pieces.size(); ++i) vocab[pieces[i]] = i;
@@ -407,9 +410,11 @@ TEST_CASE("from_hf_dir: Llama-3-style tokenizer.json (Split regex, ignore_merges
       {"decoder", {{"type", "ByteLevel"}}},
       {"post_processor",
        {{"type", "TemplateProcessing"},
-        {"single", {{{"SpecialToken", {{"id", "<|begin_of_text|>"}, {"type_id", 0}}}},
-                    {{"Sequence", {{"id", "A"}, {"type_id", 0}}}}}}}},
-      {"model", {{"type", "BPE"}, {"vocab", vocab}, {"merges", {"a b", alphabet[' '] + " ab"}}, {"ignore_merges", true}}},
+        {"single",
+         {{{"SpecialToken", {{"id", "<|begin_of_text|>"}, {"type_id", 0}}}},
+          {{"Sequence", {{"id", "A"}, {"type_id", 0}}}}}}}},
+      {"model",
+       {{"type", "BPE"}, {"vocab", vocab}, {"merges", {"a b", alphabet[' '] + " ab"}}, {"ignore_merges", true}}},
   };
   auto tok = load_hf(tj, nullptr);
   if (!tok) FAIL(tok.error().message);
@@ -547,7 +552,6 @@ TEST_CASE("Tokenizer rejects bad files and survives bad ids", "[tokenizer]") {
     IncrementalDecoder dec(tok);
     CHECK(dec.push(-3).empty());
     // Invalid UTF-8 is encoded as U+FFFD (bytes EF BF BD fall back to byte tokens).
-    CHECK(tok.encode("\xFF", false, false) ==
-          std::vector<int32_t>{tok.find_token(kSp), 4 + 0xEF, 4 + 0xBF, 4 + 0xBD});
+    CHECK(tok.encode("\xFF", false, false) == std::vector<int32_t>{tok.find_token(kSp), 4 + 0xEF, 4 + 0xBF, 4 + 0xBD});
   }
 }

@@ -104,7 +104,8 @@ std::vector<std::string> serving_decisions(const std::vector<SimRequest>& reqs, 
 
 }  // namespace
 
-TEST_CASE("sim: decisions are the serving path's (the scheduler actor's KV rounds), and follow its parameters", "[sim]") {
+TEST_CASE("sim: decisions are the serving path's (the scheduler actor's KV rounds), and follow its parameters",
+          "[sim]") {
   auto reqs = workload(3, 40);
   for (auto& r : reqs) r.arrival_s = 0;
   const CostModel cost(smollm2(), profile("cpu-local"));
@@ -233,11 +234,12 @@ TEST_CASE("sim: trace files, bad inputs and requests that can never fit", "[sim]
   CHECK((*azure)[2].prompt_tokens == 879);
   CHECK((*azure)[4].output_tokens == 99);
   const std::string bad = "/tmp/troupe_sim_bad_" + std::to_string(::getpid()) + ".csv";
-  for (const char* text : {"arrival_s,prompt_tokens\n0,5\n", "arrival_s,prompt_tokens,output_tokens\n0,x,5\n",
-                           "arrival_s,prompt_tokens,output_tokens\n-1,5,5\n", "arrival_s,prompt_tokens,output_tokens\n0,0,5\n",
-                           "arrival_s,prompt_tokens,output_tokens\n0,5\n",
-                           "TIMESTAMP,ContextTokens,GeneratedTokens\n2023-13-01 00:00:00.0,5,5\n",
-                           "TIMESTAMP,ContextTokens,GeneratedTokens\nyesterday,5,5\n"}) {
+  for (const char* text :
+       {"arrival_s,prompt_tokens\n0,5\n", "arrival_s,prompt_tokens,output_tokens\n0,x,5\n",
+        "arrival_s,prompt_tokens,output_tokens\n-1,5,5\n", "arrival_s,prompt_tokens,output_tokens\n0,0,5\n",
+        "arrival_s,prompt_tokens,output_tokens\n0,5\n",
+        "TIMESTAMP,ContextTokens,GeneratedTokens\n2023-13-01 00:00:00.0,5,5\n",
+        "TIMESTAMP,ContextTokens,GeneratedTokens\nyesterday,5,5\n"}) {
     std::ofstream(bad) << text;
     INFO(text);
     CHECK_FALSE(read_trace(bad).ok());
@@ -255,8 +257,10 @@ TEST_CASE("sim: trace files, bad inputs and requests that can never fit", "[sim]
   REQUIRE(r.ok());
   int rejected = 0;
   for (const auto& q : r->requests) {
-    if (q.rejected) ++rejected;
-    else CHECK(q.finish > 0);
+    if (q.rejected)
+      ++rejected;
+    else
+      CHECK(q.finish > 0);
   }
   CHECK(rejected == 1);
   CHECK_FALSE(load_profile("/nonexistent.json").ok());
@@ -302,7 +306,8 @@ TEST_CASE("sim calibrate: the fit recovers a profile from the step times it pred
   std::vector<StepSample> samples;
   for (int p : {16, 64, 200, 512}) samples.push_back({{{0, p, true}}, 0});
   for (int b : {1, 3, 8, 24, 48})
-    for (int ctx : {40, 300, 1500}) samples.push_back({std::vector<SeqShape>(static_cast<size_t>(b), SeqShape{ctx, 1, true}), 0});
+    for (int ctx : {40, 300, 1500})
+      samples.push_back({std::vector<SeqShape>(static_cast<size_t>(b), SeqShape{ctx, 1, true}), 0});
   samples.push_back({{{900, 256, false}, {100, 1, true}, {120, 1, true}}, 0});
   for (auto& s : samples) s.seconds = cm.step_seconds(s.seqs);
   HardwareProfile start = profile("cpu-local");
@@ -350,7 +355,8 @@ TEST_CASE("sim: ShareGPT, Azure 2024 and trace-drawn lengths", "[sim]") {
     if (i) CHECK((*sg)[i].arrival_s > (*sg)[i - 1].arrival_s);
   }
   arrivals.num_requests = 5;
-  auto five = read_sharegpt(path, [](std::string_view) { return 7; }, arrivals);
+  auto five = read_sharegpt(
+      path, [](std::string_view) { return 7; }, arrivals);
   REQUIRE(five.ok());
   REQUIRE(five->size() == 5);
   CHECK((*five)[4].prompt_tokens == 7);
@@ -403,8 +409,7 @@ TEST_CASE("sim layouts: pipeline stages with plans in flight, experts over devic
   CHECK(CostModel(m, hw, pp).step_seconds(decode) == Approx(one.step_seconds(decode)));
   // Links cost tokens x hidden x 2 bytes per boundary (P - 1 of them).
   pp.stage_bandwidth = 1e9;
-  CHECK(CostModel(m, hw, pp).step_seconds(decode) ==
-        Approx(one.step_seconds(decode) + 4 * 64.0 * m.hidden * 2 / 1e9));
+  CHECK(CostModel(m, hw, pp).step_seconds(decode) == Approx(one.step_seconds(decode) + 4 * 64.0 * m.hidden * 2 / 1e9));
   // Compute-bound prefill: micro-batches overlap the stages and finish sooner.
   pp.stage_bandwidth = 0;
   pp.micro_batches = 4;

@@ -17,7 +17,7 @@ enum class TokenType : uint8_t {
   kVarBegin,    // {{
   kVarEnd,      // }}
   kName,
-  kString,      // value already unescaped
+  kString,  // value already unescaped
   kInt,
   kFloat,
   kOperator,
@@ -38,18 +38,18 @@ struct Expr;
 using ExprPtr = std::unique_ptr<Expr>;
 
 enum class ExprKind : uint8_t {
-  kLiteral,   // value
-  kName,      // name
-  kList,      // args = items (is_tuple for tuples)
-  kDict,      // args = key0, value0, key1, value1, ...
-  kGetAttr,   // args[0].name
-  kGetItem,   // args[0][args[1]]
-  kSlice,     // args[0][args[1]:args[2]:args[3]] (null = omitted)
-  kCall,      // args[0](args[1..], kwargs); args[0] is a kName or kGetAttr (method)
-  kFilter,    // args[0] | name(args[1..], kwargs)
-  kTest,      // args[0] is [not] name(args[1..])
-  kUnary,     // name in {"-", "+", "not"}
-  kBinary,    // name is the operator: + - * / // % ** ~ == != < > <= >= in "not in"
+  kLiteral,  // value
+  kName,     // name
+  kList,     // args = items (is_tuple for tuples)
+  kDict,     // args = key0, value0, key1, value1, ...
+  kGetAttr,  // args[0].name
+  kGetItem,  // args[0][args[1]]
+  kSlice,    // args[0][args[1]:args[2]:args[3]] (null = omitted)
+  kCall,     // args[0](args[1..], kwargs); args[0] is a kName or kGetAttr (method)
+  kFilter,   // args[0] | name(args[1..], kwargs)
+  kTest,     // args[0] is [not] name(args[1..])
+  kUnary,    // name in {"-", "+", "not"}
+  kBinary,   // name is the operator: + - * / // % ** ~ == != < > <= >= in "not in"
   kAnd,
   kOr,
   kCondExpr,  // args[0] if args[1] else args[2] (args[2] may be null)
@@ -78,7 +78,7 @@ enum class StmtKind : uint8_t {
   kSetBlock,  // set targets[0] %}bodies[0]{% endset
   kBreak,
   kContinue,
-  kBlock,     // bodies[0] rendered in place ({% generation %})
+  kBlock,  // bodies[0] rendered in place ({% generation %})
 };
 
 struct Stmt {
@@ -88,7 +88,7 @@ struct Stmt {
   std::vector<std::string> targets;
   std::string attr;  // kSet on a namespace: targets[0].attr = expr
   ExprPtr expr;
-  ExprPtr filter;    // kFor: the "if" clause
+  ExprPtr filter;  // kFor: the "if" clause
   std::vector<ExprPtr> conds;
   std::vector<Body> bodies;
 };

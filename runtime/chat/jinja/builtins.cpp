@@ -22,17 +22,17 @@ const Value* CallArgs::get(size_t index, std::string_view name) const {
 
 bool is_known_filter(const std::string& n) {
   static const std::set<std::string> kNames = {
-      "trim", "length", "count", "upper", "lower", "capitalize", "title", "default", "d", "tojson", "string",
-      "int", "float", "join", "first", "last", "list", "items", "replace", "selectattr", "rejectattr",
-      "select", "reject", "map", "safe", "abs", "reverse"};
+      "trim",    "length",     "count",      "upper",  "lower",  "capitalize", "title", "default", "d",
+      "tojson",  "string",     "int",        "float",  "join",   "first",      "last",  "list",    "items",
+      "replace", "selectattr", "rejectattr", "select", "reject", "map",        "safe",  "abs",     "reverse"};
   return kNames.count(n) > 0;
 }
 
 bool is_known_test(const std::string& n) {
   static const std::set<std::string> kNames = {
-      "defined", "undefined", "none", "string", "mapping", "iterable", "sequence", "number", "integer",
-      "float", "boolean", "true", "false", "equalto", "eq", "ne", "lt", "gt", "le", "ge", "in", "odd",
-      "even", "divisibleby", "lower", "upper", "sameas"};
+      "defined", "undefined", "none", "string", "mapping", "iterable",    "sequence", "number", "integer",
+      "float",   "boolean",   "true", "false",  "equalto", "eq",          "ne",       "lt",     "gt",
+      "le",      "ge",        "in",   "odd",    "even",    "divisibleby", "lower",    "upper",  "sameas"};
   return kNames.count(n) > 0;
 }
 
@@ -41,17 +41,15 @@ bool is_known_function(const std::string& n) {
 }
 
 bool is_known_method(const std::string& n) {
-  static const std::set<std::string> kNames = {"strip", "lstrip", "rstrip", "split", "startswith", "endswith",
-                                               "upper", "lower", "title", "capitalize", "replace", "join",
-                                               "find", "count", "items", "keys", "values", "get"};
+  static const std::set<std::string> kNames = {"strip", "lstrip", "rstrip", "split",      "startswith", "endswith",
+                                               "upper", "lower",  "title",  "capitalize", "replace",    "join",
+                                               "find",  "count",  "items",  "keys",       "values",     "get"};
   return kNames.count(n) > 0;
 }
 
 namespace {
 
-Error undefined_error(const Value& v) {
-  return make_error(v.s.empty() ? "value is undefined" : v.s);
-}
+Error undefined_error(const Value& v) { return make_error(v.s.empty() ? "value is undefined" : v.s); }
 
 Result<bool> affix_match(const std::string& s, const Value* affix, bool prefix) {
   if (!affix) return make_error("startswith/endswith needs an argument");
@@ -92,7 +90,8 @@ Result<Value> select_filter(const std::string& name, const Value& subject, const
   size_t first_test_arg = by_attr ? 1 : 0;
   std::string attr;
   if (by_attr) {
-    if (args.positional.empty() || !args.positional[0].is_string()) return make_error(name + " needs an attribute name");
+    if (args.positional.empty() || !args.positional[0].is_string())
+      return make_error(name + " needs an attribute name");
     attr = args.positional[0].s;
   }
   std::string test;
@@ -140,7 +139,8 @@ Result<Value> map_filter(const Value& subject, const CallArgs& args) {
     }
     return Value::make_list(std::move(out));
   }
-  if (args.positional.empty() || !args.positional[0].is_string()) return make_error("map needs a filter name or attribute=");
+  if (args.positional.empty() || !args.positional[0].is_string())
+    return make_error("map needs a filter name or attribute=");
   const std::string filter = args.positional[0].s;
   if (!is_known_filter(filter) || filter == "map") return make_error("map: unsupported filter '" + filter + "'");
   CallArgs rest;
@@ -170,8 +170,10 @@ Result<Value> to_int(const Value& v, const CallArgs& args) {
   const Value* dflt = args.get(0, "default");
   Value fallback = dflt ? *dflt : Value::integer(0);
   switch (v.kind) {
-    case Kind::kInt: return v;
-    case Kind::kBool: return Value::integer(v.b);
+    case Kind::kInt:
+      return v;
+    case Kind::kBool:
+      return Value::integer(v.b);
     case Kind::kFloat:
       if (!std::isfinite(v.f)) return fallback;
       return Value::integer(static_cast<int64_t>(v.f));
@@ -182,10 +184,12 @@ Result<Value> to_int(const Value& v, const CallArgs& args) {
       long long n = std::strtoll(t.c_str(), &end, 10);
       if (!t.empty() && end && *end == '\0' && errno == 0) return Value::integer(n);
       double d;
-      if (parse_number(v.s, &d) && std::isfinite(d) && std::fabs(d) < 9.2e18) return Value::integer(static_cast<int64_t>(d));
+      if (parse_number(v.s, &d) && std::isfinite(d) && std::fabs(d) < 9.2e18)
+        return Value::integer(static_cast<int64_t>(d));
       return fallback;
     }
-    default: return fallback;
+    default:
+      return fallback;
   }
 }
 
@@ -245,7 +249,8 @@ Result<Value> get_item(const Value& obj, const Value& key) {
 
 Result<Value> get_slice(const Value& obj, const Value& start_v, const Value& stop_v, const Value& step_v) {
   if (obj.is_undefined()) return undefined_error(obj);
-  if (!obj.is_list() && !obj.is_string()) return make_error(std::string("'") + type_name(obj) + "' object is not subscriptable");
+  if (!obj.is_list() && !obj.is_string())
+    return make_error(std::string("'") + type_name(obj) + "' object is not subscriptable");
   for (const Value* v : {&start_v, &stop_v, &step_v}) {
     if (!v->is_none() && v->kind != Kind::kInt) return make_error("slice indices must be integers or None");
   }
@@ -271,8 +276,10 @@ Result<Value> get_slice(const Value& obj, const Value& start_v, const Value& sto
   ValueList items;
   std::vector<char32_t> chars;
   for (int64_t k = start; step > 0 ? k < stop : k > stop; k += step) {
-    if (obj.is_list()) items.push_back((*obj.list)[k]);
-    else chars.push_back(cps[k]);
+    if (obj.is_list())
+      items.push_back((*obj.list)[k]);
+    else
+      chars.push_back(cps[k]);
   }
   if (obj.is_list()) return Value::make_list(std::move(items), obj.is_tuple);
   return Value::string(utf8_encode(chars, 0, chars.size()));
@@ -280,8 +287,10 @@ Result<Value> get_slice(const Value& obj, const Value& start_v, const Value& sto
 
 Result<ValueList> iterate(const Value& v) {
   switch (v.kind) {
-    case Kind::kUndefined: return ValueList{};
-    case Kind::kList: return *v.list;
+    case Kind::kUndefined:
+      return ValueList{};
+    case Kind::kList:
+      return *v.list;
     case Kind::kDict: {
       ValueList keys;
       for (const auto& [k, item] : v.dict->entries) keys.push_back(Value::string(k));
@@ -296,7 +305,8 @@ Result<ValueList> iterate(const Value& v) {
       }
       return chars;
     }
-    default: return make_error(std::string("'") + type_name(v) + "' object is not iterable");
+    default:
+      return make_error(std::string("'") + type_name(v) + "' object is not iterable");
   }
 }
 
@@ -336,11 +346,16 @@ Result<Value> apply_filter(const std::string& name, const Value& v, const CallAr
   }
   if (name == "length" || name == "count") {
     switch (v.kind) {
-      case Kind::kUndefined: return Value::integer(0);
-      case Kind::kString: return Value::integer(static_cast<int64_t>(utf8_length(v.s)));
-      case Kind::kList: return Value::integer(static_cast<int64_t>(v.list->size()));
-      case Kind::kDict: return Value::integer(static_cast<int64_t>(v.dict->entries.size()));
-      default: return make_error(std::string("object of type '") + type_name(v) + "' has no len()");
+      case Kind::kUndefined:
+        return Value::integer(0);
+      case Kind::kString:
+        return Value::integer(static_cast<int64_t>(utf8_length(v.s)));
+      case Kind::kList:
+        return Value::integer(static_cast<int64_t>(v.list->size()));
+      case Kind::kDict:
+        return Value::integer(static_cast<int64_t>(v.dict->entries.size()));
+      default:
+        return make_error(std::string("object of type '") + type_name(v) + "' has no len()");
     }
   }
   if (name == "replace") {
@@ -475,7 +490,8 @@ Result<bool> apply_test(const std::string& name, const Value& v, const CallArgs&
   } else if (v.is_string() && b.is_string()) {
     cmp = v.s.compare(b.s);
   } else {
-    return make_error(std::string("test '") + name + "' not supported between '" + type_name(v) + "' and '" + type_name(b) + "'");
+    return make_error(std::string("test '") + name + "' not supported between '" + type_name(v) + "' and '" +
+                      type_name(b) + "'");
   }
   if (name == "lt") return cmp < 0;
   if (name == "gt") return cmp > 0;
@@ -490,8 +506,10 @@ Result<Value> call_method(const Value& obj, const std::string& name, const CallA
     if (name == "items" || name == "keys" || name == "values") {
       ValueList out;
       for (const auto& [k, v] : entries) {
-        if (name == "items") out.push_back(Value::make_list({Value::string(k), v}, true));
-        else out.push_back(name == "keys" ? Value::string(k) : v);
+        if (name == "items")
+          out.push_back(Value::make_list({Value::string(k), v}, true));
+        else
+          out.push_back(name == "keys" ? Value::string(k) : v);
       }
       return Value::make_list(std::move(out));
     }

@@ -13,9 +13,9 @@
 namespace troupe::jinja {
 namespace {
 
-#define JINJA_EVAL(var, expr)                            \
-  auto var##_result = (expr);                            \
-  if (!var##_result.ok()) return var##_result.error();   \
+#define JINJA_EVAL(var, expr)                          \
+  auto var##_result = (expr);                          \
+  if (!var##_result.ok()) return var##_result.error(); \
   Value var = std::move(var##_result.value())
 
 enum class Flow { kNormal, kBreak, kContinue };
@@ -83,12 +83,14 @@ Result<int> compare(const Value& a, const Value& b, const std::string& op) {
     }
     return a.list->size() < b.list->size() ? -1 : a.list->size() > b.list->size() ? 1 : 0;
   }
-  return make_error("'" + op + "' not supported between instances of '" + type_name(a) + "' and '" + type_name(b) + "'");
+  return make_error("'" + op + "' not supported between instances of '" + type_name(a) + "' and '" + type_name(b) +
+                    "'");
 }
 
 Result<bool> contains(const Value& container, const Value& item) {
   if (container.is_string()) {
-    if (!item.is_string()) return make_error(std::string("'in <string>' requires string as left operand, not ") + type_name(item));
+    if (!item.is_string())
+      return make_error(std::string("'in <string>' requires string as left operand, not ") + type_name(item));
     return container.s.find(item.s) != std::string::npos;
   }
   if (container.is_dict()) return item.is_string() && container.dict->find(item.s) != nullptr;
@@ -186,7 +188,8 @@ class Renderer {
       return {};
     }
     if (!v.is_list() || v.list->size() != targets.size()) {
-      return error_at(line, "cannot unpack " + std::string(type_name(v)) + " into " + std::to_string(targets.size()) + " names");
+      return error_at(
+          line, "cannot unpack " + std::string(type_name(v)) + " into " + std::to_string(targets.size()) + " names");
     }
     for (size_t k = 0; k < targets.size(); ++k) scopes_.back()[targets[k]] = (*v.list)[k];
     return {};
@@ -204,7 +207,8 @@ class Renderer {
     DepthGuard guard(&depth_);
     TROUPE_TRY(check_depth(s.line));
     switch (s.kind) {
-      case StmtKind::kText: return write(s.text, s.line);
+      case StmtKind::kText:
+        return write(s.text, s.line);
       case StmtKind::kOutput: {
         JINJA_EVAL(v, eval(*s.expr));
         auto text = to_str(v, budget_.max_depth);
@@ -221,14 +225,16 @@ class Renderer {
         }
         return {};
       }
-      case StmtKind::kFor: return exec_for(s);
+      case StmtKind::kFor:
+        return exec_for(s);
       case StmtKind::kSet: {
         JINJA_EVAL(v, eval(*s.expr));
         if (s.attr.empty()) return assign(s.targets, v, s.line);
         TROUPE_TRY(check_nesting(v, s.line));
         Value ns = lookup(s.targets[0]);
         if (ns.kind != Kind::kNamespace) {
-          return error_at(s.line, "cannot assign attribute '" + s.attr + "' on '" + s.targets[0] + "': not a namespace");
+          return error_at(s.line,
+                          "cannot assign attribute '" + s.attr + "' on '" + s.targets[0] + "': not a namespace");
         }
         ns.dict->set(s.attr, std::move(v));
         return {};
@@ -241,9 +247,14 @@ class Renderer {
         if (!st.ok()) return st;
         return assign(s.targets, Value::string(std::move(saved)), s.line);
       }
-      case StmtKind::kBreak: *flow = Flow::kBreak; return {};
-      case StmtKind::kContinue: *flow = Flow::kContinue; return {};
-      case StmtKind::kBlock: return exec_body(s.bodies[0], flow);
+      case StmtKind::kBreak:
+        *flow = Flow::kBreak;
+        return {};
+      case StmtKind::kContinue:
+        *flow = Flow::kContinue;
+        return {};
+      case StmtKind::kBlock:
+        return exec_body(s.bodies[0], flow);
     }
     return {};
   }
@@ -301,7 +312,8 @@ class Renderer {
 
   Status count_iteration(int line) {
     if (++iterations_ > budget_.max_loop_iterations) {
-      return error_at(line, "loop budget exceeded (max_loop_iterations=" + std::to_string(budget_.max_loop_iterations) + ")");
+      return error_at(line,
+                      "loop budget exceeded (max_loop_iterations=" + std::to_string(budget_.max_loop_iterations) + ")");
     }
     return check_time(line);
   }
@@ -339,8 +351,10 @@ class Renderer {
     TROUPE_TRY(check_depth(e.line));
     if (++evals_ % 1024 == 0) TROUPE_TRY(check_time(e.line));
     switch (e.kind) {
-      case ExprKind::kLiteral: return e.value;
-      case ExprKind::kName: return lookup(e.name);
+      case ExprKind::kLiteral:
+        return e.value;
+      case ExprKind::kName:
+        return lookup(e.name);
       case ExprKind::kList: {
         ValueList items;
         for (const auto& a : e.args) {
@@ -353,7 +367,8 @@ class Renderer {
         ValueDict d;
         for (size_t k = 0; k + 1 < e.args.size(); k += 2) {
           JINJA_EVAL(key, eval(*e.args[k]));
-          if (!key.is_string()) return error_at(e.line, "unsupported dict key type '" + std::string(type_name(key)) + "'");
+          if (!key.is_string())
+            return error_at(e.line, "unsupported dict key type '" + std::string(type_name(key)) + "'");
           JINJA_EVAL(v, eval(*e.args[k + 1]));
           d.set(key.s, std::move(v));
         }
@@ -380,7 +395,8 @@ class Renderer {
         }
         return at_line(get_slice(obj, bounds[0], bounds[1], bounds[2]), e.line);
       }
-      case ExprKind::kCall: return eval_call(e);
+      case ExprKind::kCall:
+        return eval_call(e);
       case ExprKind::kFilter: {
         JINJA_EVAL(subject, eval(*e.args[0]));
         auto args = eval_args(e, 1);
@@ -400,7 +416,8 @@ class Renderer {
       case ExprKind::kUnary: {
         JINJA_EVAL(v, eval(*e.args[0]));
         if (e.name == "not") return Value::boolean(!truthy(v));
-        if (!v.is_number()) return error_at(e.line, "bad operand type for unary " + e.name + ": '" + type_name(v) + "'");
+        if (!v.is_number())
+          return error_at(e.line, "bad operand type for unary " + e.name + ": '" + type_name(v) + "'");
         if (e.name == "+") return v.kind == Kind::kBool ? Value::integer(v.b) : v;
         if (v.kind == Kind::kFloat) return Value::real(-v.f);
         if (int_of(v) == INT64_MIN) return error_at(e.line, "integer overflow");
@@ -506,8 +523,9 @@ class Renderer {
   // Remembered (weakly) for the destructor; dead entries are dropped as the list doubles.
   void track_namespace(const Value& ns) {
     if (namespaces_.size() >= namespaces_prune_at_) {
-      namespaces_.erase(std::remove_if(namespaces_.begin(), namespaces_.end(), [](const auto& w) { return w.expired(); }),
-                        namespaces_.end());
+      namespaces_.erase(
+          std::remove_if(namespaces_.begin(), namespaces_.end(), [](const auto& w) { return w.expired(); }),
+          namespaces_.end());
       namespaces_prune_at_ = std::max<size_t>(64, namespaces_.size() * 2);
     }
     namespaces_.push_back(ns.dict);

@@ -14,8 +14,8 @@ namespace {
 
 constexpr int kMaxNesting = 200;  // keeps hostile templates from exhausting the stack
 
-#define JINJA_TRY_EXPR(var, expr)              \
-  auto var##_result = (expr);                  \
+#define JINJA_TRY_EXPR(var, expr)                      \
+  auto var##_result = (expr);                          \
   if (!var##_result.ok()) return var##_result.error(); \
   ExprPtr var = std::move(var##_result.value())
 
@@ -60,10 +60,14 @@ class Parser {
   }
   static std::string describe(const Token& t) {
     switch (t.type) {
-      case TokenType::kBlockEnd: return "%}";
-      case TokenType::kVarEnd: return "}}";
-      case TokenType::kEof: return "end of template";
-      default: return t.text;
+      case TokenType::kBlockEnd:
+        return "%}";
+      case TokenType::kVarEnd:
+        return "}}";
+      case TokenType::kEof:
+        return "end of template";
+      default:
+        return t.text;
     }
   }
   Status expect_block_end() {
@@ -90,7 +94,8 @@ class Parser {
         auto e = parse_tuple();
         if (!e.ok()) return e.error();
         s.expr = std::move(e.value());
-        if (cur().type != TokenType::kVarEnd) return error_at(cur().line, "expected '}}', got '" + describe(cur()) + "'");
+        if (cur().type != TokenType::kVarEnd)
+          return error_at(cur().line, "expected '}}', got '" + describe(cur()) + "'");
         next();
         body.push_back(std::move(s));
       } else if (t.type == TokenType::kBlockBegin) {
@@ -174,7 +179,8 @@ class Parser {
     bool paren = at_op("(");
     if (paren) next();
     while (true) {
-      if (cur().type != TokenType::kName) return error_at(cur().line, "expected a variable name, got '" + describe(cur()) + "'");
+      if (cur().type != TokenType::kName)
+        return error_at(cur().line, "expected a variable name, got '" + describe(cur()) + "'");
       s.targets.push_back(cur().text);
       next();
       if (with_attr && s.targets.size() == 1 && at_op(".")) {
@@ -338,9 +344,8 @@ class Parser {
     Expr* prev_rhs = nullptr;
     while (true) {
       std::string op;
-      if (cur().type == TokenType::kOperator &&
-          (cur().text == "==" || cur().text == "!=" || cur().text == "<" || cur().text == ">" ||
-           cur().text == "<=" || cur().text == ">=")) {
+      if (cur().type == TokenType::kOperator && (cur().text == "==" || cur().text == "!=" || cur().text == "<" ||
+                                                 cur().text == ">" || cur().text == "<=" || cur().text == ">=")) {
         op = cur().text;
         next();
       } else if (at_name("in")) {
@@ -424,9 +429,12 @@ class Parser {
     int line = t.line;
     if (t.type == TokenType::kName) {
       auto node = make_expr(ExprKind::kLiteral, line);
-      if (t.text == "true" || t.text == "True") node->value = Value::boolean(true);
-      else if (t.text == "false" || t.text == "False") node->value = Value::boolean(false);
-      else if (t.text == "none" || t.text == "None") node->value = Value::none();
+      if (t.text == "true" || t.text == "True")
+        node->value = Value::boolean(true);
+      else if (t.text == "false" || t.text == "False")
+        node->value = Value::boolean(false);
+      else if (t.text == "none" || t.text == "None")
+        node->value = Value::none();
       else {
         node->kind = ExprKind::kName;
         node->name = t.text;
@@ -632,8 +640,7 @@ class Parser {
         if (at_op("(")) {
           TROUPE_TRY(parse_call_args(*test));
         } else if ((cur().type == TokenType::kName || cur().type == TokenType::kString ||
-                    cur().type == TokenType::kInt || cur().type == TokenType::kFloat || at_op("[") ||
-                    at_op("{")) &&
+                    cur().type == TokenType::kInt || cur().type == TokenType::kFloat || at_op("[") || at_op("{")) &&
                    !at_name("else") && !at_name("or") && !at_name("and")) {
           if (at_name("is")) return error_at(line, "tests cannot be chained with 'is'");
           JINJA_TRY_EXPR(arg, parse_primary());

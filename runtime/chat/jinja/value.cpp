@@ -116,29 +116,46 @@ Error nesting_error(uint32_t max_depth) {
 bool truthy(const Value& v) {
   switch (v.kind) {
     case Kind::kUndefined:
-    case Kind::kNone: return false;
-    case Kind::kBool: return v.b;
-    case Kind::kInt: return v.i != 0;
-    case Kind::kFloat: return v.f != 0.0;
-    case Kind::kString: return !v.s.empty();
-    case Kind::kList: return !v.list->empty();
-    case Kind::kDict: return !v.dict->entries.empty();
-    case Kind::kNamespace: return true;
+    case Kind::kNone:
+      return false;
+    case Kind::kBool:
+      return v.b;
+    case Kind::kInt:
+      return v.i != 0;
+    case Kind::kFloat:
+      return v.f != 0.0;
+    case Kind::kString:
+      return !v.s.empty();
+    case Kind::kList:
+      return !v.list->empty();
+    case Kind::kDict:
+      return !v.dict->entries.empty();
+    case Kind::kNamespace:
+      return true;
   }
   return false;
 }
 
 const char* type_name(const Value& v) {
   switch (v.kind) {
-    case Kind::kUndefined: return "Undefined";
-    case Kind::kNone: return "NoneType";
-    case Kind::kBool: return "bool";
-    case Kind::kInt: return "int";
-    case Kind::kFloat: return "float";
-    case Kind::kString: return "str";
-    case Kind::kList: return v.is_tuple ? "tuple" : "list";
-    case Kind::kDict: return "dict";
-    case Kind::kNamespace: return "Namespace";
+    case Kind::kUndefined:
+      return "Undefined";
+    case Kind::kNone:
+      return "NoneType";
+    case Kind::kBool:
+      return "bool";
+    case Kind::kInt:
+      return "int";
+    case Kind::kFloat:
+      return "float";
+    case Kind::kString:
+      return "str";
+    case Kind::kList:
+      return v.is_tuple ? "tuple" : "list";
+    case Kind::kDict:
+      return "dict";
+    case Kind::kNamespace:
+      return "Namespace";
   }
   return "?";
 }
@@ -205,20 +222,29 @@ static std::string repr_string(const std::string& s) {
 // str() of everything but lists and dicts.
 static std::string scalar_str(const Value& v) {
   switch (v.kind) {
-    case Kind::kNone: return "None";
-    case Kind::kBool: return v.b ? "True" : "False";
-    case Kind::kInt: return std::to_string(v.i);
-    case Kind::kFloat: return format_float(v.f);
-    case Kind::kString: return v.s;
-    case Kind::kNamespace: return "<Namespace>";
-    default: return "";
+    case Kind::kNone:
+      return "None";
+    case Kind::kBool:
+      return v.b ? "True" : "False";
+    case Kind::kInt:
+      return std::to_string(v.i);
+    case Kind::kFloat:
+      return format_float(v.f);
+    case Kind::kString:
+      return v.s;
+    case Kind::kNamespace:
+      return "<Namespace>";
+    default:
+      return "";
   }
 }
 
 // `level`: how many lists/dicts enclose `v`.
 static Status repr_into(std::string& out, const Value& v, uint32_t level, uint32_t max_depth) {
   switch (v.kind) {
-    case Kind::kString: out += repr_string(v.s); return {};
+    case Kind::kString:
+      out += repr_string(v.s);
+      return {};
     case Kind::kList: {
       if (level >= max_depth) return nesting_error(max_depth);
       out += v.is_tuple ? "(" : "[";
@@ -243,8 +269,12 @@ static Status repr_into(std::string& out, const Value& v, uint32_t level, uint32
       out += "}";
       return {};
     }
-    case Kind::kUndefined: out += "Undefined"; return {};
-    default: out += scalar_str(v); return {};
+    case Kind::kUndefined:
+      out += "Undefined";
+      return {};
+    default:
+      out += scalar_str(v);
+      return {};
   }
 }
 
@@ -268,8 +298,10 @@ bool equals(const Value& a, const Value& b) {
   if (a.kind != b.kind) return false;
   switch (a.kind) {
     case Kind::kUndefined:
-    case Kind::kNone: return true;
-    case Kind::kString: return a.s == b.s;
+    case Kind::kNone:
+      return true;
+    case Kind::kString:
+      return a.s == b.s;
     case Kind::kList: {
       if (a.is_tuple != b.is_tuple || a.list->size() != b.list->size()) return false;
       for (size_t k = 0; k < a.list->size(); ++k) {
@@ -285,8 +317,10 @@ bool equals(const Value& a, const Value& b) {
       }
       return true;
     }
-    case Kind::kNamespace: return a.dict == b.dict;
-    default: return false;
+    case Kind::kNamespace:
+      return a.dict == b.dict;
+    default:
+      return false;
   }
 }
 
@@ -300,13 +334,27 @@ static void json_string(std::string& out, const std::string& s, bool ensure_asci
   };
   auto put_ascii = [&](unsigned char c) {
     switch (c) {
-      case '"': out += "\\\""; break;
-      case '\\': out += "\\\\"; break;
-      case '\n': out += "\\n"; break;
-      case '\r': out += "\\r"; break;
-      case '\t': out += "\\t"; break;
-      case '\b': out += "\\b"; break;
-      case '\f': out += "\\f"; break;
+      case '"':
+        out += "\\\"";
+        break;
+      case '\\':
+        out += "\\\\";
+        break;
+      case '\n':
+        out += "\\n";
+        break;
+      case '\r':
+        out += "\\r";
+        break;
+      case '\t':
+        out += "\\t";
+        break;
+      case '\b':
+        out += "\\b";
+        break;
+      case '\f':
+        out += "\\f";
+        break;
       default:
         if (c < 0x20) {
           escape_unit(c);
@@ -345,15 +393,26 @@ static Status json_value(std::string& out, const Value& v, const JsonOptions& o,
     case Kind::kUndefined:
     case Kind::kNamespace:
       return make_error(std::string("Object of type ") + type_name(v) + " is not JSON serializable");
-    case Kind::kNone: out += "null"; return {};
-    case Kind::kBool: out += v.b ? "true" : "false"; return {};
-    case Kind::kInt: out += std::to_string(v.i); return {};
-    case Kind::kFloat:
-      if (std::isnan(v.f)) out += "NaN";
-      else if (std::isinf(v.f)) out += v.f > 0 ? "Infinity" : "-Infinity";
-      else out += format_float(v.f);
+    case Kind::kNone:
+      out += "null";
       return {};
-    case Kind::kString: json_string(out, v.s, o.ensure_ascii); return {};
+    case Kind::kBool:
+      out += v.b ? "true" : "false";
+      return {};
+    case Kind::kInt:
+      out += std::to_string(v.i);
+      return {};
+    case Kind::kFloat:
+      if (std::isnan(v.f))
+        out += "NaN";
+      else if (std::isinf(v.f))
+        out += v.f > 0 ? "Infinity" : "-Infinity";
+      else
+        out += format_float(v.f);
+      return {};
+    case Kind::kString:
+      json_string(out, v.s, o.ensure_ascii);
+      return {};
     case Kind::kList: {
       if (level >= o.max_depth) return nesting_error(o.max_depth);
       if (v.list->empty()) {

@@ -38,12 +38,12 @@ enum class Kind : uint8_t { kUndefined, kNone, kBool, kInt, kFloat, kString, kLi
 // into it, and freeing one never recurses into the next (see make_namespace).
 struct Value {
   Kind kind = Kind::kUndefined;
-  bool is_tuple = false;   // kList only: prints as (a, b)
+  bool is_tuple = false;  // kList only: prints as (a, b)
   bool b = false;
-  uint32_t depth = 0;      // list/dict nesting; see above
+  uint32_t depth = 0;  // list/dict nesting; see above
   int64_t i = 0;
   double f = 0;
-  std::string s;           // kString; for kUndefined: a hint naming what was missing
+  std::string s;  // kString; for kUndefined: a hint naming what was missing
   std::shared_ptr<ValueList> list;
   std::shared_ptr<ValueDict> dict;  // kDict and kNamespace
 
@@ -109,10 +109,10 @@ std::vector<char32_t> utf8_decode(std::string_view s);
 std::string utf8_encode(const std::vector<char32_t>& cps, size_t begin, size_t end);
 void utf8_append(std::string& out, char32_t cp);
 size_t utf8_length(std::string_view s);
-bool is_py_space(char32_t cp);       // str.isspace(), used by strip() and split()
-char32_t to_upper_cp(char32_t cp);   // ASCII, Latin-1, Latin Extended-A, Greek, Cyrillic
+bool is_py_space(char32_t cp);      // str.isspace(), used by strip() and split()
+char32_t to_upper_cp(char32_t cp);  // ASCII, Latin-1, Latin Extended-A, Greek, Cyrillic
 char32_t to_lower_cp(char32_t cp);
-bool is_alpha_cp(char32_t cp);      // a cased letter (within the ranges above)
+bool is_alpha_cp(char32_t cp);  // a cased letter (within the ranges above)
 
 std::string map_case(const std::string& s, char32_t (*fn)(char32_t));
 // str.strip/lstrip/rstrip: whitespace by default, else any code point of `chars` (a string).

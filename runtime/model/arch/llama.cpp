@@ -16,7 +16,8 @@ Result<ModelConfig> llama_like_from_gguf(const gguf::File& f, std::string_view a
   auto need = [&](const std::string& key, int32_t& out) -> Status {
     auto v = f.get_int(a + "." + key);
     if (!v) return v.error();
-    if (*v <= 0 || *v > (int64_t{1} << 30)) return make_error("metadata '" + a + "." + key + "' is " + std::to_string(*v));
+    if (*v <= 0 || *v > (int64_t{1} << 30))
+      return make_error("metadata '" + a + "." + key + "' is " + std::to_string(*v));
     out = static_cast<int32_t>(*v);
     return {};
   };
@@ -51,8 +52,10 @@ Result<ModelConfig> llama_like_from_gguf(const gguf::File& f, std::string_view a
   auto vocab = f.opt_int(a + ".vocab_size");
   if (!vocab) {
     const auto* toks = f.find("tokenizer.ggml.tokens");
-    if (toks) vocab = static_cast<int64_t>(toks->array.size());
-    else if (const auto* e = f.tensor("token_embd.weight")) vocab = static_cast<int64_t>(e->ne[1]);
+    if (toks)
+      vocab = static_cast<int64_t>(toks->array.size());
+    else if (const auto* e = f.tensor("token_embd.weight"))
+      vocab = static_cast<int64_t>(e->ne[1]);
   }
   if (!vocab || *vocab <= 0 || *vocab > (1 << 22)) return make_error("cannot determine the vocabulary size");
   c.vocab = static_cast<int32_t>(*vocab);
@@ -131,8 +134,10 @@ Result<ModelConfig> llama_like_from_hf(const nlohmann::json& j) {
   if (auto it = j.find("rope_scaling"); it != j.end() && !it->is_null()) {
     if (!it->is_object()) return make_error("'rope_scaling' must be an object, not " + shown(*it));
     const auto& rs = *it;
-    if (auto t = rs.find("rope_type"); t != rs.end() && t->is_string()) c.rope_scaling.type = t->get<std::string>();
-    else if (auto t2 = rs.find("type"); t2 != rs.end() && t2->is_string()) c.rope_scaling.type = t2->get<std::string>();
+    if (auto t = rs.find("rope_type"); t != rs.end() && t->is_string())
+      c.rope_scaling.type = t->get<std::string>();
+    else if (auto t2 = rs.find("type"); t2 != rs.end() && t2->is_string())
+      c.rope_scaling.type = t2->get<std::string>();
     TROUPE_TRY(read_float(rs, "factor", c.rope_scaling.factor));
     TROUPE_TRY(read_float(rs, "low_freq_factor", c.rope_scaling.low_freq_factor));
     TROUPE_TRY(read_float(rs, "high_freq_factor", c.rope_scaling.high_freq_factor));
