@@ -210,7 +210,10 @@ int serve(ServeFlags f) {
   boost::asio::steady_timer timer(io);
   std::chrono::steady_clock::time_point deadline;
   std::function<void()> poll = [&] {
-    if (server.active_requests() == 0 || std::chrono::steady_clock::now() >= deadline) {
+    // Done when no request runs and every response has been written out (a request's
+    // accounting ends before its last chunks, usage and [DONE], reach the socket).
+    if ((server.active_requests() == 0 && http.responses_in_flight() == 0) ||
+        std::chrono::steady_clock::now() >= deadline) {
       if (server.active_requests() > 0) {
         spdlog::warn("drain timeout: cancelling {} request(s)", server.active_requests());
         server.cancel_all();

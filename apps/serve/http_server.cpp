@@ -61,11 +61,21 @@ class ExchangeImpl : public Exchange {
 class Session : public std::enable_shared_from_this<Session> {
  public:
   // `open` counts the server's open connections: this one until its socket is closed.
-  Session(tcp::socket sock, const HttpLimits& lim, const Handler& h, std::shared_ptr<std::atomic<int>> open)
-      : stream_(std::move(sock)), timer_(stream_.get_executor()), lim_(lim), handler_(h), open_(std::move(open)) {
+  // `busy` counts responses begun and not yet written out (or abandoned by a close).
+  Session(tcp::socket sock, const HttpLimits& lim, const Handler& h, std::shared_ptr<std::atomic<int>> open,
+          std::shared_ptr<std::atomic<int>> busy)
+      : stream_(std::move(sock)),
+        timer_(stream_.get_executor()),
+        lim_(lim),
+        handler_(h),
+        open_(std::move(open)),
+        busy_(std::move(busy)) {
     open_->fetch_add(1);
   }
-  ~Session() { release(); }
+  ~Session() {
+    set_busy(false);
+    release();
+  }
   void start() { read(); }
 
   // All of these run on the session's strand.
@@ -131,6 +141,7 @@ class Session : public std::enable_shared_from_this<Session> {
     const uint64_t id = ++exchange_id_;
     response_ended_ = false;
     close_after_ = false;
+    set_busy(true);
     auto ex = std::make_shared<ExchangeImpl>(shared_from_this(), parser_->release(), id);
     close_after_ = !ex->keep_alive();
     watch_disconnect(id);
@@ -162,6 +173,7 @@ class Session : public std::enable_shared_from_this<Session> {
       if (!self->outq_.empty()) return self->write_next();
       self->writing_ = false;
       if (self->response_ended_) {
+        self->set_busy(false);
         if (self->close_after_) return self->linger_ ? self->linger_close() : self->close();
         self->read();
       }
@@ -208,7 +220,14 @@ class Session : public std::enable_shared_from_this<Session> {
     beast::error_code ec;
     stream_.socket().shutdown(tcp::socket::shutdown_both, ec);
     stream_.socket().close(ec);
+    set_busy(false);
     release();  // (the session may live on in an exchange; its descriptor does not)
+  }
+
+  void set_busy(bool b) {
+    if (b == busy_held_ || !busy_) return;
+    busy_held_ = b;
+    busy_->fetch_add(b ? 1 : -1);
   }
 
   void release() {
@@ -230,7 +249,8 @@ class Session : public std::enable_shared_from_this<Session> {
   size_t drained_ = 0;
   uint64_t exchange_id_ = 0;
   std::function<void()> on_gone_;
-  std::shared_ptr<std::atomic<int>> open_;
+  std::shared_ptr<std::atomic<int>> open_, busy_;
+  bool busy_held_ = false;
 };
 
 void ExchangeImpl::respond(int status, std::string content_type, std::string body,
@@ -308,7 +328,7 @@ void HttpServer::accept() {
     if (open_->load() >= limits_.max_connections)
       refuse(std::move(sock));
     else
-      std::make_shared<Session>(std::move(sock), limits_, handler_, open_)->start();
+      std::make_shared<Session>(std::move(sock), limits_, handler_, open_, busy_)->start();
     accept();
   });
 }

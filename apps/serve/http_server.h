@@ -53,6 +53,8 @@ class HttpServer {
   unsigned short listen(const std::string& host, unsigned short port);
   void stop_accepting();
   int open_connections() const { return open_->load(); }
+  // Responses begun and not yet written out: a drain waits for these after the last request ends.
+  int responses_in_flight() const { return busy_->load(); }
 
  private:
   void accept();
@@ -63,6 +65,7 @@ class HttpServer {
   boost::asio::ip::tcp::acceptor acceptor_;
   boost::asio::steady_timer retry_;  // after a failed accept (out of descriptors): try again later
   std::shared_ptr<std::atomic<int>> open_ = std::make_shared<std::atomic<int>>(0);
+  std::shared_ptr<std::atomic<int>> busy_ = std::make_shared<std::atomic<int>>(0);
   uint64_t accept_failures_ = 0, refused_ = 0;
 };
 
