@@ -49,6 +49,33 @@ void Backend::matmul_rope_kv_write(const Weight& wqkv, const float* x, KvCache& 
   rope_kv_write(cache, layer, qkv, ld, n, num_heads, num_kv_heads, head_dim, cos_sin, kind);
 }
 
+void moe_combine_host(const float* y, int64_t dim, const int32_t* src, const float* weights, int64_t n, int32_t k,
+                      float* out) {
+  for (int64_t t = 0; t < n; ++t) {
+    float* o = out + t * dim;
+    const float w0 = weights[t * k];
+    const float* y0 = y + int64_t{src[t * k]} * dim;
+    for (int64_t i = 0; i < dim; ++i) o[i] = w0 * y0[i];
+    for (int32_t j = 1; j < k; ++j) {
+      const float w = weights[t * k + j];
+      const float* yj = y + int64_t{src[t * k + j]} * dim;
+      for (int64_t i = 0; i < dim; ++i) o[i] += w * yj[i];
+    }
+  }
+}
+
+void Backend::moe_combine(const float* y, int64_t dim, const int32_t* src, const float* weights, int64_t n, int32_t k,
+                          float* out) {
+  if (n <= 0 || k <= 0) return;
+  if (is_host_memory()) return moe_combine_host(y, dim, src, weights, n, k, out);
+  int32_t rows = 0;
+  for (int64_t i = 0; i < n * k; ++i) rows = std::max(rows, src[i] + 1);
+  std::vector<float> hy(static_cast<size_t>(rows) * dim), ho(static_cast<size_t>(n) * dim);
+  copy_out(hy.data(), y, hy.size());
+  moe_combine_host(hy.data(), dim, src, weights, n, k, ho.data());
+  copy_in(out, ho.data(), ho.size());
+}
+
 namespace {
 // The value of environment variable `name` if it is set and not empty.
 const char* env_value(const char* name) {

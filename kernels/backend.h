@@ -140,7 +140,17 @@ class Backend {
                                     const float* cos_sin, RopeKind kind);
   // out[i, :] = x[rows[i], :]
   virtual void gather_rows(const float* x, int64_t dim, const int32_t* rows, int64_t n, float* out) = 0;
+  // The mixture-of-experts combine: out[t, :] = sum over j < k, in order, of
+  // weights[t k + j] * y[src[t k + j], :] (the first term is a product, the rest added), so a
+  // token's bits do not depend on the batch. src and weights are host arrays [n k]. The default
+  // runs on the host (copying through it on a device backend).
+  virtual void moe_combine(const float* y, int64_t dim, const int32_t* src, const float* weights, int64_t n, int32_t k,
+                           float* out);
 };
+
+// The host loop behind Backend::moe_combine (the CPU backend's and the reference's).
+void moe_combine_host(const float* y, int64_t dim, const int32_t* src, const float* weights, int64_t n, int32_t k,
+                      float* out);
 
 struct CpuBackendOptions {
   int num_threads = 0;  // 0: all cores

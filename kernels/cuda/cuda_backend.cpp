@@ -506,6 +506,18 @@ class CudaBackend final : public Backend {
     run("gather_rows", __LINE__, {P(x), U(dim), P(dev_rows), U(n), P(out)},
         [=](cudaStream_t st) { return cuda::gather_rows(x, dim, dev_rows, n, out, st); });
   }
+  void moe_combine(const float* y, int64_t dim, const int32_t* src, const float* weights, int64_t n, int32_t k,
+                   float* out) override {
+    if (failed() || n <= 0 || k <= 0) return;
+    const size_t nk = static_cast<size_t>(n) * static_cast<size_t>(k);
+    moe_meta_.resize(2 * nk);
+    std::memcpy(moe_meta_.data(), src, nk * sizeof(int32_t));
+    std::memcpy(moe_meta_.data() + nk, weights, nk * sizeof(float));
+    const int32_t* meta = upload_indices(moe_meta_.data(), static_cast<int64_t>(2 * nk));
+    if (!meta) return;
+    run("moe_combine", __LINE__, {P(y), U(dim), P(meta), U(n), U(k), P(out)},
+        [=](cudaStream_t st) { return cuda::moe_combine(y, dim, meta, n, k, out, st); });
+  }
 
  private:
   bool failed() const { return !error_.empty(); }
@@ -720,6 +732,7 @@ class CudaBackend final : public Backend {
     return static_cast<const int32_t*>(dev);
   }
 
+  std::vector<int32_t> moe_meta_;  // moe_combine's rows and weights, uploaded as one index list
   int device_;
   bool batch_invariant_;
   bool tc_gemm_;  // batch-invariant f16/bf16 matmuls on tensor cores

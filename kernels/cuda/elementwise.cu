@@ -35,6 +35,18 @@ __global__ void gather_kernel(const float* x, int64_t dim, const int32_t* rows, 
   for (int64_t j = threadIdx.x; j < dim; j += blockDim.x) out[blockIdx.x * dim + j] = src[j];
 }
 
+// One block per token; meta holds src [n k] then the weights' bits [n k] (one upload).
+__global__ void moe_combine_kernel(const float* y, int64_t dim, const int32_t* meta, int64_t n, int32_t k, float* out) {
+  const int64_t t = blockIdx.x;
+  const int32_t* src = meta + t * k;
+  const int32_t* wbits = meta + n * k + t * k;
+  for (int64_t i = threadIdx.x; i < dim; i += blockDim.x) {
+    float acc = __int_as_float(wbits[0]) * y[static_cast<int64_t>(src[0]) * dim + i];
+    for (int32_t j = 1; j < k; ++j) acc += __int_as_float(wbits[j]) * y[static_cast<int64_t>(src[j]) * dim + i];
+    out[t * dim + i] = acc;
+  }
+}
+
 }  // namespace
 
 #ifndef TROUPE_CUDA_EMULATION  // (tests/kernels/cuda_emulation.h runs the kernels above on the CPU)
@@ -51,6 +63,12 @@ cudaError_t add(float* x, const float* y, int64_t count, cudaStream_t stream) {
 cudaError_t add_bias(float* y, int64_t ld, const float* bias, int64_t n, int64_t dim, cudaStream_t stream) {
   if (n * dim <= 0) return cudaSuccess;
   add_bias_kernel<<<blocks_for(n * dim), kThreads, 0, stream>>>(y, ld, bias, n, dim);
+  return cudaGetLastError();
+}
+cudaError_t moe_combine(const float* y, int64_t dim, const int32_t* meta, int64_t n, int32_t k, float* out,
+                        cudaStream_t stream) {
+  if (n <= 0 || k <= 0) return cudaSuccess;
+  moe_combine_kernel<<<static_cast<unsigned>(n), kThreads, 0, stream>>>(y, dim, meta, n, k, out);
   return cudaGetLastError();
 }
 cudaError_t gather_rows(const float* x, int64_t dim, const int32_t* rows, int64_t n, float* out, cudaStream_t stream) {

@@ -238,5 +238,8 @@ cudaError_t sample(const float* logits, int64_t n, int64_t vocab, const DeviceSa
 cudaError_t silu_mul(const float* gate_up, int64_t n, int64_t ffn, float* out, cudaStream_t stream, HalfOut xh = {});
 cudaError_t add(float* x, const float* y, int64_t count, cudaStream_t stream);
 cudaError_t gather_rows(const float* x, int64_t dim, const int32_t* rows, int64_t n, float* out, cudaStream_t stream);
+// out[t] = sum_j w[t k + j] * y[src[t k + j]] in j order; meta = src [n k] then the weights' bits [n k].
+cudaError_t moe_combine(const float* y, int64_t dim, const int32_t* meta, int64_t n, int32_t k, float* out,
+                        cudaStream_t stream);
 
 }  // namespace troupe::cuda

@@ -5,9 +5,13 @@ namespace troupe {
 extern const Architecture kLlamaArchitecture;
 extern const Architecture kMistralArchitecture;
 extern const Architecture kQwen2Architecture;
+extern const Architecture kQwen2MoeArchitecture;
+extern const Architecture kQwen2MoeHfArchitecture;
+extern const Architecture kMixtralArchitecture;
 
 namespace {
-const Architecture* const kAll[] = {&kLlamaArchitecture, &kMistralArchitecture, &kQwen2Architecture};
+const Architecture* const kAll[] = {&kLlamaArchitecture,    &kMistralArchitecture,    &kQwen2Architecture,
+                                    &kQwen2MoeArchitecture, &kQwen2MoeHfArchitecture, &kMixtralArchitecture};
 }
 
 const Architecture* find_architecture(std::string_view name) {

@@ -39,7 +39,59 @@ Result<std::vector<float>> vector_f32(const WeightSource& src, const std::string
   return v;
 }
 
+// One matrix of a SwiGLU block as the backend needs it: type, data and shape checked.
+struct Part {
+  DType type = DType::F32;
+  const void* data = nullptr;
+};
+
+Result<Part> dense_part(const WeightSource& src, const std::string& name, int64_t rows, int64_t cols) {
+  auto t = matrix(src, name, rows, cols);
+  if (!t) return t.error();
+  return Part{(*t)->type, (*t)->data};
+}
+
+// Expert e's matrix of `base` (ffn_gate, ffn_up, ffn_down): a slice of the stacked tensor
+// blk.N.<base>_exps.weight (GGUF shape [cols, rows, experts], as llama.cpp writes it) or the
+// per-expert tensor blk.N.<base>.<e>.weight (HF files).
+Result<Part> expert_part(const WeightSource& src, const std::string& p, const std::string& base, int32_t e,
+                         int32_t experts, int64_t rows, int64_t cols) {
+  const std::string stacked = p + base + "_exps.weight";
+  if (const TensorRef* t = src.find(stacked)) {
+    if (t->shape.size() != 3 || t->shape[0] != cols || t->shape[1] != rows || t->shape[2] != experts)
+      return make_error("tensor '" + stacked + "' has shape " + shape_str(t->shape) + ", expected [" +
+                        std::to_string(cols) + ", " + std::to_string(rows) + ", " + std::to_string(experts) + "]");
+    const auto rb = row_bytes(t->type, static_cast<uint64_t>(cols));
+    if (!rb) return make_error("tensor '" + stacked + "': rows of " + std::to_string(cols) + " do not fit its blocks");
+    const uint64_t per_expert = *rb * static_cast<uint64_t>(rows);
+    if (t->nbytes < per_expert * static_cast<uint64_t>(experts))
+      return make_error("tensor '" + stacked + "' holds fewer bytes than its shape needs");
+    return Part{t->type, static_cast<const uint8_t*>(t->data) + per_expert * static_cast<uint64_t>(e)};
+  }
+  const std::string one = p + base + "." + std::to_string(e) + ".weight";
+  if (!src.find(one)) return make_error("missing tensor '" + stacked + "' (or per-expert '" + one + "')");
+  return dense_part(src, one, rows, cols);
+}
+
 }  // namespace
+
+// A SwiGLU block from its three matrices: gate and up fused into one weight when they share a type.
+static Status make_ffn(Backend& backend, Part g, Part u, Part d, int64_t H, int64_t F, const std::string& name,
+                       std::unique_ptr<Weight>& gate_up, std::unique_ptr<Weight>& gate, std::unique_ptr<Weight>& up,
+                       std::unique_ptr<Weight>& down) {
+  auto wrap = [&](Result<std::unique_ptr<Weight>> r, const std::string& what, std::unique_ptr<Weight>& out) -> Status {
+    if (!r) return make_error(name + what + ": " + r.error().message);
+    out = std::move(*r);
+    return {};
+  };
+  if (g.type == u.type) {
+    TROUPE_TRY(wrap(backend.make_weight(g.type, H, {{g.data, F}, {u.data, F}}), "gate_up", gate_up));
+  } else {
+    TROUPE_TRY(wrap(backend.make_weight(g.type, H, {{g.data, F}}), "gate", gate));
+    TROUPE_TRY(wrap(backend.make_weight(u.type, H, {{u.data, F}}), "up", up));
+  }
+  return wrap(backend.make_weight(d.type, F, {{d.data, H}}), "down", down);
+}
 
 Result<std::unique_ptr<Model>> Model::build(const ModelConfig& cfg, const WeightSource& src, Backend& backend,
                                             int32_t max_batch_tokens, const ProgressFn& progress, LayerRange range) {
@@ -86,10 +138,7 @@ Result<std::unique_ptr<Model>> Model::build(const ModelConfig& cfg, const Weight
     auto k = matrix(src, p + "attn_k.weight", kv_rows, H);
     auto v = matrix(src, p + "attn_v.weight", kv_rows, H);
     auto o = matrix(src, p + "attn_output.weight", H, q_rows);
-    auto g = matrix(src, p + "ffn_gate.weight", cfg.ffn, H);
-    auto u = matrix(src, p + "ffn_up.weight", cfg.ffn, H);
-    auto d = matrix(src, p + "ffn_down.weight", H, cfg.ffn);
-    for (auto* r : {&q, &k, &v, &o, &g, &u, &d})
+    for (auto* r : {&q, &k, &v, &o})
       if (!*r) return r->error();
     auto wrap = [&](Result<std::unique_ptr<Weight>> r, const std::string& n) -> Result<std::unique_ptr<Weight>> {
       if (!r) return make_error(n + ": " + r.error().message);
@@ -114,21 +163,65 @@ Result<std::unique_ptr<Model>> Model::build(const ModelConfig& cfg, const Weight
     auto wo = wrap(mk(*o, H), p + "attn_output");
     if (!wo) return wo.error();
     L.o = std::move(*wo);
-    if ((*g)->type == (*u)->type) {
-      auto w =
-          wrap(backend.make_weight((*g)->type, H, {{(*g)->data, cfg.ffn}, {(*u)->data, cfg.ffn}}), p + "ffn_gate_up");
-      if (!w) return w.error();
-      L.gate_up = std::move(*w);
+    auto ffn = [&](Ffn& f, Result<Part> g, Result<Part> u, Result<Part> d, int64_t F,
+                   const std::string& name) -> Status {
+      for (auto* r : {&g, &u, &d})
+        if (!*r) return r->error();
+      return make_ffn(backend, *g, *u, *d, H, F, name, f.gate_up, f.gate, f.up, f.down);
+    };
+    if (!cfg.moe.enabled()) {
+      TROUPE_TRY(ffn(L.ffn, dense_part(src, p + "ffn_gate.weight", cfg.ffn, H),
+                     dense_part(src, p + "ffn_up.weight", cfg.ffn, H),
+                     dense_part(src, p + "ffn_down.weight", H, cfg.ffn), cfg.ffn, p + "ffn_"));
     } else {
-      auto wg = wrap(mk(*g, cfg.ffn), p + "ffn_gate"), wu = wrap(mk(*u, cfg.ffn), p + "ffn_up");
-      if (!wg) return wg.error();
-      if (!wu) return wu.error();
-      L.gate = std::move(*wg);
-      L.up = std::move(*wu);
+      const MoeConfig& mc = cfg.moe;
+      auto moe = std::make_unique<MoeLayer>();
+      auto router = matrix(src, p + "ffn_gate_inp.weight", mc.num_experts, H);
+      if (!router) return router.error();
+      {  // (a NaN router weight would make every routing decision meaningless)
+        const auto rb = row_bytes((*router)->type, static_cast<uint64_t>(H));
+        if (!rb) return make_error("tensor '" + p + "ffn_gate_inp.weight' has an unsupported row size");
+        std::vector<float> row(static_cast<size_t>(H));
+        for (int32_t e = 0; e < mc.num_experts; ++e) {
+          if (!cpu::dequantize_row_ref((*router)->type, static_cast<const uint8_t*>((*router)->data) + *rb * e,
+                                       row.data(), H))
+            return make_error("tensor '" + p + "ffn_gate_inp.weight' has an unsupported type");
+          for (float f : row)
+            if (!std::isfinite(f))
+              return make_error("tensor '" + p + "ffn_gate_inp.weight' (the router) holds a non-finite value");
+        }
+      }
+      auto wr = wrap(mk(*router, mc.num_experts), p + "ffn_gate_inp");
+      if (!wr) return wr.error();
+      moe->router = std::move(*wr);
+      moe->experts.resize(static_cast<size_t>(mc.num_experts));
+      const int64_t F = mc.expert_ffn;
+      for (int32_t e = 0; e < mc.num_experts; ++e)
+        TROUPE_TRY(ffn(moe->experts[e], expert_part(src, p, "ffn_gate", e, mc.num_experts, F, H),
+                       expert_part(src, p, "ffn_up", e, mc.num_experts, F, H),
+                       expert_part(src, p, "ffn_down", e, mc.num_experts, H, F), F,
+                       p + "expert " + std::to_string(e) + " "));
+      if (mc.shared_ffn > 0) {
+        const int64_t S = mc.shared_ffn;
+        TROUPE_TRY(ffn(moe->shared, dense_part(src, p + "ffn_gate_shexp.weight", S, H),
+                       dense_part(src, p + "ffn_up_shexp.weight", S, H),
+                       dense_part(src, p + "ffn_down_shexp.weight", H, S), S, p + "ffn_shexp_"));
+        if (mc.shared_gate) {
+          // GGUF stores the shared expert's gate as a vector [hidden], HF as a matrix [1, hidden].
+          const std::string gn = p + "ffn_gate_inp_shexp.weight";
+          const TensorRef* t = src.find(gn);
+          if (!t) return make_error("missing tensor '" + gn + "'");
+          if (!((t->shape.size() == 1 && t->shape[0] == H) ||
+                (t->shape.size() == 2 && t->shape[0] == H && t->shape[1] == 1)))
+            return make_error("tensor '" + gn + "' has shape " + shape_str(t->shape) + ", expected [" +
+                              std::to_string(H) + "]");
+          auto w = wrap(backend.make_weight(t->type, H, {{t->data, 1}}), p + "ffn_gate_inp_shexp");
+          if (!w) return w.error();
+          moe->shared_gate = std::move(*w);
+        }
+      }
+      L.moe = std::move(moe);
     }
-    auto wd = wrap(mk(*d, H), p + "ffn_down");
-    if (!wd) return wd.error();
-    L.down = std::move(*wd);
     auto an = vector_f32(src, p + "attn_norm.weight", H);
     if (!an) return an.error();
     auto fn = vector_f32(src, p + "ffn_norm.weight", H);
@@ -171,8 +264,23 @@ Result<std::unique_ptr<Model>> Model::build(const ModelConfig& cfg, const Weight
   m->h_ = backend.alloc(T * std::max<int64_t>(H, q_rows));
   m->qkv_ = backend.alloc(T * (q_rows + 2 * kv_rows));
   m->attn_ = backend.alloc(T * q_rows);
-  m->gu_ = backend.alloc(T * 2 * cfg.ffn);
-  m->act_ = backend.alloc(T * cfg.ffn);
+  const int64_t F = std::max<int64_t>({cfg.ffn, cfg.moe.expert_ffn, cfg.moe.shared_ffn});
+  m->gu_ = backend.alloc(T * 2 * F);
+  m->act_ = backend.alloc(T * F);
+  if (cfg.moe.enabled()) {
+    const size_t slots = T * static_cast<size_t>(cfg.moe.experts_per_tok + 1);
+    m->router_ = backend.alloc(T * cfg.moe.num_experts);
+    m->moe_x_ = backend.alloc(slots * H);
+    m->moe_y_ = backend.alloc(slots * H);
+    m->shared_gate_ = backend.alloc(T);
+    m->router_host_.resize(T * cfg.moe.num_experts);
+    m->shared_gate_host_.resize(T);
+    m->moe_weights_.resize(slots);
+    m->moe_rows_.resize(slots);
+    m->moe_src_.resize(slots);
+    m->moe_count_.resize(static_cast<size_t>(cfg.moe.num_experts));
+    m->moe_offset_.resize(static_cast<size_t>(cfg.moe.num_experts) + 1);
+  }
   m->cos_sin_ = backend.alloc(T * hd);
   m->last_ = backend.alloc(T * H);
   m->cos_sin_host_.resize(T * hd);
@@ -217,6 +325,96 @@ Status Model::validate_step(const StepInputs& s, const KvCache& cache, const int
     }
   }
   return {};
+}
+
+void Model::run_ffn(const Ffn& f, const float* x, int64_t n, int64_t ffn, float* y) {
+  Backend& be = *backend_;
+  if (f.gate_up) {
+    be.matmul_silu(*f.gate_up, x, n, ffn, gu_, act_, f.down.get());
+  } else {
+    be.matmul(*f.gate, x, n, gu_, 2 * ffn);
+    be.matmul(*f.up, x, n, gu_ + ffn, 2 * ffn);
+    be.silu_mul(gu_, n, ffn, act_, f.down.get());
+  }
+  be.matmul(*f.down, act_, n, y, cfg_.hidden);
+}
+
+// The MoE block: router logits come back to the host, which picks each token's experts
+// (softmax, top-k with ties to the lower id, renormalised if the config says so) and groups
+// the tokens by expert; each expert then runs once over its gathered rows, and the combine
+// sums a token's expert outputs in its top-k order (then the gated shared expert), so the
+// bits do not depend on which other tokens share the step.
+void Model::run_moe(const MoeLayer& m, int64_t n) {
+  Backend& be = *backend_;
+  const MoeConfig& mc = cfg_.moe;
+  const int64_t H = cfg_.hidden, E = mc.num_experts;
+  const int32_t k = mc.experts_per_tok;
+  const bool shared = m.shared.down != nullptr;
+  const int32_t slots = k + (shared ? 1 : 0);
+  be.matmul(*m.router, h_, n, router_, E);
+  if (m.shared_gate) be.matmul(*m.shared_gate, h_, n, shared_gate_, 1);
+  be.copy_out(router_host_.data(), router_, static_cast<size_t>(n * E));
+  if (m.shared_gate) be.copy_out(shared_gate_host_.data(), shared_gate_, static_cast<size_t>(n));
+  std::fill(moe_count_.begin(), moe_count_.end(), 0);
+  std::vector<int32_t>& sel = moe_src_;  // first the chosen expert ids [n, k], then their rows
+  for (int64_t t = 0; t < n; ++t) {
+    const float* lg = router_host_.data() + t * E;
+    float mx = -INFINITY;
+    for (int64_t e = 0; e < E; ++e)
+      if (std::isfinite(lg[e])) mx = std::max(mx, lg[e]);
+    // Softmax over all experts, then the top k; a NaN logit sorts last and weighs nothing.
+    int32_t* ids = sel.data() + t * k;
+    float* w = moe_weights_.data() + t * slots;
+    double sum_all = 0;
+    for (int64_t e = 0; e < E; ++e) sum_all += std::isfinite(lg[e]) ? std::exp(double(lg[e]) - mx) : 0.0;
+    for (int32_t j = 0; j < k; ++j) {
+      int32_t best = -1;
+      for (int32_t e = 0; e < E; ++e) {
+        bool taken = false;
+        for (int32_t i = 0; i < j; ++i) taken |= ids[i] == e;
+        if (taken) continue;
+        if (best < 0 || (std::isfinite(lg[e]) && (!std::isfinite(lg[best]) || lg[e] > lg[best]))) best = e;
+      }
+      ids[j] = best;
+      const float p =
+          std::isfinite(lg[best]) && sum_all > 0 ? static_cast<float>(std::exp(double(lg[best]) - mx) / sum_all) : 0.0f;
+      w[j] = p;
+      ++moe_count_[best];
+    }
+    if (mc.norm_topk_prob) {
+      float s = 0;
+      for (int32_t j = 0; j < k; ++j) s += w[j];
+      if (s > 0)
+        for (int32_t j = 0; j < k; ++j) w[j] /= s;
+    }
+    if (shared) w[k] = m.shared_gate ? 1.0f / (1.0f + std::exp(-shared_gate_host_[t])) : 1.0f;
+  }
+  // Expert-major order: expert e's rows start at moe_offset_[e], tokens ascending.
+  moe_offset_[0] = 0;
+  for (int64_t e = 0; e < E; ++e) moe_offset_[e + 1] = moe_offset_[e] + moe_count_[e];
+  std::vector<int32_t> cursor(moe_offset_.begin(), moe_offset_.end() - 1);
+  for (int64_t t = 0; t < n; ++t)
+    for (int32_t j = 0; j < k; ++j) {
+      const int32_t e = sel[t * k + j];
+      const int32_t r = cursor[e]++;
+      moe_rows_[r] = static_cast<int32_t>(t);
+      sel[t * k + j] = r;  // (now the row of the expert output)
+    }
+  // The combine's rows [n, slots]: routed rows, then the shared expert's row n k + t.
+  std::vector<int32_t> src(static_cast<size_t>(n * slots));
+  for (int64_t t = 0; t < n; ++t) {
+    for (int32_t j = 0; j < k; ++j) src[t * slots + j] = sel[t * k + j];
+    if (shared) src[t * slots + k] = static_cast<int32_t>(n * k + t);
+  }
+  be.gather_rows(h_, H, moe_rows_.data(), n * k, moe_x_);
+  for (int64_t e = 0; e < E; ++e) {
+    const int64_t cnt = moe_count_[e];
+    if (cnt == 0) continue;
+    const int64_t off = moe_offset_[e];
+    run_ffn(m.experts[e], moe_x_ + off * H, cnt, mc.expert_ffn, moe_y_ + off * H);
+  }
+  if (shared) run_ffn(m.shared, h_, n, mc.shared_ffn, moe_y_ + n * k * H);
+  be.moe_combine(moe_y_, H, src.data(), moe_weights_.data(), n, slots, h_);
 }
 
 Status Model::forward(const StepInputs& s, KvCache& cache, const int32_t* rows, int32_t num_logits, float* logits,
@@ -287,15 +485,14 @@ Status Model::forward_stage(const StepInputs& s, KvCache& cache, const float* hi
     }
     be.attention(cache, l, qkv_, qkv_ld, cfg_.num_heads, scale, attn_, L.o.get());
     be.matmul(*L.o, attn_, n, h_, H);
-    be.add_rms_norm(x_, h_, L.ffn_norm, cfg_.rms_eps, n, H, h_, L.gate_up ? L.gate_up.get() : L.gate.get());
-    if (L.gate_up) {
-      be.matmul_silu(*L.gate_up, h_, n, cfg_.ffn, gu_, act_, L.down.get());
+    if (L.moe) {
+      be.add_rms_norm(x_, h_, L.ffn_norm, cfg_.rms_eps, n, H, h_, nullptr);
+      run_moe(*L.moe, n);
     } else {
-      be.matmul(*L.gate, h_, n, gu_, 2 * cfg_.ffn);
-      be.matmul(*L.up, h_, n, gu_ + cfg_.ffn, 2 * cfg_.ffn);
-      be.silu_mul(gu_, n, cfg_.ffn, act_, L.down.get());
+      be.add_rms_norm(x_, h_, L.ffn_norm, cfg_.rms_eps, n, H, h_,
+                      L.ffn.gate_up ? L.ffn.gate_up.get() : L.ffn.gate.get());
+      run_ffn(L.ffn, h_, n, cfg_.ffn, h_);
     }
-    be.matmul(*L.down, act_, n, h_, H);
   }
   if (num_stage_layers() > 0) be.add(x_, h_, n * H);
   if (!is_last_stage()) {

@@ -61,14 +61,28 @@ class Model {
   bool samples_on_device() const { return backend_->can_sample(); }
 
  private:
+  struct Ffn {                         // one SwiGLU block: a dense layer's, a routed expert or the shared expert
+    std::unique_ptr<Weight> gate_up;   // fused when gate and up share a type
+    std::unique_ptr<Weight> gate, up;  // otherwise
+    std::unique_ptr<Weight> down;
+  };
+  struct MoeLayer {
+    std::unique_ptr<Weight> router;  // [experts, hidden]
+    std::vector<Ffn> experts;
+    Ffn shared;                           // gate_up/gate null when the model has no shared expert
+    std::unique_ptr<Weight> shared_gate;  // [1, hidden], null when ungated
+  };
   struct Layer {
     std::unique_ptr<Weight> qkv;      // fused when q, k, v share a type
     std::unique_ptr<Weight> q, k, v;  // otherwise
-    std::unique_ptr<Weight> o, gate_up, down;
-    std::unique_ptr<Weight> gate, up;  // when gate and up types differ
+    std::unique_ptr<Weight> o;
+    Ffn ffn;  // dense models
     // Backend copies of the vectors (device memory on a GPU); qkv_bias null when absent.
     float *attn_norm = nullptr, *ffn_norm = nullptr, *qkv_bias = nullptr;
+    std::unique_ptr<MoeLayer> moe;  // mixture-of-experts models (ffn unset then)
   };
+  void run_ffn(const Ffn& f, const float* x, int64_t n, int64_t ffn, float* y);
+  void run_moe(const MoeLayer& m, int64_t n);  // h_ (normed input) -> h_ (the layer's FFN output)
   Status validate_step(const StepInputs& step, const KvCache& cache, const int32_t* rows, int32_t n) const;
 
   ModelConfig cfg_;
@@ -85,6 +99,11 @@ class Model {
   float* logits_dev_ = nullptr;                   // [kLogitChunk, vocab], device backends only
   std::vector<float> cos_sin_host_;               // [max_batch_tokens, head_dim]
   std::vector<DeviceSampleParams> chunk_params_;  // one logits chunk's sampling settings
+  // Mixture of experts: router logits [T, experts], gathered inputs and expert outputs
+  // [T (k + 1), hidden], shared-gate logits [T]; the routing is decided on the host.
+  float *router_ = nullptr, *moe_x_ = nullptr, *moe_y_ = nullptr, *shared_gate_ = nullptr;
+  std::vector<float> router_host_, shared_gate_host_, moe_weights_;
+  std::vector<int32_t> moe_rows_, moe_src_, moe_count_, moe_offset_;
   static constexpr int32_t kLogitChunk = 64;
 };
 

@@ -22,6 +22,16 @@ Status ModelConfig::validate() const {
   if (!std::isfinite(rope_theta) || rope_theta <= 0) return bad("rope_theta", rope_theta);
   if (!std::isfinite(rope_scaling.factor) || rope_scaling.factor <= 0)
     return bad("rope scaling factor", rope_scaling.factor);
+  if (moe.num_experts != 0) {
+    if (moe.num_experts < 0 || moe.num_experts > 4096) return bad("expert count", moe.num_experts);
+    if (moe.experts_per_tok <= 0 || moe.experts_per_tok > moe.num_experts)
+      return make_error("model config: experts per token " + std::to_string(moe.experts_per_tok) + " must be in [1, " +
+                        std::to_string(moe.num_experts) + "] (the expert count)");
+    if (moe.expert_ffn <= 0 || moe.expert_ffn > (1 << 20)) return bad("expert ffn size", moe.expert_ffn);
+    if (moe.shared_ffn < 0 || moe.shared_ffn > (1 << 20)) return bad("shared expert ffn size", moe.shared_ffn);
+  } else if (moe.experts_per_tok != 0) {
+    return make_error("model config: experts per token " + std::to_string(moe.experts_per_tok) + " without experts");
+  }
   return {};
 }
 

@@ -18,6 +18,19 @@ struct RopeScaling {
   int32_t original_max_position = 8192;
 };
 
+// Mixture-of-experts feed-forward (every layer is MoE when num_experts > 0). The router is
+// softmax over the experts, top `experts_per_tok` (ties to the lower id), renormalised when
+// norm_topk_prob; a shared expert (Qwen2-MoE) is added with a sigmoid gate when shared_gate.
+struct MoeConfig {
+  int32_t num_experts = 0;
+  int32_t experts_per_tok = 0;
+  int32_t expert_ffn = 0;  // each routed expert's intermediate size
+  bool norm_topk_prob = true;
+  int32_t shared_ffn = 0;  // 0: no shared expert
+  bool shared_gate = false;
+  bool enabled() const { return num_experts > 0; }
+};
+
 struct ModelConfig {
   std::string arch;  // llama, mistral, qwen2 (SmolLM2 is llama)
   std::string name;
@@ -36,6 +49,7 @@ struct ModelConfig {
   RopeKind rope_kind = RopeKind::Neox;
   bool tied_embeddings = false;
   bool qkv_bias = false;
+  MoeConfig moe;
 
   // Checks every field for range and consistency; the error names the field and value.
   Status validate() const;

@@ -37,10 +37,34 @@ std::string gguf_name(const std::string& hf) {
   if (hf == "model.embed_tokens.weight") return "token_embd.weight";
   if (hf == "model.norm.weight") return "output_norm.weight";
   if (hf == "lm_head.weight") return "output.weight";
+  // Mixture of experts: the router, each expert (kept per expert: blk.N.ffn_gate.J.weight)
+  // and Qwen2-MoE's shared expert with its gate.
+  static const std::pair<const char*, const char*> moe[] = {
+      {"block_sparse_moe.gate.weight", "ffn_gate_inp.weight"},
+      {"mlp.gate.weight", "ffn_gate_inp.weight"},
+      {"mlp.shared_expert.gate_proj.weight", "ffn_gate_shexp.weight"},
+      {"mlp.shared_expert.up_proj.weight", "ffn_up_shexp.weight"},
+      {"mlp.shared_expert.down_proj.weight", "ffn_down_shexp.weight"},
+      {"mlp.shared_expert_gate.weight", "ffn_gate_inp_shexp.weight"},
+  };
+  static const std::regex expert(
+      R"((block_sparse_moe|mlp)\.experts\.(\d+)\.(w1|w2|w3|gate_proj|up_proj|down_proj)\.weight)");
   std::smatch m;
-  if (std::regex_match(hf, m, layer))
+  if (std::regex_match(hf, m, layer)) {
+    const std::string rest = m[2].str();
     for (const auto& [a, b] : per_layer)
-      if (m[2] == a) return "blk." + m[1].str() + "." + b;
+      if (rest == a) return "blk." + m[1].str() + "." + b;
+    for (const auto& [a, b] : moe)
+      if (rest == a) return "blk." + m[1].str() + "." + b;
+    std::smatch e;
+    if (std::regex_match(rest, e, expert)) {
+      const std::string w = e[3].str();
+      const char* part = (w == "w1" || w == "gate_proj") ? "ffn_gate."
+                         : (w == "w3" || w == "up_proj") ? "ffn_up."
+                                                         : "ffn_down.";
+      return "blk." + m[1].str() + "." + part + e[2].str() + ".weight";
+    }
+  }
   return "";
 }
 
@@ -137,7 +161,12 @@ Result<ModelFiles> open_dummy(const std::string& config_path, const OpenOptions&
   // GGUF-layout dummy: interleaved RoPE is as valid as NeoX for random weights; keep NeoX.
   auto src = std::make_unique<OwnedSource>();
   std::mt19937_64 rng(opts.seed);
-  auto add = [&](const std::string& name, DType type, int64_t cols, int64_t rows, float scale, float offset) -> Status {
+  // rows: every row of the tensor (a stacked expert tensor [cols, rows / E, E] has E times its rows).
+  auto add_shaped = [&](const std::string& name, DType type, std::vector<int64_t> shape, float scale,
+                        float offset) -> Status {
+    const int64_t cols = shape[0];
+    int64_t rows = 1;
+    for (size_t d = 1; d < shape.size(); ++d) rows *= shape[d];
     auto rb = row_bytes(type, static_cast<uint64_t>(cols));
     if (!rb)
       return make_error("dummy tensor '" + name + "': " + std::to_string(cols) + " columns do not fit the block size");
@@ -151,12 +180,16 @@ Result<ModelFiles> open_dummy(const std::string& config_path, const OpenOptions&
     TensorRef t;
     t.name = name;
     t.type = type;
-    t.shape = rows == 1 ? std::vector<int64_t>{cols} : std::vector<int64_t>{cols, rows};
+    t.shape = std::move(shape);
     t.data = buf.data();
     t.nbytes = buf.size();
     src->buffers.push_back(std::move(buf));
     src->add(std::move(t));
     return {};
+  };
+  auto add = [&](const std::string& name, DType type, int64_t cols, int64_t rows, float scale, float offset) {
+    return add_shaped(name, type, rows == 1 ? std::vector<int64_t>{cols} : std::vector<int64_t>{cols, rows}, scale,
+                      offset);
   };
   const int64_t H = c.hidden, q = int64_t{c.num_heads} * c.head_dim, kv = int64_t{c.num_kv_heads} * c.head_dim;
   const float ws = 1.0f / std::sqrt(static_cast<float>(H));
@@ -168,15 +201,36 @@ Result<ModelFiles> open_dummy(const std::string& config_path, const OpenOptions&
   // 0's tensors (a device backend still gets its own copy per layer), which is all a
   // benchmark needs. (The 70B shape on one H200: --dtype q4_0 takes 40 GB; bf16, 141 GB,
   // leaves little for the KV cache.)
-  const double layer_values = double(H) * (q + 2 * kv) + double(q) * H + 3.0 * double(H) * c.ffn;
+  const MoeConfig& moe = c.moe;
+  const double ffn_values = moe.enabled()
+                                ? 3.0 * double(H) * moe.expert_ffn * moe.num_experts + 3.0 * double(H) * moe.shared_ffn
+                                : 3.0 * double(H) * c.ffn;
+  const double layer_values = double(H) * (q + 2 * kv) + double(q) * H + ffn_values;
   const double layer_bytes = layer_values * dtype_traits(*dt).type_size / dtype_traits(*dt).block_size;
   const bool share = layer_bytes * c.num_layers > kDummyShareBytes;
   for (int32_t i = 0; i < c.num_layers; ++i) {
     const std::string p = "blk." + std::to_string(i) + ".";
     if (share && i > 0) {
-      for (const char* part : {"attn_norm.weight", "ffn_norm.weight", "attn_q.weight", "attn_k.weight", "attn_v.weight",
-                               "attn_output.weight", "ffn_gate.weight", "ffn_up.weight", "ffn_down.weight",
-                               "attn_q.bias", "attn_k.bias", "attn_v.bias"}) {
+      for (const char* part : {"attn_norm.weight",
+                               "ffn_norm.weight",
+                               "attn_q.weight",
+                               "attn_k.weight",
+                               "attn_v.weight",
+                               "attn_output.weight",
+                               "ffn_gate.weight",
+                               "ffn_up.weight",
+                               "ffn_down.weight",
+                               "attn_q.bias",
+                               "attn_k.bias",
+                               "attn_v.bias",
+                               "ffn_gate_inp.weight",
+                               "ffn_gate_exps.weight",
+                               "ffn_up_exps.weight",
+                               "ffn_down_exps.weight",
+                               "ffn_gate_inp_shexp.weight",
+                               "ffn_gate_shexp.weight",
+                               "ffn_up_shexp.weight",
+                               "ffn_down_shexp.weight"}) {
         const TensorRef* first = src->find(std::string("blk.0.") + part);
         if (!first) continue;  // (biases only where the family has them)
         TensorRef t = *first;
@@ -191,9 +245,24 @@ Result<ModelFiles> open_dummy(const std::string& config_path, const OpenOptions&
     TROUPE_TRY(add(p + "attn_k.weight", *dt, H, kv, ws, 0));
     TROUPE_TRY(add(p + "attn_v.weight", *dt, H, kv, ws, 0));
     TROUPE_TRY(add(p + "attn_output.weight", *dt, q, H, ws, 0));
-    TROUPE_TRY(add(p + "ffn_gate.weight", *dt, H, c.ffn, ws, 0));
-    TROUPE_TRY(add(p + "ffn_up.weight", *dt, H, c.ffn, ws, 0));
-    TROUPE_TRY(add(p + "ffn_down.weight", *dt, c.ffn, H, 1.0f / std::sqrt(static_cast<float>(c.ffn)), 0));
+    if (moe.enabled()) {
+      // Stacked experts as llama.cpp writes them ([cols, rows, experts]); the router in F32.
+      const int64_t E = moe.num_experts, F = moe.expert_ffn, S = moe.shared_ffn;
+      TROUPE_TRY(add(p + "ffn_gate_inp.weight", DType::F32, H, E, ws, 0));
+      TROUPE_TRY(add_shaped(p + "ffn_gate_exps.weight", *dt, {H, F, E}, ws, 0));
+      TROUPE_TRY(add_shaped(p + "ffn_up_exps.weight", *dt, {H, F, E}, ws, 0));
+      TROUPE_TRY(add_shaped(p + "ffn_down_exps.weight", *dt, {F, H, E}, 1.0f / std::sqrt(static_cast<float>(F)), 0));
+      if (S > 0) {
+        if (moe.shared_gate) TROUPE_TRY(add(p + "ffn_gate_inp_shexp.weight", DType::F32, H, 1, ws, 0));
+        TROUPE_TRY(add(p + "ffn_gate_shexp.weight", *dt, H, S, ws, 0));
+        TROUPE_TRY(add(p + "ffn_up_shexp.weight", *dt, H, S, ws, 0));
+        TROUPE_TRY(add(p + "ffn_down_shexp.weight", *dt, S, H, 1.0f / std::sqrt(static_cast<float>(S)), 0));
+      }
+    } else {
+      TROUPE_TRY(add(p + "ffn_gate.weight", *dt, H, c.ffn, ws, 0));
+      TROUPE_TRY(add(p + "ffn_up.weight", *dt, H, c.ffn, ws, 0));
+      TROUPE_TRY(add(p + "ffn_down.weight", *dt, c.ffn, H, 1.0f / std::sqrt(static_cast<float>(c.ffn)), 0));
+    }
     if (c.qkv_bias) {
       TROUPE_TRY(add(p + "attn_q.bias", DType::F32, q, 1, 0.01f, 0));
       TROUPE_TRY(add(p + "attn_k.bias", DType::F32, kv, 1, 0.01f, 0));

@@ -399,6 +399,7 @@ T __ldcg(const T* p) {  // a load that bypasses L1: a plain load here
   return *p;
 }
 inline float __uint_as_float(uint32_t u) { return std::bit_cast<float>(u); }
+inline float __int_as_float(int32_t i) { return std::bit_cast<float>(i); }
 using std::isnan;
 using std::max;
 using std::min;

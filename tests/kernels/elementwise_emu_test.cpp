@@ -57,6 +57,26 @@ TEST_CASE("the CUDA element-wise kernels' source matches the CPU backend", "[ker
   cpu->gather_rows(xg.data(), ld, rows.data(), static_cast<int64_t>(rows.size()), gat_cpu.data());
   CHECK(std::memcmp(gat.data(), gat_cpu.data(), gat.size() * 4) == 0);
 
+  // The MoE combine: out[t] = sum_j w[t, j] y[src[t, j]] in slot order, the host loop's bits.
+  {
+    const int64_t ny = 7, nt = 3;
+    const int32_t k = 3;
+    auto yv = test::random_floats(static_cast<size_t>(ny * dim), g);
+    const std::vector<int32_t> src = {6, 0, 3, 1, 1, 5, 2, 4, 0};
+    const std::vector<float> w = {0.5f, 0.25f, -1.5f, 0.7f, 0.1f, 1.0f, 0.0f, 2.0f, 0.3f};
+    std::vector<int32_t> meta(src);
+    for (float f : w) {
+      int32_t bits;
+      std::memcpy(&bits, &f, 4);
+      meta.push_back(bits);
+    }
+    std::vector<float> og(static_cast<size_t>(nt * dim)), oc(og.size());
+    cuda_emu::launch(static_cast<unsigned>(nt), 32, cuda::moe_combine_kernel, static_cast<const float*>(yv.data()),
+                     int64_t{dim}, static_cast<const int32_t*>(meta.data()), nt, k, og.data());
+    moe_combine_host(yv.data(), dim, src.data(), w.data(), nt, k, oc.data());
+    CHECK(std::memcmp(og.data(), oc.data(), og.size() * 4) == 0);
+  }
+
   // f32 -> f16/bf16 rows, zero-padded past cols and n: exactly the host converters, the
   // four-wide kernel the same bits as the scalar one.
   for (const bool vec : {false, true}) {

@@ -7,8 +7,12 @@
 // Hugging Face directory) greedy tokens match for at least 16; and batch invariance holds on the GPU (the continuous-batching
 // engine, many requests at once, with and without KV pressure, gives each request its solo
 // greedy output). Tagged [cuda]; without a GPU each case prints why it is skipped.
+#include <unistd.h>
+
 #include <catch2/catch.hpp>
 #include <cmath>
+#include <cstring>
+#include <iterator>
 #include <fstream>
 #include <map>
 #include <set>
@@ -17,6 +21,7 @@
 #include "runtime/engine/engine.h"
 #include "runtime/model/model_files.h"
 #include "runtime/engine/sequence_runner.h"
+#include "tests/runtime/formula_moe.h"
 #include "tests/runtime/greedy_util.h"
 #include "tests/runtime/hf_from_gguf.h"
 #include "tests/test_util.h"
@@ -215,6 +220,55 @@ TEST_CASE("cuda: greedy tokens on bf16 weights match the CPU backend", "[cuda][m
   tc.tc_gemm = true;
   compare_backends(*files, {1, 17, 300, 511, 42, 42, 9, 0, 250, 77}, "tiny-llama bf16 (dummy weights), tensor cores",
                    tc);
+}
+
+// Mixture of experts on the CUDA backend (router on the host, experts' gathered rows through
+// the dense matmuls, the combine kernel): the formula MoE GGUFs of moe_golden_test.cpp, F32
+// and quantized, against the CPU backend, and the prompt's last logits against llama.cpp's.
+TEST_CASE("cuda: MoE models match the CPU backend and llama.cpp", "[cuda][model][moe]") {
+  if (gpu_missing()) return;
+  const std::string dir = test::source_dir() + "/tests/golden/moe/";
+  std::ifstream jf(dir + "moe.json");
+  REQUIRE(jf.good());
+  const auto g = nlohmann::json::parse(jf);
+  std::ifstream bf(dir + "moe_logits.f32", std::ios::binary);
+  REQUIRE(bf.good());
+  const std::vector<char> bytes((std::istreambuf_iterator<char>(bf)), std::istreambuf_iterator<char>());
+  std::vector<float> blob(bytes.size() / 4);
+  std::memcpy(blob.data(), bytes.data(), blob.size() * 4);
+  size_t off = 0;
+  for (const char* which : {"mixtral", "qwen2moe", "mixtral_q8_0", "qwen2moe_q4_1"}) {
+    INFO("model " << which);
+    const std::string path =
+        "/tmp/troupe_cuda_formula_" + std::string(which) + "_" + std::to_string(::getpid()) + ".gguf";
+    REQUIRE(test::formula_moe_writer(test::formula_spec(which)).write(path).ok());
+    auto f = open_gguf(path);
+    if (!f) FAIL(f.error().message);
+    const int32_t V = f->config.vocab;
+    const auto& prompts = g.at("models").at(which).at("prompts");
+    const auto ids = prompts.at(0).at("ids").get<std::vector<int32_t>>();
+    REQUIRE(off + ids.size() * V <= blob.size());
+    compare_backends(*f, ids, std::string("formula MoE ") + which);
+    auto gpu = make_cuda_backend({});
+    REQUIRE(gpu.ok());
+    auto mg = Model::build(f->config, *f->weights, **gpu, 64);
+    REQUIRE(mg.ok());
+    auto runner = SequenceRunner::create(**mg, **gpu, 128);
+    REQUIRE(runner.ok());
+    auto last = (*runner)->feed(ids);
+    REQUIRE(last.ok());
+    const float* ref = blob.data() + off + (ids.size() - 1) * V;
+    double err = 0, range = 0;
+    for (int32_t i = 0; i < V; ++i) {
+      err = std::max(err, static_cast<double>(std::fabs((*last)[i] - ref[i])));
+      range = std::max(range, static_cast<double>(std::fabs(ref[i])));
+    }
+    WARN(which << " on " << (*gpu)->name() << ": last prompt logits vs llama.cpp max |diff| " << err << " (range "
+               << range << ")");
+    CHECK(err <= 0.02 * range);
+    for (const auto& p : prompts) off += p.at("ids").size() * V;
+    std::remove(path.c_str());
+  }
 }
 
 TEST_CASE("cuda: greedy tokens on a bf16 Hugging Face directory of real weights match the CPU backend",

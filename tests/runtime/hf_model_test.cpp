@@ -12,6 +12,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <numeric>
 #include <nlohmann/json.hpp>
 #include <random>
 
@@ -34,6 +35,9 @@ struct Spec {
   bool tied = false;
   bool bias = false;  // q/k/v biases (Qwen2)
   uint64_t seed = 5;
+  // Mixture of experts (model_type mixtral or qwen2_moe): per-expert HF tensors, stacked in the GGUF.
+  int32_t experts = 0, experts_used = 0, shared_ffn = 0;
+  bool norm_topk = true;
   int32_t head_dim() const { return hidden / heads; }
 };
 
@@ -70,9 +74,33 @@ HfWeights make_weights(const Spec& s) {
     add(p + "self_attn.k_proj.weight", {kv, H}, 0, 3 * ws);
     add(p + "self_attn.v_proj.weight", {kv, H}, 0, ws);
     add(p + "self_attn.o_proj.weight", {H, q}, 0, ws);
-    add(p + "mlp.gate_proj.weight", {s.ffn, H}, 0, ws);
-    add(p + "mlp.up_proj.weight", {s.ffn, H}, 0, ws);
-    add(p + "mlp.down_proj.weight", {H, s.ffn}, 0, 1.0f / std::sqrt(static_cast<float>(s.ffn)));
+    const float wd = 1.0f / std::sqrt(static_cast<float>(s.ffn));
+    if (s.experts == 0) {
+      add(p + "mlp.gate_proj.weight", {s.ffn, H}, 0, ws);
+      add(p + "mlp.up_proj.weight", {s.ffn, H}, 0, ws);
+      add(p + "mlp.down_proj.weight", {H, s.ffn}, 0, wd);
+    } else if (s.model_type == "mixtral") {
+      add(p + "block_sparse_moe.gate.weight", {s.experts, H}, 0, 4 * ws);
+      for (int32_t e = 0; e < s.experts; ++e) {
+        const std::string x = p + "block_sparse_moe.experts." + std::to_string(e) + ".";
+        add(x + "w1.weight", {s.ffn, H}, 0, ws);
+        add(x + "w3.weight", {s.ffn, H}, 0, ws);
+        add(x + "w2.weight", {H, s.ffn}, 0, wd);
+      }
+    } else {  // qwen2_moe
+      add(p + "mlp.gate.weight", {s.experts, H}, 0, 4 * ws);
+      for (int32_t e = 0; e < s.experts; ++e) {
+        const std::string x = p + "mlp.experts." + std::to_string(e) + ".";
+        add(x + "gate_proj.weight", {s.ffn, H}, 0, ws);
+        add(x + "up_proj.weight", {s.ffn, H}, 0, ws);
+        add(x + "down_proj.weight", {H, s.ffn}, 0, wd);
+      }
+      add(p + "mlp.shared_expert.gate_proj.weight", {s.shared_ffn, H}, 0, ws);
+      add(p + "mlp.shared_expert.up_proj.weight", {s.shared_ffn, H}, 0, ws);
+      add(p + "mlp.shared_expert.down_proj.weight", {H, s.shared_ffn}, 0,
+          1.0f / std::sqrt(static_cast<float>(s.shared_ffn)));
+      add(p + "mlp.shared_expert_gate.weight", {1, H}, 0, ws);
+    }
     if (s.bias) {
       add(p + "self_attn.q_proj.bias", {q}, 0, 0.5f);
       add(p + "self_attn.k_proj.bias", {kv}, 0, 0.5f);
@@ -118,20 +146,38 @@ std::vector<std::string> vocab_tokens(int32_t vocab) {
 const char* kChatTemplate = "{% for m in messages %}<|{{ m.role }}|>{{ m.content }}</s>{% endfor %}";
 
 json hf_config(const Spec& s) {
-  return {{"architectures", {s.model_type == "qwen2" ? "Qwen2ForCausalLM" : "LlamaForCausalLM"}},
-          {"model_type", s.model_type},
-          {"hidden_size", s.hidden},
-          {"intermediate_size", s.ffn},
-          {"num_attention_heads", s.heads},
-          {"num_hidden_layers", s.layers},
-          {"num_key_value_heads", s.kv_heads},
-          {"vocab_size", s.vocab},
-          {"max_position_embeddings", s.ctx},
-          {"rms_norm_eps", 1e-5},
-          {"rope_theta", 10000.0},
-          {"rope_scaling", nullptr},
-          {"tie_word_embeddings", s.tied},
-          {"torch_dtype", "bfloat16"}};
+  const char* cls = s.model_type == "qwen2"       ? "Qwen2ForCausalLM"
+                    : s.model_type == "mixtral"   ? "MixtralForCausalLM"
+                    : s.model_type == "qwen2_moe" ? "Qwen2MoeForCausalLM"
+                                                  : "LlamaForCausalLM";
+  json j = {{"architectures", {cls}},
+            {"model_type", s.model_type},
+            {"hidden_size", s.hidden},
+            {"intermediate_size", s.ffn},
+            {"num_attention_heads", s.heads},
+            {"num_hidden_layers", s.layers},
+            {"num_key_value_heads", s.kv_heads},
+            {"vocab_size", s.vocab},
+            {"max_position_embeddings", s.ctx},
+            {"rms_norm_eps", 1e-5},
+            {"rope_theta", 10000.0},
+            {"rope_scaling", nullptr},
+            {"tie_word_embeddings", s.tied},
+            {"torch_dtype", "bfloat16"}};
+  if (s.model_type == "mixtral") {
+    j["num_local_experts"] = s.experts;
+    j["num_experts_per_tok"] = s.experts_used;
+  } else if (s.model_type == "qwen2_moe") {
+    j["num_experts"] = s.experts;
+    j["num_experts_per_tok"] = s.experts_used;
+    j["moe_intermediate_size"] = s.ffn;
+    j["shared_expert_intermediate_size"] = s.shared_ffn;
+    j["norm_topk_prob"] = s.norm_topk;
+    j["decoder_sparse_step"] = 1;
+    j["mlp_only_layers"] = json::array();
+    j["intermediate_size"] = 4 * s.ffn;  // (the dense layers' width, unused: every layer is MoE)
+  }
+  return j;
 }
 
 struct TempDir {
@@ -185,9 +231,11 @@ std::vector<float> permute_rows(const std::vector<float>& w, int64_t rows, int64
 
 // The same weights as a GGUF file (F32), with the tensor names written out here rather
 // than taken from the loader, and Q/K permuted when `permute_qk`.
-void write_gguf(const std::string& path, const Spec& s, const HfWeights& w, bool permute_qk) {
+void write_gguf(const std::string& path, const Spec& s, const HfWeights& w, bool permute_qk,
+                const std::vector<int32_t>& expert_order = {}) {
   gguf::Writer g;
-  const std::string a = s.model_type;
+  // llama.cpp writes Mixtral as llama; qwen2_moe is qwen2moe.
+  const std::string a = s.model_type == "mixtral" ? "llama" : s.model_type == "qwen2_moe" ? "qwen2moe" : s.model_type;
   g.add_string("general.architecture", a);
   g.add_string("general.name", "hf-twin");
   g.add_u32(a + ".block_count", static_cast<uint32_t>(s.layers));
@@ -198,6 +246,14 @@ void write_gguf(const std::string& path, const Spec& s, const HfWeights& w, bool
   g.add_u32(a + ".attention.head_count_kv", static_cast<uint32_t>(s.kv_heads));
   g.add_f32(a + ".attention.layer_norm_rms_epsilon", 1e-5f);
   g.add_f32(a + ".rope.freq_base", 10000.0f);
+  if (s.experts > 0) {
+    g.add_u32(a + ".expert_count", static_cast<uint32_t>(s.experts));
+    g.add_u32(a + ".expert_used_count", static_cast<uint32_t>(s.experts_used));
+  }
+  if (a == "qwen2moe") {
+    g.add_u32(a + ".expert_feed_forward_length", static_cast<uint32_t>(s.ffn));
+    g.add_u32(a + ".expert_shared_feed_forward_length", static_cast<uint32_t>(s.shared_ffn));
+  }
   const auto toks = vocab_tokens(s.vocab);
   std::vector<int32_t> types(toks.size(), 1);
   types[0] = 2;
@@ -228,9 +284,42 @@ void write_gguf(const std::string& path, const Spec& s, const HfWeights& w, bool
     put(p + "attn_k.weight", h + "self_attn.k_proj.weight", permute_qk ? s.kv_heads : 0);
     put(p + "attn_v.weight", h + "self_attn.v_proj.weight");
     put(p + "attn_output.weight", h + "self_attn.o_proj.weight");
-    put(p + "ffn_gate.weight", h + "mlp.gate_proj.weight");
-    put(p + "ffn_up.weight", h + "mlp.up_proj.weight");
-    put(p + "ffn_down.weight", h + "mlp.down_proj.weight");
+    // Experts stacked [cols, rows, experts] in `expert_order` (default: 0, 1, ...).
+    auto stack = [&](const std::string& gguf_name, const std::string& prefix, const std::string& part) {
+      std::vector<float> all;
+      std::vector<int64_t> shape;
+      for (int32_t i = 0; i < s.experts; ++i) {
+        const int32_t e = expert_order.empty() ? i : expert_order[i];
+        const HfTensor& t = w.at(prefix + std::to_string(e) + "." + part);
+        all.insert(all.end(), t.v.begin(), t.v.end());
+        shape = t.shape;
+      }
+      g.add_tensor(gguf_name, DType::F32,
+                   {static_cast<uint64_t>(shape[1]), static_cast<uint64_t>(shape[0]), static_cast<uint64_t>(s.experts)},
+                   to_bytes(all, DType::F32));
+    };
+    if (s.experts == 0) {
+      put(p + "ffn_gate.weight", h + "mlp.gate_proj.weight");
+      put(p + "ffn_up.weight", h + "mlp.up_proj.weight");
+      put(p + "ffn_down.weight", h + "mlp.down_proj.weight");
+    } else if (s.model_type == "mixtral") {
+      put(p + "ffn_gate_inp.weight", h + "block_sparse_moe.gate.weight");
+      stack(p + "ffn_gate_exps.weight", h + "block_sparse_moe.experts.", "w1.weight");
+      stack(p + "ffn_up_exps.weight", h + "block_sparse_moe.experts.", "w3.weight");
+      stack(p + "ffn_down_exps.weight", h + "block_sparse_moe.experts.", "w2.weight");
+    } else {
+      put(p + "ffn_gate_inp.weight", h + "mlp.gate.weight");
+      stack(p + "ffn_gate_exps.weight", h + "mlp.experts.", "gate_proj.weight");
+      stack(p + "ffn_up_exps.weight", h + "mlp.experts.", "up_proj.weight");
+      stack(p + "ffn_down_exps.weight", h + "mlp.experts.", "down_proj.weight");
+      put(p + "ffn_gate_shexp.weight", h + "mlp.shared_expert.gate_proj.weight");
+      put(p + "ffn_up_shexp.weight", h + "mlp.shared_expert.up_proj.weight");
+      put(p + "ffn_down_shexp.weight", h + "mlp.shared_expert.down_proj.weight");
+      // GGUF keeps the shared expert's gate as a vector [hidden].
+      const HfTensor& sg = w.at(h + "mlp.shared_expert_gate.weight");
+      g.add_tensor(p + "ffn_gate_inp_shexp.weight", DType::F32, {static_cast<uint64_t>(s.hidden)},
+                   to_bytes(sg.v, DType::F32));
+    }
     if (s.bias) {
       put(p + "attn_q.bias", h + "self_attn.q_proj.bias");
       put(p + "attn_k.bias", h + "self_attn.k_proj.bias");
@@ -348,6 +437,49 @@ TEST_CASE("an HF Qwen2 directory with q/k/v biases matches its GGUF", "[model][h
   TempDir z("qwen2_zero_bias");
   write_hf_dir(z, s, no_bias, DType::BF16, hf_config(s));
   CHECK(rel_error(open_and_run(z.str()), hf) > 1e-2);
+}
+
+TEST_CASE("HF mixture-of-experts directories (per-expert tensors) match their GGUF (stacked)", "[model][hf][moe]") {
+  Spec s;
+  s.model_type = GENERATE(as<std::string>{}, "mixtral", "qwen2_moe");
+  INFO("model_type " << s.model_type);
+  const bool qwen = s.model_type == "qwen2_moe";
+  s.experts = qwen ? 6 : 4;
+  s.experts_used = 2;
+  s.ffn = 32;
+  s.shared_ffn = qwen ? 48 : 0;
+  s.bias = qwen;
+  s.norm_topk = !qwen;
+  s.seed = qwen ? 13 : 12;
+  const HfWeights w = make_weights(s);
+  TempDir d("moe"), gg("moe_gguf");
+  write_hf_dir(d, s, w, DType::F32, hf_config(s));
+  const std::string gguf_path = (gg.path / "moe.gguf").string(), shuffled = (gg.path / "shuffled.gguf").string();
+  write_gguf(gguf_path, s, w, /*permute_qk=*/!qwen);
+  std::vector<int32_t> order(static_cast<size_t>(s.experts));
+  std::iota(order.begin(), order.end(), 0);
+  std::swap(order[0], order[1]);
+  write_gguf(shuffled, s, w, /*permute_qk=*/!qwen, order);
+
+  auto m = open_model(d.str());
+  if (!m) FAIL(m.error().message);
+  CHECK(m->config.moe.num_experts == s.experts);
+  CHECK(m->config.moe.experts_per_tok == 2);
+  CHECK(m->config.moe.expert_ffn == s.ffn);
+  CHECK(m->config.moe.shared_ffn == s.shared_ffn);
+  CHECK(m->config.moe.norm_topk_prob == s.norm_topk);
+  CHECK(m->weights->find("blk.1.ffn_down.3.weight"));
+  CHECK(m->weights->find("blk.0.ffn_gate_inp.weight"));
+  auto gm = open_model(gguf_path);
+  if (!gm) FAIL(gm.error().message);
+  CHECK(gm->config.moe.num_experts == s.experts);
+  CHECK(gm->config.moe.norm_topk_prob == s.norm_topk);
+  const auto hf = run(*m);
+  CHECK(rel_error(hf, run(*gm)) < 1e-3);
+  // Power: the stacked order is the expert id; swapping two experts' slices moves the logits.
+  const double wrong = rel_error(open_and_run(shuffled), hf);
+  INFO("experts 0 and 1 swapped: relative error " << wrong);
+  CHECK(wrong > 1e-2);
 }
 
 TEST_CASE("tied embeddings: no lm_head, the embedding table is the output", "[model][hf]") {

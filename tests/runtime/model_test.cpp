@@ -24,7 +24,7 @@ struct Tiny {
 Tiny make_tiny(const test::TinyModelSpec& spec = {}) {
   Tiny t;
   auto w = test::tiny_model_writer(spec);
-  t.path = "/tmp/troupe_tiny_" + std::to_string(::getpid()) + "_" + spec.arch + ".gguf";
+  t.path = "/tmp/troupe_tiny_" + std::to_string(::getpid()) + "_" + spec.arch + std::to_string(spec.experts) + ".gguf";
   REQUIRE(w.write(t.path).ok());
   auto f = open_gguf(t.path);
   if (!f) FAIL(f.error().message);
@@ -75,8 +75,9 @@ std::vector<double> reference_logits(const ModelFiles& m, const std::vector<int3
     for (int64_t h = 0; h < heads; ++h)
       for (int64_t i = 0; i < hd / 2; ++i) {
         const double th = pos * std::pow(static_cast<double>(c.rope_theta), -2.0 * i / hd);
-        double& a = v[h * hd + 2 * i];
-        double& b = v[h * hd + 2 * i + 1];
+        const bool neox = c.rope_kind == RopeKind::Neox;  // pairs (i, i + hd/2) instead of (2i, 2i + 1)
+        double& a = v[h * hd + (neox ? i : 2 * i)];
+        double& b = v[h * hd + (neox ? i + hd / 2 : 2 * i + 1)];
         const double a0 = a, b0 = b;
         a = a0 * std::cos(th) - b0 * std::sin(th);
         b = a0 * std::sin(th) + b0 * std::cos(th);
@@ -88,14 +89,38 @@ std::vector<double> reference_logits(const ModelFiles& m, const std::vector<int3
     auto wq = deq(*W.find(p + "attn_q.weight")), wk = deq(*W.find(p + "attn_k.weight")),
          wv = deq(*W.find(p + "attn_v.weight"));
     auto wo = deq(*W.find(p + "attn_output.weight"));
-    auto wg = deq(*W.find(p + "ffn_gate.weight")), wu = deq(*W.find(p + "ffn_up.weight")),
-         wd = deq(*W.find(p + "ffn_down.weight"));
+    const bool moe = c.moe.enabled();
+    const int64_t E = c.moe.num_experts, F = moe ? c.moe.expert_ffn : c.ffn, S = c.moe.shared_ffn;
+    // Dense: the FFN; MoE: the experts stacked [experts][F rows] as llama.cpp writes them.
+    auto wg = deq(*W.find(p + (moe ? "ffn_gate_exps.weight" : "ffn_gate.weight"))),
+         wu = deq(*W.find(p + (moe ? "ffn_up_exps.weight" : "ffn_up.weight"))),
+         wd = deq(*W.find(p + (moe ? "ffn_down_exps.weight" : "ffn_down.weight")));
+    std::vector<float> wr, sg, su, sd, sgate;
+    if (moe) wr = deq(*W.find(p + "ffn_gate_inp.weight"));
+    if (S > 0) {
+      sg = deq(*W.find(p + "ffn_gate_shexp.weight"));
+      su = deq(*W.find(p + "ffn_up_shexp.weight"));
+      sd = deq(*W.find(p + "ffn_down_shexp.weight"));
+      sgate = deq(*W.find(p + "ffn_gate_inp_shexp.weight"));
+    }
+    auto swiglu = [&](const float* g_w, const float* u_w, const float* d_w, int64_t ff, const std::vector<double>& h) {
+      std::vector<float> G(g_w, g_w + ff * H), U(u_w, u_w + ff * H), D(d_w, d_w + H * ff);
+      auto g = mv(G, ff, H, h), u = mv(U, ff, H, h);
+      for (int64_t j = 0; j < ff; ++j) g[j] = g[j] / (1 + std::exp(-g[j])) * u[j];
+      return mv(D, H, ff, g);
+    };
     std::vector<std::vector<double>> q(T), k(T), v(T);
     for (size_t t = 0; t < T; ++t) {
       auto h = rmsnorm(x[t], an, c.rms_eps);
       q[t] = mv(wq, nh * hd, H, h);
       k[t] = mv(wk, nkv * hd, H, h);
       v[t] = mv(wv, nkv * hd, H, h);
+      if (c.qkv_bias) {
+        auto bq = deq(*W.find(p + "attn_q.bias")), bk = deq(*W.find(p + "attn_k.bias")),
+             bv = deq(*W.find(p + "attn_v.bias"));
+        for (int64_t i = 0; i < nh * hd; ++i) q[t][i] += bq[i];
+        for (int64_t i = 0; i < nkv * hd; ++i) k[t][i] += bk[i], v[t][i] += bv[i];
+      }
       rope(q[t], nh, static_cast<int64_t>(t));
       rope(k[t], nkv, static_cast<int64_t>(t));
     }
@@ -122,9 +147,34 @@ std::vector<double> reference_logits(const ModelFiles& m, const std::vector<int3
       auto o = mv(wo, H, nh * hd, att);
       for (int64_t j = 0; j < H; ++j) x[t][j] += o[j];
       auto h = rmsnorm(x[t], fn, c.rms_eps);
-      auto g = mv(wg, c.ffn, H, h), u = mv(wu, c.ffn, H, h);
-      for (int64_t j = 0; j < c.ffn; ++j) g[j] = g[j] / (1 + std::exp(-g[j])) * u[j];
-      auto d = mv(wd, H, c.ffn, g);
+      std::vector<double> d(static_cast<size_t>(H), 0.0);
+      if (!moe) {
+        d = swiglu(wg.data(), wu.data(), wd.data(), F, h);
+      } else {
+        // softmax over the experts, the top k, renormalised when the config says so
+        auto lg = mv(wr, E, H, h);
+        const double mx = *std::max_element(lg.begin(), lg.end());
+        double z = 0;
+        for (auto& v : lg) z += std::exp(v - mx);
+        std::vector<int> order(static_cast<size_t>(E));
+        std::iota(order.begin(), order.end(), 0);
+        std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return lg[a] > lg[b]; });
+        double wsum = 0;
+        for (int j = 0; j < c.moe.experts_per_tok; ++j) wsum += std::exp(lg[order[j]] - mx) / z;
+        for (int j = 0; j < c.moe.experts_per_tok; ++j) {
+          const int e = order[j];
+          double wt = std::exp(lg[e] - mx) / z;
+          if (c.moe.norm_topk_prob) wt /= wsum;
+          auto y = swiglu(wg.data() + e * F * H, wu.data() + e * F * H, wd.data() + e * H * F, F, h);
+          for (int64_t i = 0; i < H; ++i) d[i] += wt * y[i];
+        }
+        if (S > 0) {
+          double gl = 0;
+          for (int64_t i = 0; i < H; ++i) gl += sgate[i] * h[i];
+          auto y = swiglu(sg.data(), su.data(), sd.data(), S, h);
+          for (int64_t i = 0; i < H; ++i) d[i] += y[i] / (1 + std::exp(-gl));
+        }
+      }
       for (int64_t j = 0; j < H; ++j) x[t][j] += d[j];
     }
   }
@@ -141,8 +191,34 @@ std::vector<int32_t> tokens_for(int n, int salt) {
 
 }  // namespace
 
+// The dense tiny model, a Mixtral (top-2 of 4, renormalised) and a Qwen2-MoE (top-2 of 6, not
+// renormalised, gated shared expert, q/k/v biases, NeoX RoPE).
+test::TinyModelSpec spec_named(const std::string& which) {
+  test::TinyModelSpec s;
+  if (which == "mixtral") {
+    s.experts = 4;
+    s.experts_used = 2;
+    s.seed = 21;
+  } else if (which == "qwen2moe") {
+    s.arch = "qwen2moe";
+    s.experts = 6;
+    s.experts_used = 2;
+    s.expert_ffn = 64;
+    s.shared_ffn = 96;
+    s.seed = 23;
+  }
+  return s;
+}
+
 TEST_CASE("tiny model forward matches a plain double-precision reference", "[model]") {
-  Tiny t = make_tiny();
+  const std::string which = GENERATE(as<std::string>{}, "dense", "mixtral", "qwen2moe");
+  INFO("model " << which);
+  Tiny t = make_tiny(spec_named(which));
+  if (which == "qwen2moe") {
+    REQUIRE(t.files.config.moe.shared_gate);
+    REQUIRE_FALSE(t.files.config.moe.norm_topk_prob);
+  }
+  if (which == "mixtral") REQUIRE(t.files.config.moe.norm_topk_prob);
   auto backend = make_cpu_backend({2});
   auto model = Model::build(t.files.config, *t.files.weights, *backend, 64);
   REQUIRE(model.ok());
@@ -169,7 +245,9 @@ TEST_CASE("tiny model forward matches a plain double-precision reference", "[mod
 }
 
 TEST_CASE("a sequence's logits are bit-identical alone or packed with others", "[model][batch]") {
-  Tiny t = make_tiny();
+  const std::string which = GENERATE(as<std::string>{}, "dense", "mixtral", "qwen2moe");
+  INFO("model " << which);
+  Tiny t = make_tiny(spec_named(which));
   auto backend = make_cpu_backend({2});
   auto model = Model::build(t.files.config, *t.files.weights, *backend, 128);
   REQUIRE(model.ok());
@@ -253,7 +331,9 @@ TEST_CASE("a sequence's logits are bit-identical alone or packed with others", "
 }
 
 TEST_CASE("prefill in chunks gives the same logits as one batch", "[model][batch]") {
-  Tiny t = make_tiny();
+  const std::string which = GENERATE(as<std::string>{}, "dense", "mixtral", "qwen2moe");
+  INFO("model " << which);
+  Tiny t = make_tiny(spec_named(which));
   auto backend = make_cpu_backend({1});
   auto big = Model::build(t.files.config, *t.files.weights, *backend, 64);
   auto small = Model::build(t.files.config, *t.files.weights, *backend, 5);
@@ -285,4 +365,76 @@ TEST_CASE("bad steps are refused before any kernel runs", "[model][badinput]") {
   REQUIRE_THAT(r2.error().message, Catch::Contains("exceeds the context"));
   REQUIRE_FALSE(SequenceRunner::create(**model, *backend, 100000).ok());
   std::remove(t.path.c_str());
+}
+
+TEST_CASE("hostile mixture-of-experts files give one-line errors", "[model][moe][badinput]") {
+  auto fails_with = [](test::TinyModelSpec s, const std::string& what) {
+    const std::string path = "/tmp/troupe_tiny_bad_moe_" + std::to_string(::getpid()) + ".gguf";
+    REQUIRE(test::tiny_model_writer(s).write(path).ok());
+    std::string err;
+    auto f = open_gguf(path);
+    if (!f) {
+      err = f.error().message;
+    } else {
+      auto backend = make_cpu_backend({1});
+      auto m = Model::build(f->config, *f->weights, *backend, 16);
+      REQUIRE_FALSE(m.ok());
+      err = m.error().message;
+    }
+    std::remove(path.c_str());
+    INFO(err);
+    CHECK(err.find('\n') == std::string::npos);
+    CHECK_THAT(err, Catch::Contains(what));
+  };
+  test::TinyModelSpec s = spec_named("mixtral");
+  SECTION("top-k above the expert count") {
+    s.experts_used = 5;
+    fails_with(s, "experts per token 5 must be in [1, 4]");
+  }
+  SECTION("a huge expert count") {
+    s.expert_count_meta = 1 << 20;
+    fails_with(s, "expert count");
+  }
+  SECTION("a router that does not match the expert count") {
+    s.expert_count_meta = 3;
+    fails_with(s, "ffn_gate_inp.weight' has shape [256, 4], expected [256, 3]");
+  }
+  SECTION("stacked experts that do not match the expert width") {
+    s.expert_ffn_meta = 96;
+    fails_with(s, "ffn_gate_exps.weight' has shape [256, 128, 4], expected [256, 96, 4]");
+  }
+  SECTION("expert count 0 reads as dense, and the dense tensors are missing") {
+    s.expert_count_meta = 0;
+    fails_with(s, "missing tensor 'blk.0.ffn_gate.weight'");
+  }
+  SECTION("a NaN router weight") {
+    s.nan_router = true;
+    fails_with(s, "(the router) holds a non-finite value");
+  }
+}
+
+TEST_CASE("the router decides: top-1 and top-2 of the same experts differ", "[model][moe]") {
+  auto last_logits = [](const test::TinyModelSpec& s) {
+    Tiny t = make_tiny(s);
+    auto backend = make_cpu_backend({1});
+    auto model = Model::build(t.files.config, *t.files.weights, *backend, 32);
+    REQUIRE(model.ok());
+    auto runner = SequenceRunner::create(**model, *backend, 64);
+    REQUIRE(runner.ok());
+    auto l = (*runner)->feed(tokens_for(9, 2));
+    REQUIRE(l.ok());
+    std::vector<float> v(*l, *l + t.files.config.vocab);
+    std::remove(t.path.c_str());
+    return v;
+  };
+  test::TinyModelSpec a = spec_named("mixtral"), b = a;
+  b.experts_used = 1;
+  const auto la = last_logits(a), lb = last_logits(b);
+  double diff = 0, range = 0;
+  for (size_t i = 0; i < la.size(); ++i) {
+    diff = std::max(diff, static_cast<double>(std::fabs(la[i] - lb[i])));
+    range = std::max(range, static_cast<double>(std::fabs(la[i])));
+  }
+  INFO("max difference " << diff << " of range " << range);
+  CHECK(diff > 0.05 * range);
 }

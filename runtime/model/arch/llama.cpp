@@ -24,8 +24,21 @@ Result<ModelConfig> llama_like_from_gguf(const gguf::File& f, std::string_view a
   TROUPE_TRY(need("block_count", c.num_layers));
   TROUPE_TRY(need("embedding_length", c.hidden));
   TROUPE_TRY(need("attention.head_count", c.num_heads));
-  TROUPE_TRY(need("feed_forward_length", c.ffn));
   TROUPE_TRY(need("context_length", c.max_context));
+  // Mixture of experts (Mixtral is llama with expert_count; qwen2moe adds its own keys).
+  // (an expert_count of 0, as some converters write for dense models, means dense)
+  if (f.opt_int(a + ".expert_count").value_or(0) != 0) {
+    TROUPE_TRY(need("expert_count", c.moe.num_experts));
+    TROUPE_TRY(need("expert_used_count", c.moe.experts_per_tok));
+    if (f.find(a + ".expert_feed_forward_length")) TROUPE_TRY(need("expert_feed_forward_length", c.moe.expert_ffn));
+    if (f.find(a + ".expert_shared_feed_forward_length"))
+      TROUPE_TRY(need("expert_shared_feed_forward_length", c.moe.shared_ffn));
+  }
+  if (f.find(a + ".feed_forward_length") || !c.moe.enabled()) TROUPE_TRY(need("feed_forward_length", c.ffn));
+  if (c.moe.enabled()) {
+    if (c.moe.expert_ffn == 0) c.moe.expert_ffn = c.ffn;
+    if (c.ffn == 0) c.ffn = c.moe.expert_ffn;
+  }
   c.num_kv_heads = static_cast<int32_t>(f.opt_int(a + ".attention.head_count_kv").value_or(c.num_heads));
   c.head_dim = c.num_heads > 0 ? c.hidden / c.num_heads : 0;
   if (auto kl = f.opt_int(a + ".attention.key_length")) c.head_dim = static_cast<int32_t>(*kl);
@@ -122,6 +135,12 @@ Result<ModelConfig> llama_like_from_hf(const nlohmann::json& j) {
   c.head_dim = c.num_heads > 0 ? c.hidden / c.num_heads : 0;
   TROUPE_TRY(read_int(j, "head_dim", c.head_dim, false));
   TROUPE_TRY(read_int(j, "intermediate_size", c.ffn, true));
+  // Mixtral's experts: num_local_experts of intermediate_size each, top num_experts_per_tok.
+  TROUPE_TRY(read_int(j, "num_local_experts", c.moe.num_experts, false));
+  if (c.moe.num_experts != 0) {
+    TROUPE_TRY(read_int(j, "num_experts_per_tok", c.moe.experts_per_tok, true));
+    c.moe.expert_ffn = c.ffn;
+  }
   TROUPE_TRY(read_int(j, "vocab_size", c.vocab, true));
   c.max_context = 4096;
   TROUPE_TRY(read_int(j, "max_position_embeddings", c.max_context, false));
