@@ -78,9 +78,8 @@ Result<LoadedEngine> load_engine(const ModelFlags& flags) {
   e.model = std::move(*model);
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   const auto& c = e.files.config;
-  spdlog::info("loaded {} ({}, {}): {} layers, hidden {}, heads {}/{}, vocab {}, on {} in {:.2f} s", e.files.path,
-               e.files.format, c.arch, c.num_layers, c.hidden, c.num_heads, c.num_kv_heads, c.vocab, e.backend->name(),
-               secs);
+  spdlog::info("loaded {} ({}, {}): {}, on {} in {:.2f} s", e.files.path, e.files.format, c.arch, shape_summary(c),
+               e.backend->name(), secs);
   return e;
 }
 
@@ -95,5 +94,14 @@ void configure_actor_system(caf::actor_system_config& cfg) {
 }
 
 bool is_loopback(const std::string& host) { return host == "127.0.0.1" || host == "::1" || host == "localhost"; }
+
+std::string shape_summary(const ModelConfig& c) {
+  std::string s = fmt::format("{} layers, hidden {}, heads {}/{}, vocab {}", c.num_layers, c.hidden, c.num_heads,
+                              c.num_kv_heads, c.vocab);
+  if (c.moe.enabled())
+    s += fmt::format(", {} experts, {} per token{}", c.moe.num_experts, c.moe.experts_per_tok,
+                     c.moe.shared_ffn > 0 ? ", a shared expert" : "");
+  return s;
+}
 
 }  // namespace troupe::app

@@ -55,4 +55,7 @@ Result<LoadedEngine> load_engine(const ModelFlags& flags);
 
 void progress_bar(const char* what, size_t done, size_t total);
 
+// "30 layers, hidden 576, heads 9/3, vocab 49152" (+ ", 8 experts, 2 per token" for MoE).
+std::string shape_summary(const ModelConfig& c);
+
 }  // namespace troupe::app

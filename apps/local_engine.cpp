@@ -40,9 +40,8 @@ Result<std::unique_ptr<LocalEngine>> LocalEngine::start(const ModelFlags& flags,
   e->started_ = true;
   e->device_ = e->node_.backends.empty() ? flags.device : e->node_.backends.front();
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  spdlog::info("loaded {} ({}, {}): {} layers, hidden {}, heads {}/{}, vocab {}, on {} in {:.2f} s", e->files_->path,
-               e->files_->format, c.arch, c.num_layers, c.hidden, c.num_heads, c.num_kv_heads, c.vocab, e->device_,
-               secs);
+  spdlog::info("loaded {} ({}, {}): {}, on {} in {:.2f} s", e->files_->path, e->files_->format, c.arch,
+               shape_summary(c), e->device_, secs);
   return e;
 }
 

@@ -12,6 +12,7 @@
 #
 # Writes bench/results/cpu-<model tag>.md and .json (OUT_MD / OUT_JSON override).
 # Environment: PEER_BIN (dir with llama-bench), TROUPE_BIN (default build/bin/troupe),
+#              PYTHON (for the report; with numpy + pyyaml it reads the GGUF through the peer's gguf-py),
 #              THREADS (default "1 2"), REPS (default 3), PP (512), TG (128), NICE (default 0:
 #              benchmarks should run un-niced on a quiet machine).
 # If troupe bench is missing or fails, its cells read "troupe bench not available".
@@ -76,7 +77,7 @@ done
 
 WORK="$WORK" MODEL="$MODEL" THREADS="$THREADS" OUT_MD="$OUT_MD" OUT_JSON="$OUT_JSON" \
 PP="$PP" TG="$TG" REPS="$REPS" LLCPP_VERSION="$LLCPP_VERSION" PEER_BIN="$PEER_BIN" \
-TROUPE_BIN="$TROUPE_BIN" python3 - <<'EOF'
+TROUPE_BIN="$TROUPE_BIN" "${PYTHON:-python3}" - <<'EOF'
 import json, os, platform, re, subprocess, datetime
 
 W = os.environ["WORK"]; model = os.environ["MODEL"]
@@ -109,13 +110,28 @@ cpu = {
 }
 
 # --- model weight bytes ---
-weight_bytes, by_type = None, {}
+weight_bytes, by_type, active_bytes, moe = None, {}, None, None
 try:
+    import sys
+    # gguf-py from the peer's own llama.cpp tree when the package is not installed
+    sys.path.append(os.path.join(os.environ["PEER_BIN"], "..", "..", "gguf-py"))
     from gguf import GGUFReader
     r = GGUFReader(model)
     for t in r.tensors:
         by_type[t.tensor_type.name] = by_type.get(t.tensor_type.name, 0) + int(t.n_bytes)
     weight_bytes = sum(by_type.values())
+    # Mixture of experts: a decoded token reads only its experts' weights (used / count of
+    # every stacked *_exps tensor), so the roofline counts those.
+    def meta_int(suffix):
+        for k, f in r.fields.items():
+            if k.endswith(suffix) and f.types and len(f.data):
+                return int(f.parts[f.data[0]][0])
+        return 0
+    n_exp, n_used = meta_int(".expert_count"), meta_int(".expert_used_count")
+    if n_exp > 0 and n_used > 0:
+        exps = sum(int(t.n_bytes) for t in r.tensors if "_exps." in t.name)
+        active_bytes = weight_bytes - exps + exps * n_used / n_exp
+        moe = {"experts": n_exp, "experts_used": n_used, "expert_bytes": exps, "active_bytes": active_bytes}
 except Exception as e:  # no gguf package: fall back to the file size (an upper bound)
     weight_bytes = os.path.getsize(model)
     by_type = {"file_size_fallback": weight_bytes, "error": str(e)}
@@ -147,7 +163,7 @@ for t in threads:
     rows.append({
         "threads": t,
         "triad": triad,
-        "roofline_tg_tok_s": bw / weight_bytes,
+        "roofline_tg_tok_s": bw / (active_bytes or weight_bytes),
         "llama_cpp": {"pp_tok_s": l_pp["avg_ts"], "pp_stddev": l_pp["stddev_ts"],
                       "tg_tok_s": l_tg["avg_ts"], "tg_stddev": l_tg["stddev_ts"],
                       "build_commit": l_pp.get("build_commit"), "cpu_info": l_pp.get("cpu_info"),
@@ -162,7 +178,7 @@ for t in threads:
 doc = {
     "date_utc": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
     "model": os.path.basename(model),
-    "weight_bytes": weight_bytes, "weight_bytes_by_type": by_type,
+    "weight_bytes": weight_bytes, "weight_bytes_by_type": by_type, "moe": moe,
     "cpu": cpu, "kernel": platform.release(),
     "peer": {"llama_cpp_python": os.environ["LLCPP_VERSION"], "llama_bench_version": peer_version,
              "bin": os.environ["PEER_BIN"]},
@@ -194,6 +210,10 @@ L.append(f"- Peer: llama-cpp-python {os.environ['LLCPP_VERSION']} vendored llama
          f"KV {rows[0]['llama_cpp']['type_k']}")
 L.append(f"- Weights: {weight_bytes/1e6:.2f} MB of tensors ("
          + ", ".join(f"{k} {v/1e6:.2f} MB" if isinstance(v, (int, float)) else f"{k}: {v}" for k, v in by_type.items()) + ")")
+if moe:
+    L.append(f"- Mixture of experts: {moe['experts']} experts, {moe['experts_used']} per token; expert tensors "
+             f"{moe['expert_bytes']/1e6:.2f} MB, read per decoded token {moe['active_bytes']/1e6:.2f} MB "
+             "(the roofline below uses this)")
 L.append(f"- pp{pp} / tg{tg}, {reps} repetitions each, mean tok/s (llama-bench ± stddev)")
 L.append(f"- Load around the runs (1/5/15-min load average; other processes over 15% CPU by ps, a lifetime average): "
          + " | ".join(contention))
@@ -213,7 +233,10 @@ for r in rows:
 L.append("")
 L.append("Roofline: decode reads every weight once per token, so tg tok/s <= triad bandwidth / "
          "weight bytes (KV-cache reads, tiny at this context, are left out). Triad = best of 10 "
-         "passes of a[i] = b[i] + s*c[i] over 3 x 256 MiB arrays, STREAM byte counting.")
+         "passes of a[i] = b[i] + s*c[i] over 3 x 256 MiB arrays, STREAM byte counting."
+         + (" For a mixture of experts the weight bytes are the active ones (each token's experts); "
+            "consecutive tokens that share experts find some in cache, so this bound can be passed."
+            if moe else ""))
 with open(os.environ["OUT_MD"], "w") as f:
     f.write("\n".join(L) + "\n")
 print("\n".join(L))

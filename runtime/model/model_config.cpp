@@ -1,12 +1,15 @@
 #include "runtime/model/model_config.h"
 
 #include <cmath>
+#include <cstdio>
 
 namespace troupe {
 
 Status ModelConfig::validate() const {
   auto bad = [](const std::string& f, double v) {
-    return make_error("model config: " + f + " is " + std::to_string(v));
+    char buf[64];
+    std::snprintf(buf, sizeof buf, "%.9g", v);  // (integers print as integers)
+    return make_error("model config: " + f + " is " + buf);
   };
   if (num_layers <= 0 || num_layers > 1024) return bad("num_layers", num_layers);
   if (hidden <= 0 || hidden > (1 << 17)) return bad("hidden size", hidden);

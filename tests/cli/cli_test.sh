@@ -78,6 +78,17 @@ expect "invalid utf-8" 2 "not valid UTF-8" -- run -m "$MODEL" -p "$(cat "$TMP/ba
 long="$(python3 -c 'print("word " * 3000)')"
 expect "prompt longer than context" 2 "more than the context" -- run -m "$MODEL" -p "$long" -c 512
 expect "missing model" 1 "cannot open" -- run -m "$TMP/nope.gguf" -p hi
+# A mixture-of-experts GGUF (Mixtral-shaped, 4 experts top-2; the file of the MoE golden test,
+# byte for byte): it generates, the same tokens on 1 and 2 threads; a hostile one is refused.
+HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+python3 "$HERE/make_tiny_moe.py" "$TMP/moe.gguf"
+expect "moe run" 0 "decode: 16 tokens" -- run -m "$TMP/moe.gguf" -p "ab ab a" --temperature 0 -n 16 --ignore-eos
+a="$("$TROUPE" run -m "$TMP/moe.gguf" -p "ab ab a" --temperature 0 -n 16 --ignore-eos -t 1 2>/dev/null | od -An -tx1)"
+b="$("$TROUPE" run -m "$TMP/moe.gguf" -p "ab ab a" --temperature 0 -n 16 --ignore-eos -t 2 2>/dev/null | od -An -tx1)"
+if [ -n "$a" ] && [ "$a" = "$b" ]; then echo "ok   moe run: 1 and 2 threads give the same bytes"; else echo "FAIL moe run: 1 vs 2 threads differ"; fails=$((fails + 1)); fi
+expect "moe bench" 0 "tg_tok_s" -- bench -m "$TMP/moe.gguf" -p 32 -n 8 -r 1 --json
+python3 "$HERE/make_tiny_moe.py" "$TMP/moe_bad.gguf" 5
+expect "moe top-k > experts" 1 "experts per token 5" -- run -m "$TMP/moe_bad.gguf" -p hi
 printf 'GGUF' > "$TMP/trunc.gguf"
 expect "truncated model" 1 "truncated file" -- run -m "$TMP/trunc.gguf" -p hi
 head -c 1000000 "$MODEL" > "$TMP/cut.gguf"

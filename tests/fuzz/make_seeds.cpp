@@ -9,6 +9,7 @@
 //
 // Inputs that once crashed a target are kept in the corpus under names starting with
 // "regress-"; this program does not touch them.
+#include <algorithm>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
@@ -101,6 +102,31 @@ Bytes gguf_tensors(uint32_t alignment) {
   w.add_tensor("q4_k", DType::Q4_K, {256}, data_of(144, 7));
   w.add_tensor("q6_k", DType::Q6_K, {256}, data_of(210, 8));
   return w.bytes(alignment);
+}
+
+// Mixture of experts: llama (Mixtral) and qwen2moe metadata with stacked expert tensors
+// ([cols, rows, experts]); `used` above `experts` or a huge count make the hostile ones.
+Bytes gguf_moe(const std::string& arch, uint32_t experts, uint32_t used, bool shared) {
+  gguf::Writer w;
+  w.add_string("general.architecture", arch);
+  w.add_u32(arch + ".block_count", 1);
+  w.add_u32(arch + ".context_length", 64);
+  w.add_u32(arch + ".embedding_length", 32);
+  w.add_u32(arch + ".feed_forward_length", 16);
+  w.add_u32(arch + ".attention.head_count", 1);
+  w.add_u32(arch + ".vocab_size", 64);
+  w.add_u32(arch + ".expert_count", experts);
+  w.add_u32(arch + ".expert_used_count", used);
+  if (arch != "llama") {
+    w.add_u32(arch + ".expert_feed_forward_length", 16);
+    if (shared) w.add_u32(arch + ".expert_shared_feed_forward_length", 32);
+  }
+  const uint64_t e = std::clamp<uint64_t>(experts, 1, 4);
+  w.add_tensor("blk.0.ffn_gate_inp.weight", DType::F32, {32, e}, data_of(32 * 4 * e, 11));
+  w.add_tensor("blk.0.ffn_gate_exps.weight", DType::Q8_0, {32, 16, e}, data_of(34 * 16 * e, 12));
+  w.add_tensor("blk.0.ffn_down_exps.weight", DType::F16, {16, 32, e}, data_of(2 * 16 * 32 * e, 13));
+  if (shared) w.add_tensor("blk.0.ffn_gate_inp_shexp.weight", DType::F32, {32}, data_of(128, 14));
+  return w.bytes(32);
 }
 
 std::string gpt2_byte_char(int b) {
@@ -218,6 +244,11 @@ void make_gguf() {
   write_bytes(d, "valid-all-types-v3.gguf", gguf_all_types(3));
   write_bytes(d, "valid-all-types-v2.gguf", gguf_all_types(2));
   write_bytes(d, "valid-empty.gguf", Raw().header(0, 0).b);
+  write_bytes(d, "valid-moe-mixtral.gguf", gguf_moe("llama", 4, 2, false));
+  write_bytes(d, "valid-moe-qwen2moe.gguf", gguf_moe("qwen2moe", 4, 2, true));
+  write_bytes(d, "moe-topk-over-experts.gguf", gguf_moe("llama", 4, 5, false));
+  write_bytes(d, "moe-expert-count-huge.gguf", gguf_moe("qwen2moe", 1u << 30, 8, true));
+  write_bytes(d, "moe-expert-count-0.gguf", gguf_moe("qwen2moe", 0, 0, false));
 
   // Truncations of a valid file: in the header, the metadata, the tensor infos, the data.
   for (size_t cut : {size_t{3}, size_t{20}, size_t{60}, tensors.size() / 3, tensors.size() / 2, tensors.size() - 1}) {

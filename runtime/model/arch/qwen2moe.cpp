@@ -9,7 +9,8 @@ namespace {
 Result<ModelConfig> qwen2moe_gguf(const gguf::File& f) {
   auto c = llama_like_from_gguf(f, "qwen2moe");
   if (!c) return c;
-  if (!c->moe.enabled()) return make_error("qwen2moe: metadata 'qwen2moe.expert_count' is missing");
+  if (!c->moe.enabled())
+    return make_error("qwen2moe: metadata 'qwen2moe.expert_count' is missing or 0 (a qwen2moe file needs experts)");
   c->qkv_bias = true;
   c->rope_kind = RopeKind::Neox;
   c->moe.norm_topk_prob = false;
