@@ -1,6 +1,7 @@
 // Backend helpers shared by every backend, and the --device switch.
 #include <algorithm>
 #include <atomic>
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <initializer_list>
@@ -62,6 +63,30 @@ void moe_combine_host(const float* y, int64_t dim, const int32_t* src, const flo
       for (int64_t i = 0; i < dim; ++i) o[i] += w * yj[i];
     }
   }
+}
+
+void rms_norm_strided_host(float* x, int64_t ld, int64_t n, int64_t groups, int64_t dim, const float* w, float eps) {
+  for (int64_t t = 0; t < n; ++t)
+    for (int64_t g = 0; g < groups; ++g) {
+      float* v = x + t * ld + g * dim;
+      double ss = 0;
+      for (int64_t j = 0; j < dim; ++j) ss += static_cast<double>(v[j]) * v[j];
+      // As GGML (and cpu::rms_norm_rows): the sum in double, the rest in float.
+      const float mean = static_cast<float>(ss / static_cast<double>(dim));
+      const float scale = 1.0f / std::sqrt(mean + eps);
+      for (int64_t j = 0; j < dim; ++j) v[j] = v[j] * scale * w[j];
+    }
+}
+
+void Backend::rms_norm_strided(float* x, int64_t ld, int64_t n, int64_t groups, int64_t dim, const float* w,
+                               float eps) {
+  if (n <= 0 || groups <= 0 || dim <= 0) return;
+  if (is_host_memory()) return rms_norm_strided_host(x, ld, n, groups, dim, w, eps);
+  std::vector<float> hx(static_cast<size_t>((n - 1) * ld + groups * dim)), hw(static_cast<size_t>(dim));
+  copy_out(hx.data(), x, hx.size());
+  copy_out(hw.data(), w, hw.size());
+  rms_norm_strided_host(hx.data(), ld, n, groups, dim, hw.data(), eps);
+  copy_in(x, hx.data(), hx.size());
 }
 
 void Backend::moe_combine(const float* y, int64_t dim, const int32_t* src, const float* weights, int64_t n, int32_t k,

@@ -102,6 +102,10 @@ class Backend {
   // y[t, :] = W x[t, :] (+ bias)  x: [n, cols] contiguous, y rows at stride ldy
   virtual void matmul(const Weight& w, const float* x, int64_t n, float* y, int64_t ldy) = 0;
   virtual void add_bias(float* y, int64_t ld, const float* bias, int64_t n, int64_t dim) = 0;
+  // In place: each of the `groups` spans of `dim` values at x[t * ld + g * dim] (t < n) is
+  // RMS-normalised and scaled by w [dim] (Q/K norms). The default copies through the host.
+  virtual void rms_norm_strided(float* x, int64_t ld, int64_t n, int64_t groups, int64_t dim, const float* w,
+                                float eps);
   // Rotates heads in place. cos_sin: [n, head_dim] as (cos, sin) pairs per frequency.
   virtual void rope(float* x, int64_t ld, int64_t n, int64_t num_heads, int64_t head_dim, const float* cos_sin,
                     RopeKind kind) = 0;
@@ -147,6 +151,9 @@ class Backend {
   virtual void moe_combine(const float* y, int64_t dim, const int32_t* src, const float* weights, int64_t n, int32_t k,
                            float* out);
 };
+
+// The host loop behind Backend::rms_norm_strided (w on the host).
+void rms_norm_strided_host(float* x, int64_t ld, int64_t n, int64_t groups, int64_t dim, const float* w, float eps);
 
 // The host loop behind Backend::moe_combine (the CPU backend's and the reference's).
 void moe_combine_host(const float* y, int64_t dim, const int32_t* src, const float* weights, int64_t n, int32_t k,

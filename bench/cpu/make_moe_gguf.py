@@ -10,8 +10,9 @@ Usage:
 
 The architecture is written as llama with expert_count (Mixtral's layout: stacked
 ffn_{gate,up,down}_exps, softmax router, renormalised top-k), which both llama.cpp and
-Troupe read. OLMoE itself adds QK-norm, which Troupe does not run yet; the expert shapes and
-routing width, which decide the MoE cost, are OLMoE's. Nothing here is committed: the file
+Troupe read. OLMoE itself adds Q/K norms (both engines also run `olmoe` files; the norms cost
+little beside the experts); the expert shapes and routing width, which decide the MoE cost,
+are OLMoE's. Nothing here is committed: the file
 goes where OUT says (outside the repository).
 """
 import argparse

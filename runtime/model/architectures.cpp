@@ -8,10 +8,16 @@ extern const Architecture kQwen2Architecture;
 extern const Architecture kQwen2MoeArchitecture;
 extern const Architecture kQwen2MoeHfArchitecture;
 extern const Architecture kMixtralArchitecture;
+extern const Architecture kQwen3Architecture;
+extern const Architecture kQwen3MoeArchitecture;
+extern const Architecture kQwen3MoeHfArchitecture;
+extern const Architecture kOlmoeArchitecture;
 
 namespace {
 const Architecture* const kAll[] = {&kLlamaArchitecture,    &kMistralArchitecture,    &kQwen2Architecture,
-                                    &kQwen2MoeArchitecture, &kQwen2MoeHfArchitecture, &kMixtralArchitecture};
+                                    &kQwen2MoeArchitecture, &kQwen2MoeHfArchitecture, &kMixtralArchitecture,
+                                    &kQwen3Architecture,    &kQwen3MoeArchitecture,   &kQwen3MoeHfArchitecture,
+                                    &kOlmoeArchitecture};
 }
 
 const Architecture* find_architecture(std::string_view name) {

@@ -240,6 +240,15 @@ Result<std::unique_ptr<Model>> Model::build(const ModelConfig& cfg, const Weight
       bias.insert(bias.end(), bv->begin(), bv->end());
       L.qkv_bias = backend.upload(bias);
     }
+    if (cfg.qk_norm != ModelConfig::QkNorm::None) {
+      const bool per_head = cfg.qk_norm == ModelConfig::QkNorm::PerHead;
+      auto qn = vector_f32(src, p + "attn_q_norm.weight", per_head ? cfg.head_dim : q_rows);
+      if (!qn) return qn.error();
+      auto kn = vector_f32(src, p + "attn_k_norm.weight", per_head ? cfg.head_dim : kv_rows);
+      if (!kn) return kn.error();
+      L.q_norm = backend.upload(*qn);
+      L.k_norm = backend.upload(*kn);
+    }
     m->layers_.push_back(std::move(L));
     tick();
   }
@@ -469,7 +478,7 @@ Status Model::forward_stage(const StepInputs& s, KvCache& cache, const float* hi
       be.rms_norm(x_, L.attn_norm, cfg_.rms_eps, n, H, h_, attn_in);
     else
       be.add_rms_norm(x_, h_, L.attn_norm, cfg_.rms_eps, n, H, h_, attn_in);
-    if (L.qkv && !L.qkv_bias) {
+    if (L.qkv && !L.qkv_bias && !L.q_norm) {
       be.matmul_rope_kv_write(*L.qkv, h_, cache, l, qkv_, qkv_ld, n, cfg_.num_heads, cfg_.num_kv_heads, hd, cos_sin_,
                               cfg_.rope_kind);
     } else {
@@ -481,6 +490,13 @@ Status Model::forward_stage(const StepInputs& s, KvCache& cache, const float* hi
         be.matmul(*L.v, h_, n, qkv_ + q_rows + kv_rows, qkv_ld);
       }
       if (L.qkv_bias) be.add_bias(qkv_, qkv_ld, L.qkv_bias, n, qkv_ld);
+      if (L.q_norm) {
+        const bool per_head = cfg_.qk_norm == ModelConfig::QkNorm::PerHead;
+        be.rms_norm_strided(qkv_, qkv_ld, n, per_head ? cfg_.num_heads : 1, per_head ? hd : q_rows, L.q_norm,
+                            cfg_.rms_eps);
+        be.rms_norm_strided(qkv_ + q_rows, qkv_ld, n, per_head ? cfg_.num_kv_heads : 1, per_head ? hd : kv_rows,
+                            L.k_norm, cfg_.rms_eps);
+      }
       be.rope_kv_write(cache, l, qkv_, qkv_ld, n, cfg_.num_heads, cfg_.num_kv_heads, hd, cos_sin_, cfg_.rope_kind);
     }
     be.attention(cache, l, qkv_, qkv_ld, cfg_.num_heads, scale, attn_, L.o.get());

@@ -79,7 +79,8 @@ class Model {
     Ffn ffn;  // dense models
     // Backend copies of the vectors (device memory on a GPU); qkv_bias null when absent.
     float *attn_norm = nullptr, *ffn_norm = nullptr, *qkv_bias = nullptr;
-    std::unique_ptr<MoeLayer> moe;  // mixture-of-experts models (ffn unset then)
+    float *q_norm = nullptr, *k_norm = nullptr;  // (ModelConfig::qk_norm)
+    std::unique_ptr<MoeLayer> moe;               // mixture-of-experts models (ffn unset then)
   };
   void run_ffn(const Ffn& f, const float* x, int64_t n, int64_t ffn, float* y);
   void run_moe(const MoeLayer& m, int64_t n);  // h_ (normed input) -> h_ (the layer's FFN output)

@@ -49,6 +49,11 @@ struct ModelConfig {
   RopeKind rope_kind = RopeKind::Neox;
   bool tied_embeddings = false;
   bool qkv_bias = false;
+  // RMSNorm on Q and K after their projections, before RoPE: per head (Qwen3, Qwen3-MoE:
+  // attn_q_norm/attn_k_norm of [head_dim]) or over the whole projection (OLMoE: [q rows],
+  // [kv rows]).
+  enum class QkNorm { None, PerHead, Full };
+  QkNorm qk_norm = QkNorm::None;
   MoeConfig moe;
 
   // Checks every field for range and consistency; the error names the field and value.

@@ -237,7 +237,7 @@ TEST_CASE("cuda: MoE models match the CPU backend and llama.cpp", "[cuda][model]
   std::vector<float> blob(bytes.size() / 4);
   std::memcpy(blob.data(), bytes.data(), blob.size() * 4);
   size_t off = 0;
-  for (const char* which : {"mixtral", "qwen2moe", "mixtral_q8_0", "qwen2moe_q4_1"}) {
+  for (const char* which : {"mixtral", "qwen2moe", "mixtral_q8_0", "qwen2moe_q4_1", "qwen3moe", "olmoe"}) {
     INFO("model " << which);
     const std::string path =
         "/tmp/troupe_cuda_formula_" + std::string(which) + "_" + std::to_string(::getpid()) + ".gguf";

@@ -53,6 +53,13 @@ struct FormulaMoeSpec {
 inline FormulaMoeSpec formula_spec(const std::string& which) {
   FormulaMoeSpec s;
   if (which == "mixtral_q8_0") s.matmul_type = DType::Q8_0;
+  if (which == "qwen3moe" || which == "olmoe") {
+    s.arch = which;
+    s.experts = 8;
+    s.experts_used = which == "olmoe" ? 4 : 2;
+    if (which == "olmoe") s.kv_heads = 4;  // (llama.cpp's olmoe has no GQA)
+    s.expert_ffn = 32;
+  }
   if (which == "qwen2moe" || which == "qwen2moe_q4_1") {
     if (which == "qwen2moe_q4_1") s.matmul_type = DType::Q4_1;
     s.arch = "qwen2moe";
@@ -91,17 +98,15 @@ inline gguf::Writer formula_moe_writer(const FormulaMoeSpec& s) {
   w.add_u32(a + ".block_count", static_cast<uint32_t>(s.layers));
   w.add_u32(a + ".context_length", static_cast<uint32_t>(s.ctx));
   w.add_u32(a + ".embedding_length", static_cast<uint32_t>(H));
-  w.add_u32(a + ".feed_forward_length", static_cast<uint32_t>(a == "llama" ? F : 4 * F));
+  w.add_u32(a + ".feed_forward_length", static_cast<uint32_t>(a == "llama" || a == "olmoe" ? F : 4 * F));
   w.add_u32(a + ".attention.head_count", static_cast<uint32_t>(s.heads));
   w.add_u32(a + ".attention.head_count_kv", static_cast<uint32_t>(s.kv_heads));
   w.add_f32(a + ".attention.layer_norm_rms_epsilon", 1e-5f);
   w.add_f32(a + ".rope.freq_base", 10000.0f);
   w.add_u32(a + ".expert_count", static_cast<uint32_t>(E));
   w.add_u32(a + ".expert_used_count", static_cast<uint32_t>(s.experts_used));
-  if (a != "llama") {
-    w.add_u32(a + ".expert_feed_forward_length", static_cast<uint32_t>(F));
-    w.add_u32(a + ".expert_shared_feed_forward_length", static_cast<uint32_t>(S));
-  }
+  if (a == "qwen2moe" || a == "qwen3moe") w.add_u32(a + ".expert_feed_forward_length", static_cast<uint32_t>(F));
+  if (a == "qwen2moe") w.add_u32(a + ".expert_shared_feed_forward_length", static_cast<uint32_t>(S));
   std::vector<int32_t> types(vocab.size(), 1);
   std::vector<float> scores(vocab.size(), 0.0f);
   types[0] = 2;
@@ -147,6 +152,14 @@ inline gguf::Writer formula_moe_writer(const FormulaMoeSpec& s) {
     put(p + "attn_k.weight", {u(H), u(s.kv_heads * hd)}, 3 * ws, 0, true);
     put(p + "attn_v.weight", {u(H), u(s.kv_heads * hd)}, ws, 0, true);
     put(p + "attn_output.weight", {u(s.heads * hd), u(H)}, ws, 0, true);
+    if (a == "qwen3moe") {  // per-head Q/K norms
+      put(p + "attn_q_norm.weight", {u(hd)}, 0.1, 1.0);
+      put(p + "attn_k_norm.weight", {u(hd)}, 0.1, 1.0);
+    }
+    if (a == "olmoe") {  // Q/K norms over the whole projection
+      put(p + "attn_q_norm.weight", {u(s.heads * hd)}, 0.1, 1.0);
+      put(p + "attn_k_norm.weight", {u(s.kv_heads * hd)}, 0.1, 1.0);
+    }
     if (a == "qwen2moe") {
       put(p + "attn_q.bias", {u(s.heads * hd)}, 0.5);
       put(p + "attn_k.bias", {u(s.kv_heads * hd)}, 0.5);

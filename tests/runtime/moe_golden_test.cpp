@@ -31,7 +31,7 @@ TEST_CASE("MoE models: logits and greedy tokens match llama.cpp", "[model][moe][
   bf.seekg(0);
   bf.read(reinterpret_cast<char*>(blob.data()), static_cast<std::streamsize>(bytes));
   size_t off = 0;
-  for (const char* which : {"mixtral", "qwen2moe", "mixtral_q8_0", "qwen2moe_q4_1"}) {
+  for (const char* which : {"mixtral", "qwen2moe", "mixtral_q8_0", "qwen2moe_q4_1", "qwen3moe", "olmoe"}) {
     INFO("model " << which);
     const auto& gm = g.at("models").at(which);
     const std::string path = "/tmp/troupe_formula_" + std::string(which) + "_" + std::to_string(::getpid()) + ".gguf";

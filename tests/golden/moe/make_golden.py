@@ -19,6 +19,9 @@ tensors with the project's own GGUF writer, so no model file is committed.
   qwen2moe  arch qwen2moe: 8 experts 32 wide, top-2 not renormalised, a 96-wide shared expert
             behind a sigmoid gate, q/k/v biases, NeoX RoPE
   mixtral_q8_0, qwen2moe_q4_1   the same shapes and formulas, quantized as above
+  qwen3moe  arch qwen3moe: 8 experts 32 wide, top-2 renormalised, per-head Q/K RMSNorm, NeoX
+  olmoe     arch olmoe: 8 experts 32 wide, top-4 not renormalised, Q/K RMSNorm over the whole
+            projection, NeoX, 4 KV heads (llama.cpp's olmoe has no GQA)
 
 Writes, into OUT_DIR (default: this folder):
   moe.json         per model and prompt: the token ids, the greedy continuation (16 ids) and
@@ -70,9 +73,11 @@ SPECS = {
     "qwen2moe": dict(arch="qwen2moe", experts=8, used=2, ffn=32, shared=96, qtype="f32"),
     "mixtral_q8_0": dict(arch="llama", experts=4, used=2, ffn=64, shared=0, qtype="q8_0"),
     "qwen2moe_q4_1": dict(arch="qwen2moe", experts=8, used=2, ffn=32, shared=96, qtype="q4_1"),
+    "qwen3moe": dict(arch="qwen3moe", experts=8, used=2, ffn=32, shared=0, qtype="f32"),
+    "olmoe": dict(arch="olmoe", experts=8, used=4, ffn=32, shared=0, qtype="f32", kv=4),  # (no GQA, as OLMoE)
 }
 QTYPES = {"q8_0": "Q8_0", "q4_1": "Q4_1"}
-L, H, HEADS, KV, CTX = 2, 128, 4, 2, 128
+L, H, HEADS, KV_DEFAULT, CTX = 2, 128, 4, 2, 128
 
 
 def vocab():
@@ -85,21 +90,23 @@ def vocab():
 def write_model(path: str, spec: dict) -> None:
     a = spec["arch"]
     E, F, S = spec["experts"], spec["ffn"], spec["shared"]
+    KV = spec.get("kv", KV_DEFAULT)
     hd = H // HEADS
     w = gguf.GGUFWriter(path, a)
     w.add_name("formula-moe")
     w.add_block_count(L)
     w.add_context_length(CTX)
     w.add_embedding_length(H)
-    w.add_feed_forward_length(F if a == "llama" else 4 * F)
+    w.add_feed_forward_length(F if a in ("llama", "olmoe") else 4 * F)
     w.add_head_count(HEADS)
     w.add_head_count_kv(KV)
     w.add_layer_norm_rms_eps(1e-5)
     w.add_rope_freq_base(10000.0)
     w.add_expert_count(E)
     w.add_expert_used_count(spec["used"])
-    if a != "llama":
+    if a in ("qwen2moe", "qwen3moe"):
         w.add_expert_feed_forward_length(F)
+    if a == "qwen2moe":
         w.add_expert_shared_feed_forward_length(S)
     toks, scores, types = vocab()
     w.add_tokenizer_model("llama")
@@ -132,6 +139,12 @@ def write_model(path: str, spec: dict) -> None:
         put(p + "attn_k.weight", (KV * hd, H), 3 * ws, quant=True)
         put(p + "attn_v.weight", (KV * hd, H), ws, quant=True)
         put(p + "attn_output.weight", (H, HEADS * hd), ws, quant=True)
+        if a == "qwen3moe":  # per-head Q/K norms
+            put(p + "attn_q_norm.weight", (hd,), 0.1, 1.0)
+            put(p + "attn_k_norm.weight", (hd,), 0.1, 1.0)
+        if a == "olmoe":  # Q/K norms over the whole projection
+            put(p + "attn_q_norm.weight", (HEADS * hd,), 0.1, 1.0)
+            put(p + "attn_k_norm.weight", (KV * hd,), 0.1, 1.0)
         if a == "qwen2moe":
             put(p + "attn_q.bias", (HEADS * hd,), 0.5)
             put(p + "attn_k.bias", (KV * hd,), 0.5)
@@ -171,7 +184,7 @@ def main() -> None:
         write_model(path, spec)
         sha = hashlib.sha256(open(path, "rb").read()).hexdigest()
         llm = llama_cpp.Llama(model_path=path, n_ctx=CTX, n_batch=CTX, n_ubatch=CTX, n_threads=2,
-                              n_threads_batch=2, logits_all=True, flash_attn=False, verbose=False, seed=1234)
+                              n_threads_batch=2, logits_all=True, flash_attn=False, verbose=bool(os.environ.get("VERBOSE")), seed=1234)
         prompts = []
         for ids in PROMPTS:
             llm.reset()
