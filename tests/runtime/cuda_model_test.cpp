@@ -227,17 +227,12 @@ TEST_CASE("cuda: greedy tokens on bf16 weights match the CPU backend", "[cuda][m
 // and quantized, against the CPU backend, and the prompt's last logits against llama.cpp's.
 TEST_CASE("cuda: MoE models match the CPU backend and llama.cpp", "[cuda][model][moe]") {
   if (gpu_missing()) return;
-  const std::string dir = test::source_dir() + "/tests/golden/moe/";
-  std::ifstream jf(dir + "moe.json");
-  REQUIRE(jf.good());
-  const auto g = nlohmann::json::parse(jf);
-  std::ifstream bf(dir + "moe_logits.f32", std::ios::binary);
-  REQUIRE(bf.good());
-  const std::vector<char> bytes((std::istreambuf_iterator<char>(bf)), std::istreambuf_iterator<char>());
-  std::vector<float> blob(bytes.size() / 4);
-  std::memcpy(blob.data(), bytes.data(), blob.size() * 4);
+  const auto golden = test::load_moe_golden(test::source_dir() + "/tests/golden/moe");
+  REQUIRE(golden.ok);
+  const auto& g = golden.meta;
+  const std::vector<float>& blob = golden.logits;
   size_t off = 0;
-  for (const char* which : {"mixtral", "qwen2moe", "mixtral_q8_0", "qwen2moe_q4_1", "qwen3moe", "olmoe"}) {
+  for (const char* which : test::kFormulaMoeModels) {
     INFO("model " << which);
     const std::string path =
         "/tmp/troupe_cuda_formula_" + std::string(which) + "_" + std::to_string(::getpid()) + ".gguf";

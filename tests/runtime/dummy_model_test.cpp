@@ -149,7 +149,7 @@ TEST_CASE("the Llama-3 8B and 70B configs parse into the real shapes", "[model][
   CHECK(tiny->vocab == 512);
 }
 
-TEST_CASE("dummy weights of a large shape share one layer; small shapes keep distinct layers", "[model][dummy]") {
+TEST_CASE("dummy weights of a large shape share one layer, small shapes keep distinct layers", "[model][dummy]") {
   OpenOptions o;
   o.load_format = "dummy";
   o.dummy_dtype = "q4_0";
@@ -216,7 +216,7 @@ TEST_CASE("dummy MoE weights: configs/tiny-mixtral.json runs, stacked experts, s
   CHECK(std::equal(a.begin(), a.end(), *l2));
 }
 
-TEST_CASE("the shipped MoE configs parse into the real shapes; dummy Mixtral-8x7B shares one layer",
+TEST_CASE("the shipped MoE configs parse into the real shapes, dummy Mixtral-8x7B shares one layer",
           "[model][dummy][moe]") {
   auto mx = hf_config("mixtral-8x7b.json");
   if (!mx) FAIL(mx.error().message);

@@ -9,6 +9,9 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <fstream>
+#include <iterator>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
@@ -177,6 +180,27 @@ inline gguf::Writer formula_moe_writer(const FormulaMoeSpec& s) {
     }
   }
   return w;
+}
+
+// tests/golden/moe: moe.json and the logits it indexes; `ok` false when a file is missing.
+struct MoeGolden {
+  bool ok = false;
+  nlohmann::json meta;
+  std::vector<float> logits;  // per model (in kFormulaMoeModels order), prompt, position: [V]
+};
+inline const char* const kFormulaMoeModels[] = {"mixtral",       "qwen2moe", "mixtral_q8_0",
+                                                "qwen2moe_q4_1", "qwen3moe", "olmoe"};
+inline MoeGolden load_moe_golden(const std::string& dir) {
+  MoeGolden g;
+  std::ifstream jf(dir + "/moe.json");
+  std::ifstream bf(dir + "/moe_logits.f32", std::ios::binary);
+  if (!jf || !bf) return g;
+  g.meta = nlohmann::json::parse(jf);
+  const std::vector<char> bytes((std::istreambuf_iterator<char>(bf)), std::istreambuf_iterator<char>());
+  g.logits.resize(bytes.size() / 4);
+  std::memcpy(g.logits.data(), bytes.data(), g.logits.size() * 4);
+  g.ok = true;
+  return g;
 }
 
 }  // namespace troupe::test

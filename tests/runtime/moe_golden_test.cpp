@@ -19,19 +19,12 @@
 using namespace troupe;
 
 TEST_CASE("MoE models: logits and greedy tokens match llama.cpp", "[model][moe][golden]") {
-  const std::string dir = test::source_dir() + "/tests/golden/moe/";
-  std::ifstream jf(dir + "moe.json");
-  REQUIRE(jf.good());
-  const auto g = nlohmann::json::parse(jf);
-  std::ifstream bf(dir + "moe_logits.f32", std::ios::binary);
-  REQUIRE(bf.good());
-  bf.seekg(0, std::ios::end);
-  const size_t bytes = static_cast<size_t>(bf.tellg());
-  std::vector<float> blob(bytes / 4);
-  bf.seekg(0);
-  bf.read(reinterpret_cast<char*>(blob.data()), static_cast<std::streamsize>(bytes));
+  const auto golden = test::load_moe_golden(test::source_dir() + "/tests/golden/moe");
+  REQUIRE(golden.ok);
+  const auto& g = golden.meta;
+  const std::vector<float>& blob = golden.logits;
   size_t off = 0;
-  for (const char* which : {"mixtral", "qwen2moe", "mixtral_q8_0", "qwen2moe_q4_1", "qwen3moe", "olmoe"}) {
+  for (const char* which : test::kFormulaMoeModels) {
     INFO("model " << which);
     const auto& gm = g.at("models").at(which);
     const std::string path = "/tmp/troupe_formula_" + std::string(which) + "_" + std::to_string(::getpid()) + ".gguf";

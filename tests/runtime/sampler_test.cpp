@@ -106,7 +106,7 @@ TEST_CASE("greedy picks the argmax, lowest id on ties", "[sampler]") {
   CHECK(draw(greedy(), {-5.0f, -7.0f, -4.5f}, 1)[0] == 2);
 }
 
-TEST_CASE("the same seed gives the same samples; another seed differs", "[sampler]") {
+TEST_CASE("the same seed gives the same samples, another seed differs", "[sampler]") {
   const std::vector<float> flat(64, 0.0f);  // uniform: 64^40 possible sequences
   SamplingParams p;
   p.seed = 1234;
@@ -237,7 +237,7 @@ TEST_CASE("presence and frequency penalties subtract from generated tokens only"
   CHECK(seq[2] == 2);
 }
 
-TEST_CASE("a logit_bias of +100 forces a token; -100 bans one", "[sampler]") {
+TEST_CASE("a logit_bias of +100 forces a token, -100 bans one", "[sampler]") {
   SamplingParams p;
   p.logit_bias[5] = 100.0f;  // kLogits[5] is 0.0, one of the least likely
   p.temperature = 1.5f;
@@ -432,7 +432,7 @@ TEST_CASE("staged sorting samples what a full sort would", "[sampler]") {
   CHECK(differ <= checked / 200);
 }
 
-TEST_CASE("Philox4x32-10 gives Random123's known answers; a draw depends on (seed, counter) only", "[sampler]") {
+TEST_CASE("Philox4x32-10 gives Random123's known answers, a draw depends on (seed, counter) only", "[sampler]") {
   // Random123's kat_vectors for philox4x32_10.
   const Philox4 zero = philox4x32_10(Philox4{{0, 0, 0, 0}}, 0, 0);
   CHECK(zero.v[0] == 0x6627e8d5u);

@@ -65,7 +65,7 @@ TEST_CASE("one token budget mixes decode with a prefill chunk", "[scheduler]") {
   REQUIRE(p2.num_tokens == 4);
 }
 
-TEST_CASE("priority policy admits the most urgent first; FCFS keeps arrival order", "[scheduler]") {
+TEST_CASE("priority policy admits the most urgent first, FCFS keeps arrival order", "[scheduler]") {
   KvBlockManager kv({64, 4, false});
   Scheduler s({4, 1}, kv, SchedulingPolicy::priority());
   REQUIRE(s.add({1, prompt(3, 1), 1, 5}).ok());

@@ -58,7 +58,7 @@ TEST_CASE("stop matcher: held text that does not become a stop string is sent, a
   REQUIRE(!last.stopped);
 }
 
-TEST_CASE("stop matcher: the earliest of several stop strings wins; empty ones are ignored", "[request][unit]") {
+TEST_CASE("stop matcher: the earliest of several stop strings wins, empty ones are ignored", "[request][unit]") {
   REQUIRE(feed({"cd", "b"}, {"abcd"}) == std::make_pair(std::string("a"), true));
   REQUIRE(feed({"", "zz"}, {"abc"}) == std::make_pair(std::string("abc"), false));
   REQUIRE(feed({"\n\n"}, {"one\n", "\n", "two"}) == std::make_pair(std::string("one"), true));
