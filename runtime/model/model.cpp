@@ -289,6 +289,8 @@ Result<std::unique_ptr<Model>> Model::build(const ModelConfig& cfg, const Weight
     m->moe_src_.resize(slots);
     m->moe_count_.resize(static_cast<size_t>(cfg.moe.num_experts));
     m->moe_offset_.resize(static_cast<size_t>(cfg.moe.num_experts) + 1);
+    m->moe_cursor_.resize(static_cast<size_t>(cfg.moe.num_experts));
+    m->moe_combine_src_.resize(slots);
   }
   m->cos_sin_ = backend.alloc(T * hd);
   m->last_ = backend.alloc(T * H);
@@ -401,7 +403,8 @@ void Model::run_moe(const MoeLayer& m, int64_t n) {
   // Expert-major order: expert e's rows start at moe_offset_[e], tokens ascending.
   moe_offset_[0] = 0;
   for (int64_t e = 0; e < E; ++e) moe_offset_[e + 1] = moe_offset_[e] + moe_count_[e];
-  std::vector<int32_t> cursor(moe_offset_.begin(), moe_offset_.end() - 1);
+  std::vector<int32_t>& cursor = moe_cursor_;  // (scratch sized at build: no allocation per layer)
+  std::copy(moe_offset_.begin(), moe_offset_.end() - 1, cursor.begin());
   for (int64_t t = 0; t < n; ++t)
     for (int32_t j = 0; j < k; ++j) {
       const int32_t e = sel[t * k + j];
@@ -410,7 +413,7 @@ void Model::run_moe(const MoeLayer& m, int64_t n) {
       sel[t * k + j] = r;  // (now the row of the expert output)
     }
   // The combine's rows [n, slots]: routed rows, then the shared expert's row n k + t.
-  std::vector<int32_t> src(static_cast<size_t>(n * slots));
+  std::vector<int32_t>& src = moe_combine_src_;
   for (int64_t t = 0; t < n; ++t) {
     for (int32_t j = 0; j < k; ++j) src[t * slots + j] = sel[t * k + j];
     if (shared) src[t * slots + k] = static_cast<int32_t>(n * k + t);

@@ -104,7 +104,7 @@ class Model {
   // [T (k + 1), hidden], shared-gate logits [T]; the routing is decided on the host.
   float *router_ = nullptr, *moe_x_ = nullptr, *moe_y_ = nullptr, *shared_gate_ = nullptr;
   std::vector<float> router_host_, shared_gate_host_, moe_weights_;
-  std::vector<int32_t> moe_rows_, moe_src_, moe_count_, moe_offset_;
+  std::vector<int32_t> moe_rows_, moe_src_, moe_count_, moe_offset_, moe_cursor_, moe_combine_src_;
   static constexpr int32_t kLogitChunk = 64;
 };
 
