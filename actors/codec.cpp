@@ -251,6 +251,14 @@ Bytes encode(const actors::NodeHello& x) {
   msg.setKvBlocks(x.kv_blocks);
   msg.setBlockSize(x.block_size);
   msg.setMaxBatchTokens(x.max_batch_tokens);
+  auto ex = msg.initExperts(n(x.experts.size()));
+  unsigned i = 0;
+  for (const auto& [layer, ids] : x.experts) {
+    ex[i].setLayer(layer);
+    put(ex[i].initExperts(n(ids.size())), ids);
+    ++i;
+  }
+  msg.setMaxExpertRows(x.max_expert_rows);
   return to_bytes(m);
 }
 
@@ -265,6 +273,12 @@ Result<actors::NodeHello> decode_node_hello(const Bytes& b) {
     x.kv_blocks = msg.getKvBlocks();
     x.block_size = msg.getBlockSize();
     x.max_batch_tokens = msg.getMaxBatchTokens();
+    for (auto e : msg.getExperts()) {
+      if (x.experts.count(e.getLayer()))
+        return make_error("NodeHello: layer " + std::to_string(e.getLayer()) + " has two expert sets");
+      x.experts[e.getLayer()] = get<int32_t>(e.getExperts());
+    }
+    x.max_expert_rows = msg.getMaxExpertRows();
     return x;
   });
 }
@@ -283,6 +297,54 @@ Result<actors::NodeHelloReply> decode_node_hello_reply(const Bytes& b) {
       b, "NodeHelloReply", [](schema::NodeHelloReply::Reader msg) -> Result<actors::NodeHelloReply> {
         return actors::NodeHelloReply{text(msg.getError()), text(msg.getModel()), text(msg.getDevice())};
       });
+}
+
+Bytes encode(const actors::ExpertDispatch& x) {
+  capnp::MallocMessageBuilder m;
+  auto msg = m.initRoot<schema::ExpertDispatch>();
+  msg.setId(x.id);
+  msg.setLayer(x.layer);
+  put(msg.initExperts(n(x.experts.size())), x.experts);
+  put(msg.initCounts(n(x.counts.size())), x.counts);
+  put(msg.initRows(n(x.rows.size())), x.rows);
+  return to_bytes(m);
+}
+
+Result<actors::ExpertDispatch> decode_expert_dispatch(const Bytes& b) {
+  return read<schema::ExpertDispatch>(b, "ExpertDispatch",
+                                      [](schema::ExpertDispatch::Reader msg) -> Result<actors::ExpertDispatch> {
+                                        actors::ExpertDispatch x;
+                                        x.id = msg.getId();
+                                        x.layer = msg.getLayer();
+                                        x.experts = get<int32_t>(msg.getExperts());
+                                        x.counts = get<int32_t>(msg.getCounts());
+                                        x.rows = get<float>(msg.getRows());
+                                        return x;
+                                      });
+}
+
+Bytes encode(const actors::ExpertResult& x) {
+  capnp::MallocMessageBuilder m;
+  auto msg = m.initRoot<schema::ExpertResult>();
+  msg.setId(x.id);
+  msg.setLayer(x.layer);
+  put(msg.initRows(n(x.rows.size())), x.rows);
+  msg.setError(wire_text(x.error));
+  msg.setComputeSeconds(x.compute_seconds);
+  return to_bytes(m);
+}
+
+Result<actors::ExpertResult> decode_expert_result(const Bytes& b) {
+  return read<schema::ExpertResult>(b, "ExpertResult",
+                                    [](schema::ExpertResult::Reader msg) -> Result<actors::ExpertResult> {
+                                      actors::ExpertResult x;
+                                      x.id = msg.getId();
+                                      x.layer = msg.getLayer();
+                                      x.rows = get<float>(msg.getRows());
+                                      x.error = text(msg.getError());
+                                      x.compute_seconds = msg.getComputeSeconds();
+                                      return x;
+                                    });
 }
 
 }  // namespace troupe::codec

@@ -27,5 +27,9 @@ Bytes encode(const actors::NodeHello& m);
 Result<actors::NodeHello> decode_node_hello(const Bytes& b);
 Bytes encode(const actors::NodeHelloReply& m);
 Result<actors::NodeHelloReply> decode_node_hello_reply(const Bytes& b);
+Bytes encode(const actors::ExpertDispatch& m);
+Result<actors::ExpertDispatch> decode_expert_dispatch(const Bytes& b);
+Bytes encode(const actors::ExpertResult& m);
+Result<actors::ExpertResult> decode_expert_result(const Bytes& b);
 
 }  // namespace troupe::codec

@@ -2,6 +2,8 @@
 
 #include <spdlog/spdlog.h>
 
+#include <thread>
+
 namespace troupe::actors {
 
 void LocalNode::stop() {
@@ -9,6 +11,7 @@ void LocalNode::stop() {
   caf::anon_send_exit(kv, caf::exit_reason::user_shutdown);
   for (auto& s : stages) caf::anon_send_exit(s, caf::exit_reason::user_shutdown);
   for (auto& w : workers) caf::anon_send_exit(w, caf::exit_reason::user_shutdown);
+  for (auto& e : experts) caf::anon_send_exit(e, caf::exit_reason::user_shutdown);
   if (tokenizers)
     for (auto& t : tokenizers->actors()) caf::anon_send_exit(t, caf::exit_reason::user_shutdown);
 }
@@ -38,6 +41,13 @@ Result<LocalNode> spawn_local_node(caf::actor_system& sys, const ModelFiles& fil
                         " (stage 0 embeds the tokens here)");
   if (opt.remote_stages.count(opt.num_stages - 1) && (opt.fail_step != 0 || opt.hang_step != 0))
     return make_error("fault injection needs the last stage on this node");
+  const bool ep = opt.experts.has_value();
+  if (ep && !c.moe.enabled()) return make_error("expert parallelism needs a mixture-of-experts model");
+  if (ep && !opt.remote_stages.empty())
+    return make_error("expert parallelism with pipeline stages on other nodes is not supported yet");
+  if (ep && !opt.detached_workers) return make_error("expert parallelism needs detached workers");
+  if (opt.expert_timeout_s <= 0 || opt.expert_timeout_s > 3600)
+    return make_error("--expert-timeout must be in (0, 3600] s");
   std::vector<std::shared_ptr<StageWorker>> devices(static_cast<size_t>(opt.num_stages));
   size_t done_layers = 0;
   for (int32_t s = 0; s < opt.num_stages; ++s) {
@@ -50,12 +60,86 @@ Result<LocalNode> spawn_local_node(caf::actor_system& sys, const ModelFiles& fil
     ProgressFn stage_progress;
     if (progress)
       stage_progress = [&, before](size_t d, size_t) { progress(before + d, static_cast<size_t>(c.num_layers) + 2); };
-    auto model = Model::build(c, *files.weights, *backend, opt.max_batch_tokens, stage_progress, r);
+    auto model = Model::build(c, *files.weights, *backend, opt.max_batch_tokens, stage_progress, r, !ep);
     if (!model) return model.error();
     done_layers += static_cast<size_t>(r.last - r.first);
     auto w = StageWorker::create(std::move(backend), std::move(*model), opt.scheduler.kv);
     if (!w) return w.error();
     devices[static_cast<size_t>(s)] = std::move(*w);
+  }
+  // Expert workers: built here or connected (each `troupe node` builds its own experts).
+  LocalNode node;
+  std::vector<std::shared_ptr<ExpertWorker>> expert_devs;
+  std::vector<std::shared_ptr<link::Socket>> expert_links;
+  std::vector<NodeHello> expert_hellos;
+  std::vector<RemoteStageOptions> expert_opts;
+  if (c.moe.enabled()) node.moe = std::make_shared<MoeStats>(c.num_layers, c.moe.num_experts);
+  if (ep) {
+    const int32_t max_rows = opt.max_batch_tokens * c.moe.experts_per_tok;
+    int32_t local = 0;
+    for (const auto& w : opt.experts->workers) local += w.node.empty() ? 1 : 0;
+    const int32_t cores =
+        opt.threads > 0 ? opt.threads : std::max(1, static_cast<int32_t>(std::thread::hardware_concurrency()));
+    const int32_t threads = opt.expert_threads > 0 ? opt.expert_threads : std::max(1, cores / std::max(1, local));
+    for (const auto& pw : opt.experts->workers) {
+      std::shared_ptr<ExpertWorker> dev;
+      std::shared_ptr<link::Socket> sock;
+      NodeHello h;
+      RemoteStageOptions ro;
+      if (pw.node.empty()) {
+        dev = std::make_shared<ExpertWorker>();
+        dev->name = pw.name;
+        auto made = make_backend((*stage_device)[0], threads, opt.cuda);
+        if (!made) return made.error();
+        dev->backend = std::move(*made);
+        auto shard = ExpertShard::build(c, *files.weights, *dev->backend, max_rows, pw.experts);
+        if (!shard) return make_error("expert worker '" + pw.name + "': " + shard.error().message);
+        dev->shard = std::move(*shard);
+        spdlog::info("expert worker '{}' on {}", pw.name, dev->backend->name());
+      } else {
+        auto hp = parse_host_port(pw.node);
+        if (!hp) return make_error("expert worker '" + pw.name + "': " + hp.error().message);
+        ro.host = hp->first;
+        ro.port = hp->second;
+        ro.key = opt.expert_key;
+        ro.step_timeout_s = opt.expert_timeout_s;
+        if (ro.key.empty()) return make_error("expert worker '" + pw.name + "' is on a node: --node-key is needed");
+        h.model = model_fingerprint(files);
+        h.experts = pw.experts;
+        h.max_expert_rows = max_rows;
+        h.max_batch_tokens = opt.max_batch_tokens;
+        NodeHelloReply reply;
+        auto s = connect_expert_node(ro, h, &reply);
+        if (!s) return make_error("expert worker '" + pw.name + "': " + s.error().message);
+        sock = std::move(*s);
+        spdlog::info("expert worker '{}' runs on node {} ({})", pw.name, pw.node, reply.device);
+      }
+      expert_devs.push_back(std::move(dev));
+      expert_links.push_back(std::move(sock));
+      expert_hellos.push_back(std::move(h));
+      expert_opts.push_back(std::move(ro));
+    }
+    for (const auto& line : opt.experts->describe()) spdlog::info("expert placement: {}", line);
+  }
+  std::vector<ExpertRouter::Target> targets;
+  for (size_t i = 0; i < expert_devs.size(); ++i) {
+    const auto& pw = opt.experts->workers[i];
+    const std::string name = "expert worker '" + pw.name + "'" + (pw.node.empty() ? "" : " (node " + pw.node + ")");
+    expert_actor a = expert_devs[i]
+                         ? sys.spawn<caf::detached>(expert_fn, expert_devs[i])
+                         : spawn_remote_expert(sys, expert_links[i], name, expert_opts[i], expert_hellos[i], c.hidden);
+    node.experts.push_back(a);
+    targets.push_back({a, name});
+  }
+  for (auto& d : devices) {
+    if (!d) continue;
+    if (node.moe) d->model->set_moe_stats(node.moe);
+    if (ep) {
+      d->dispatcher = std::make_shared<ExpertRouter>(
+          sys, targets, opt.experts->replicas(c),
+          std::chrono::milliseconds(static_cast<int64_t>(opt.expert_timeout_s * 1000)), node.moe);
+      d->model->set_expert_dispatcher(d->dispatcher.get());
+    }
   }
   if (opt.fail_step != 0) devices.back()->fail_step = opt.fail_step;
   if (opt.hang_step != 0) devices.back()->hang_step = opt.hang_step;
@@ -81,7 +165,6 @@ Result<LocalNode> spawn_local_node(caf::actor_system& sys, const ModelFiles& fil
     links[static_cast<size_t>(s)] = std::move(*sock);
     hellos[static_cast<size_t>(s)] = h;
   }
-  LocalNode node;
   std::vector<worker_actor> stage_workers(devices.size());
   for (size_t i = 0; i < devices.size(); ++i) {
     if (!devices[i]) continue;
@@ -122,6 +205,9 @@ Result<LocalNode> spawn_local_node(caf::actor_system& sys, const ModelFiles& fil
   for (size_t i = 0; i < links.size(); ++i)
     if (links[i])
       caf::anon_send(caf::actor_cast<caf::actor>(node.stages[i]), link_scheduler_atom::value, node.scheduler);
+  for (size_t i = 0; i < expert_links.size(); ++i)
+    if (expert_links[i])
+      caf::anon_send(caf::actor_cast<caf::actor>(node.experts[i]), link_scheduler_atom::value, node.scheduler);
   if (tok) {
     std::vector<tokenizer_actor> toks;
     for (int32_t i = 0; i < opt.num_tokenizers; ++i) toks.push_back(sys.spawn(tokenizer_fn, tok, tmpl));

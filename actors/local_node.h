@@ -9,6 +9,9 @@
 
 #include <map>
 
+#include <optional>
+
+#include "actors/expert_actor.h"
 #include "actors/kv_block_actor.h"
 #include "actors/remote_stage.h"
 #include "actors/request_actor.h"
@@ -38,6 +41,12 @@ struct NodeOptions {
   // Stages run by `troupe node` processes (stage index -> node): connected, authenticated
   // and built at spawn time; stage 0 (the embedding) stays here.
   std::map<int32_t, RemoteStageOptions> remote_stages;
+  // Expert parallelism (MoE models): the routed experts run on these expert workers
+  // (actors here, or `troupe node`s) instead of inside each stage; unset: inside.
+  std::optional<ExpertPlacement> experts;
+  int32_t expert_threads = 0;    // CPU threads per expert worker here (0: the cores over the workers, >= 1)
+  double expert_timeout_s = 30;  // one dispatch's deadline
+  std::string expert_key;        // node-link key for expert workers on other nodes
 };
 
 struct LocalNode {
@@ -46,6 +55,8 @@ struct LocalNode {
   std::vector<stage_actor> stages;
   std::vector<worker_actor> workers;  // one per local stage, in stage order
   std::vector<std::string> backends;  // the local workers' backend names ("cpu(AVX512, 2 threads)")
+  std::vector<expert_actor> experts;  // expert workers (expert parallelism), placement order
+  std::shared_ptr<MoeStats> moe;      // MoE models: routing counts and dispatch costs
   std::shared_ptr<TokenizerPool> tokenizers;
   std::shared_ptr<StatsBoard> board;
   RequestContext request_context;

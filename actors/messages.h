@@ -7,6 +7,7 @@
 #pragma once
 #include <caf/all.hpp>
 #include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -93,6 +94,28 @@ struct NodeHello {
   int32_t layer_first = 0, layer_last = 0;
   bool is_last = true;
   int32_t kv_blocks = 0, block_size = 16, max_batch_tokens = 512;
+  // Expert parallelism: non-empty makes the node an expert worker (layer -> expert ids).
+  std::map<int32_t, std::vector<int32_t>> experts;
+  int32_t max_expert_rows = 0;
+};
+
+// ---- MoE stage ⇄ expert workers (actors/expert_actor.h) --------------------------------
+
+// One MoE layer's rows for one expert worker, expert-major: experts[i] runs over the next
+// counts[i] rows of `rows` [sum counts, hidden].
+struct ExpertDispatch {
+  uint64_t id = 0;  // the dispatcher's sequence number, echoed in the answer
+  int32_t layer = 0;
+  std::vector<int32_t> experts, counts;
+  std::vector<float> rows;
+};
+
+struct ExpertResult {
+  uint64_t id = 0;
+  int32_t layer = 0;
+  std::vector<float> rows;  // the experts' outputs, same rows
+  std::string error;        // non-empty: failed (rows empty)
+  double compute_seconds = 0;
 };
 
 struct NodeHelloReply {
@@ -168,6 +191,8 @@ using stage_actor = caf::typed_actor<caf::reacts_to<StageStep, step_sink_actor>>
 
 using worker_actor = caf::typed_actor<caf::replies_to<StageStep>::with<LayersDone>>;
 
+using expert_actor = caf::typed_actor<caf::replies_to<ExpertDispatch>::with<ExpertResult>>;
+
 // A remote stage's link is gone (actors/remote_stage.h): the engine fails with the text
 // (running requests end with it, /health says it), also when no step was in flight.
 using stage_down_atom = caf::atom_constant<caf::atom("stagedown")>;
@@ -209,6 +234,8 @@ CAF_ALLOW_UNSAFE_MESSAGE_TYPE(troupe::actors::StageStep)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(troupe::actors::LayersDone)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(troupe::actors::StepDone)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(troupe::actors::StepFailed)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(troupe::actors::ExpertDispatch)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(troupe::actors::ExpertResult)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(troupe::actors::EngineStats)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(troupe::actors::StatsQuery)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(troupe::actors::EncodeText)

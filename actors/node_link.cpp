@@ -252,7 +252,7 @@ Result<std::pair<Frame, Bytes>> read_frame(Socket& s, int timeout_ms) {
     t |= static_cast<uint32_t>(head[i]) << (8 * i);
     n |= static_cast<uint32_t>(head[4 + i]) << (8 * i);
   }
-  if (t < static_cast<uint32_t>(Frame::Hello) || t > static_cast<uint32_t>(Frame::Activations))
+  if (t < static_cast<uint32_t>(Frame::Hello) || t > static_cast<uint32_t>(Frame::ExpertResult))
     return make_error("unknown frame type " + std::to_string(t));
   if (n > kMaxFrameBytes) return make_error("frame of " + std::to_string(n) + " bytes exceeds the link's limit");
   Bytes payload(n);

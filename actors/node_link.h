@@ -29,11 +29,13 @@ constexpr size_t kMaxFrameBytes = 64u << 20;
 constexpr int kHandshakeTimeoutMs = 5000;
 
 enum class Frame : uint32_t {
-  Hello = 1,        // head -> node: NodeHello
-  HelloReply = 2,   // node -> head: NodeHelloReply
-  Step = 3,         // head -> node: StageStep
-  StepResult = 4,   // node -> head: StepDone or StepFailed (last stage)
-  Activations = 5,  // node -> head: StageStep with the stage's activations (middle stage)
+  Hello = 1,           // head -> node: NodeHello
+  HelloReply = 2,      // node -> head: NodeHelloReply
+  Step = 3,            // head -> node: StageStep
+  StepResult = 4,      // node -> head: StepDone or StepFailed (last stage)
+  Activations = 5,     // node -> head: StageStep with the stage's activations (middle stage)
+  ExpertDispatch = 6,  // head -> expert node: ExpertDispatch
+  ExpertResult = 7,    // expert node -> head: ExpertResult
 };
 
 // One connected TCP socket. One thread may read while another writes; shutdown() from any

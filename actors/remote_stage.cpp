@@ -11,6 +11,7 @@
 #include <thread>
 
 #include "actors/codec.h"
+#include "actors/expert_actor.h"
 #include "actors/stage_actor.h"
 #include "actors/worker_actor.h"
 #include "runtime/model/model.h"
@@ -348,6 +349,7 @@ Status serve_stage_link(caf::actor_system& sys, link::Socket& socket, const Mode
   auto hello = codec::decode_node_hello(frame->second);
   if (!hello) return hello.error();
   const std::string mine = model_fingerprint(files);
+  if (!hello->experts.empty()) return serve_expert_link(sys, socket, files, opt, *hello, mine);
   auto refuse = [&](const std::string& why) -> Status {
     NodeHelloReply r{why, mine, ""};
     (void)link::write_frame(socket, link::Frame::HelloReply, codec::encode(r));

@@ -20,6 +20,8 @@ struct StageWorker {
   std::unique_ptr<Backend> backend;
   std::unique_ptr<Model> model;
   std::unique_ptr<KvCache> cache;
+  // Expert parallelism: where the model's routed experts run (the model holds a raw pointer).
+  std::shared_ptr<ExpertDispatcher> dispatcher;
   // Fault injection (tests; `troupe serve --debug-fail-step`): the step with this number
   // fails with an error instead of running (0: never).
   uint64_t fail_step = 0;

@@ -18,6 +18,7 @@ namespace {
 
 struct BenchFlags {
   ModelFlags model;
+  ExpertFlags experts;
   int prompt = 512;
   int gen = 128;
   int reps = 3;
@@ -35,6 +36,7 @@ int bench(BenchFlags f) {
   eo.prefix_caching = false;  // every repetition computes its prompt
   eo.max_running = 1;
   eo.require_tokenizer = false;
+  eo.experts = f.experts;
   auto started = LocalEngine::start(f.model, eo);
   if (!started) {
     spdlog::error("{}", started.error().message);
@@ -127,6 +129,7 @@ void add_bench_command(CLI::App& app) {
   auto flags = std::make_shared<BenchFlags>();
   CLI::App* cmd = app.add_subcommand("bench", "Measure prompt processing (pp) and decode (tg) speed of one sequence");
   flags->model.add_to(*cmd);
+  flags->experts.add_to(*cmd, true);
   cmd->add_option("-p,--n-prompt", flags->prompt, "prompt tokens processed in one batch (random ids)")
       ->capture_default_str();
   cmd->add_option("-n,--n-gen", flags->gen, "tokens decoded one at a time from an empty context")

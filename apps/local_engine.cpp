@@ -15,6 +15,47 @@ actors::NodeOptions node_options(const ModelFlags& f) {
   return no;
 }
 
+void ExpertFlags::add_to(CLI::App& app, bool with_key) {
+  if (with_key)
+    app.add_option("--node-key-file", key_file,
+                   "file holding the shared node key, for expert workers on `troupe node`s (their --key-file)");
+  app.add_option("--expert-parallel", parallel,
+                 "mixture-of-experts models: run the routed experts on N expert-worker actors in this process, the "
+                 "experts split into N even ranges (output is bit-identical to N = 0); 0: inside each stage")
+      ->capture_default_str();
+  app.add_option("--expert-placement", placement,
+                 "mixture-of-experts models: a JSON file naming expert workers, the experts (and layers) each holds, "
+                 "replicas, and workers on `troupe node`s (docs/moe.md); instead of --expert-parallel");
+  app.add_option("--expert-threads", threads, "CPU threads per expert worker here (0: the cores over the workers)")
+      ->capture_default_str();
+  app.add_option("--expert-timeout", timeout,
+                 "seconds an expert worker may take to answer one dispatch; past it (or when a worker's link breaks) "
+                 "the step fails with an error naming the worker")
+      ->capture_default_str();
+}
+
+Status ExpertFlags::apply(const ModelConfig& cfg, actors::NodeOptions& no) const {
+  if (!enabled()) return {};
+  if (parallel > 0 && !placement.empty()) return make_error("give --expert-parallel or --expert-placement, not both");
+  if (parallel < 0) return make_error("--expert-parallel must be >= 0");
+  if (threads < 0 || threads > 1024) return make_error("--expert-threads must be 0..1024");
+  if (!(timeout > 0 && timeout <= 3600)) return make_error("--expert-timeout must be in (0, 3600] seconds");
+  auto p = parallel > 0 ? ExpertPlacement::even(parallel, cfg) : ExpertPlacement::load(placement, cfg);
+  if (!p) return p.error();
+  bool remote = false;
+  for (const auto& w : p->workers) remote |= !w.node.empty();
+  if (remote) {
+    if (key_file.empty()) return make_error("expert workers on nodes need the node key (--node-key-file)");
+    auto key = link::read_key_file(key_file);
+    if (!key) return key.error();
+    no.expert_key = *key;
+  }
+  no.experts = std::move(*p);
+  no.expert_threads = threads;
+  no.expert_timeout_s = timeout;
+  return {};
+}
+
 Result<std::unique_ptr<LocalEngine>> LocalEngine::start(const ModelFlags& flags, const LocalEngineOptions& opt) {
   if (flags.threads < 0 || flags.threads > 1024) return make_error("--threads must be 0..1024");
   if (flags.batch <= 0 || flags.batch > 65536) return make_error("--batch must be 1..65536");
@@ -31,6 +72,7 @@ Result<std::unique_ptr<LocalEngine>> LocalEngine::start(const ModelFlags& flags,
   no.scheduler.scheduler.max_running = opt.max_running;
   no.scheduler.kv = kv_config_for_tokens(opt.kv_tokens, opt.block_size, opt.prefix_caching);
   no.scheduler.heartbeat = std::chrono::milliseconds(0);
+  TROUPE_TRY(opt.experts.apply(c, no));
   configure_actor_system(e->cfg_);
   e->sys_ = std::make_unique<caf::actor_system>(e->cfg_);
   auto node =

@@ -13,12 +13,27 @@
 
 namespace troupe::app {
 
+// Expert parallelism flags (run, bench, serve): where a MoE model's routed experts run.
+struct ExpertFlags {
+  int parallel = 0;       // --expert-parallel N: N expert workers here, experts split evenly
+  std::string placement;  // --expert-placement FILE (JSON, docs/moe.md)
+  int threads = 0;        // --expert-threads
+  double timeout = 30;    // --expert-timeout (seconds per dispatch)
+  std::string key_file;   // the node key, for workers on `troupe node`s (serve: --node-key-file)
+  // with_key: also --node-key-file (serve has its own, shared with --remote-stage).
+  void add_to(CLI::App& app, bool with_key);
+  bool enabled() const { return parallel > 0 || !placement.empty(); }
+  // Fills the node options' expert fields for this model (an error names the flag).
+  Status apply(const ModelConfig& cfg, actors::NodeOptions& no) const;
+};
+
 struct LocalEngineOptions {
   int32_t kv_tokens = 4096;  // KV-cache capacity over all sequences
   int32_t block_size = 16;
   bool prefix_caching = true;  // a chat's next turn reuses the earlier turns' blocks
   int32_t max_running = 8;
   bool require_tokenizer = true;  // false: dummy weights (bench), token ids only
+  ExpertFlags experts;
 };
 
 // The node options every subcommand takes from the model flags (threads, device, batch).

@@ -23,6 +23,7 @@ int g_exit_code = 0;
 
 struct RunFlags {
   ModelFlags model;
+  ExpertFlags experts;
   std::string prompt;
   bool chat = false;
   bool raw = false;
@@ -171,6 +172,7 @@ int run(const RunFlags& f) {
     LocalEngineOptions eo;
     eo.kv_tokens = f.model.ctx + 16;
     eo.require_tokenizer = false;
+    eo.experts = f.experts;
     auto e = LocalEngine::start(f.model, eo);
     if (!e) {
       spdlog::error("{}", e.error().message);
@@ -179,6 +181,10 @@ int run(const RunFlags& f) {
     engine = std::move(*e);
     files = &engine->files();
   } else {
+    if (f.experts.enabled()) {
+      spdlog::error("--draft-max runs without the actors: it cannot take --expert-parallel/--expert-placement");
+      return 2;
+    }
     auto e = load_engine(f.model);
     if (!e) {
       spdlog::error("{}", e.error().message);
@@ -328,6 +334,7 @@ void add_run_command(CLI::App& app) {
   CLI::App* cmd = app.add_subcommand(
       "run", "Generate text from a prompt (-p) or chat interactively (--chat, the default without -p)");
   flags->model.add_to(*cmd);
+  flags->experts.add_to(*cmd, true);
   CLI::Option* prompt =
       cmd->add_option("-p,--prompt", flags->prompt, "prompt to complete (as plain text, without the chat template)");
   cmd->add_flag("--chat", flags->chat,

@@ -47,6 +47,7 @@ struct ServeFlags {
   std::vector<std::string> remote_stages;  // "K=HOST:PORT"
   std::string node_key_file;
   double node_timeout = 30;
+  ExpertFlags experts;
   api::Limits limits;
 };
 
@@ -174,6 +175,12 @@ int serve(ServeFlags f) {
         return finish(2);
       }
     }
+  }
+  ExpertFlags ef = f.experts;
+  ef.key_file = f.node_key_file;
+  if (auto ok = ef.apply(mf->config, no); !ok) {
+    spdlog::error("{}", ok.error().message);
+    return finish(2);
   }
   if (f.debug_fail_step != 0)
     spdlog::warn("--debug-fail-step {}: that engine step will fail on purpose (fault injection for tests)",
@@ -315,6 +322,7 @@ void add_serve_command(CLI::App& app) {
                   "seconds a remote stage may take to answer a step; past it (or when its link breaks) the steps in "
                   "flight fail, their requests end with an error naming the node, and /health turns 503")
       ->capture_default_str();
+  f->experts.add_to(*cmd, false);
   cmd->add_option("--max-n", f->limits.max_n, "largest 'n' (choices per prompt)")->capture_default_str();
   cmd->add_option("--max-top-logprobs", f->limits.max_top_logprobs, "largest 'top_logprobs'")->capture_default_str();
   cmd->add_option("--max-stop", f->limits.max_stop, "most stop strings per request")->capture_default_str();

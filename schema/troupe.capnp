@@ -95,6 +95,34 @@ struct NodeHello {
   kvBlocks @5 :Int32;        # the head's KV pool: blocks and tokens per block
   blockSize @6 :Int32;
   maxBatchTokens @7 :Int32;
+  # Expert parallelism: a non-empty list makes the node an expert worker holding these
+  # routed experts (no stage; the layer fields and the KV pool are unused).
+  experts @8 :List(ExpertSet);
+  maxExpertRows @9 :Int32;   # the most rows one dispatch carries
+}
+
+struct ExpertSet {
+  layer @0 :Int32;
+  experts @1 :List(Int32);
+}
+
+# Expert parallelism (actors/expert_actor.h): one MoE layer's rows for one expert worker,
+# expert-major (experts[i] runs over the next counts[i] rows of `rows` [sum counts, hidden]),
+# and the worker's answer: the experts' outputs in the same rows, or an error.
+struct ExpertDispatch {
+  id @0 :UInt64;           # the dispatcher's sequence number: the answer carries it back
+  layer @1 :Int32;
+  experts @2 :List(Int32);
+  counts @3 :List(Int32);
+  rows @4 :List(Float32);
+}
+
+struct ExpertResult {
+  id @0 :UInt64;
+  layer @1 :Int32;
+  rows @2 :List(Float32);
+  error @3 :Text;
+  computeSeconds @4 :Float64;
 }
 
 struct NodeHelloReply {

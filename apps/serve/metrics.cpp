@@ -22,6 +22,46 @@ std::string braces(const std::string& labels) { return labels.empty() ? "" : "{"
 
 }  // namespace
 
+std::string render_moe(const MoeStats::Snapshot& m, const std::string& model_name, bool ep) {
+  const std::string lbl = "model_name=\"" + model_name + "\"";
+  std::string out =
+      "# HELP troupe:moe_expert_tokens_total Tokens routed to each expert, by layer.\n"
+      "# TYPE troupe:moe_expert_tokens_total counter\n";
+  for (int32_t l = 0; l < m.num_layers; ++l)
+    for (int32_t e = 0; e < m.num_experts; ++e)
+      out += "troupe:moe_expert_tokens_total{" + lbl + ",layer=\"" + std::to_string(l) + "\",expert=\"" +
+             std::to_string(e) + "\"} " + std::to_string(m.tokens[static_cast<size_t>(l) * m.num_experts + e]) + "\n";
+  auto one = [&](const std::string& name, const char* type, const std::string& help, double v) {
+    out += "# HELP " + name + " " + help + "\n# TYPE " + name + " " + type + "\n" + name + "{" + lbl + "} " + num(v) +
+           "\n";
+  };
+  one("troupe:moe_layer_steps_total", "counter", "MoE layer evaluations (one per MoE layer per step).",
+      static_cast<double>(m.layer_steps));
+  one("troupe:moe_imbalance_ratio", "gauge",
+      "Routing imbalance: the most tokens on one expert over the mean, averaged over layer-steps (1 = even).",
+      m.layer_steps ? m.imbalance_sum / static_cast<double>(m.layer_steps) : 0.0);
+  one("troupe:moe_imbalance_ratio_max", "gauge", "The largest routing imbalance of one layer-step so far.",
+      m.imbalance_max);
+  if (!ep) return out;
+  one("troupe:moe_dispatches_total", "counter", "Expert-parallel dispatches (one per MoE layer per step).",
+      static_cast<double>(m.dispatches));
+  one("troupe:moe_dispatch_seconds_total", "counter",
+      "Wall time from sending a layer's rows to the expert workers to having every answer (their compute included).",
+      m.dispatch_seconds);
+  one("troupe:moe_expert_compute_seconds_total", "counter", "The expert workers' compute time, summed over workers.",
+      m.worker_compute_seconds);
+  one("troupe:moe_combine_seconds_total", "counter", "The stage's weighted combine of the experts' answers.",
+      m.combine_seconds);
+  one("troupe:moe_dispatch_bytes_total", "counter", "Payload bytes sent to expert workers (rows, ids, counts).",
+      static_cast<double>(m.dispatch_bytes));
+  one("troupe:moe_combine_bytes_total", "counter", "Payload bytes of the expert workers' answers.",
+      static_cast<double>(m.combine_bytes));
+  one("troupe:moe_worker_imbalance_ratio", "gauge",
+      "Expert-worker load: the most rows on one worker over the mean, averaged over dispatches (1 = even).",
+      m.dispatches ? m.worker_ratio_sum / static_cast<double>(m.dispatches) : 0.0);
+  return out;
+}
+
 void Histogram::observe(double v) {
   std::lock_guard<std::mutex> l(mu_);
   size_t i = 0;

@@ -8,8 +8,13 @@
 #include <vector>
 
 #include "actors/messages.h"
+#include "runtime/model/moe.h"
 
 namespace troupe::serve {
+
+// The mixture-of-experts series (troupe:moe_*): tokens routed per layer and expert, the
+// routing imbalance, and with expert parallelism the dispatch/combine costs.
+std::string render_moe(const MoeStats::Snapshot& m, const std::string& model_name, bool expert_parallel);
 
 class Histogram {
  public:

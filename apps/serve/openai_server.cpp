@@ -90,7 +90,8 @@ void OpenAiServer::handle(const std::shared_ptr<Exchange>& ex) {
     return error(ex,
                  {405, std::string("use ") + route->method + " for " + route->path, "invalid_request_error", "", ""});
   if (path == "/metrics") {
-    const std::string body = ready_ ? metrics_.render(node_->board->read(), opt_.model_name, opt_.block_size) : "";
+    std::string body = ready_ ? metrics_.render(node_->board->read(), opt_.model_name, opt_.block_size) : "";
+    if (ready_ && node_->moe) body += render_moe(node_->moe->snapshot(), opt_.model_name, !node_->experts.empty());
     metrics_.count_http(200);
     return ex->respond(200, "text/plain; version=0.0.4", body);
   }

@@ -1,28 +1,19 @@
 #include "runtime/model/model.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstring>
 
 #include "kernels/cpu/quant_ref.h"
+#include "runtime/model/ffn.h"
 
 namespace troupe {
 namespace {
 
-std::string shape_str(const std::vector<int64_t>& s) {
-  std::string r = "[";
-  for (size_t i = 0; i < s.size(); ++i) r += (i ? ", " : "") + std::to_string(s[i]);
-  return r + "]";
-}
-
 // Finds a 2-D tensor [rows, cols] (GGUF order: shape = {cols, rows}).
 Result<const TensorRef*> matrix(const WeightSource& src, const std::string& name, int64_t rows, int64_t cols) {
-  const TensorRef* t = src.find(name);
-  if (!t) return make_error("missing tensor '" + name + "'");
-  if (t->shape.size() != 2 || t->shape[0] != cols || t->shape[1] != rows)
-    return make_error("tensor '" + name + "' has shape " + shape_str(t->shape) + ", expected [" + std::to_string(cols) +
-                      ", " + std::to_string(rows) + "]");
-  return t;
+  return find_matrix(src, name, rows, cols);
 }
 
 Result<std::vector<float>> vector_f32(const WeightSource& src, const std::string& name, int64_t n) {
@@ -39,62 +30,11 @@ Result<std::vector<float>> vector_f32(const WeightSource& src, const std::string
   return v;
 }
 
-// One matrix of a SwiGLU block as the backend needs it: type, data and shape checked.
-struct Part {
-  DType type = DType::F32;
-  const void* data = nullptr;
-};
-
-Result<Part> dense_part(const WeightSource& src, const std::string& name, int64_t rows, int64_t cols) {
-  auto t = matrix(src, name, rows, cols);
-  if (!t) return t.error();
-  return Part{(*t)->type, (*t)->data};
-}
-
-// Expert e's matrix of `base` (ffn_gate, ffn_up, ffn_down): a slice of the stacked tensor
-// blk.N.<base>_exps.weight (GGUF shape [cols, rows, experts], as llama.cpp writes it) or the
-// per-expert tensor blk.N.<base>.<e>.weight (HF files).
-Result<Part> expert_part(const WeightSource& src, const std::string& p, const std::string& base, int32_t e,
-                         int32_t experts, int64_t rows, int64_t cols) {
-  const std::string stacked = p + base + "_exps.weight";
-  if (const TensorRef* t = src.find(stacked)) {
-    if (t->shape.size() != 3 || t->shape[0] != cols || t->shape[1] != rows || t->shape[2] != experts)
-      return make_error("tensor '" + stacked + "' has shape " + shape_str(t->shape) + ", expected [" +
-                        std::to_string(cols) + ", " + std::to_string(rows) + ", " + std::to_string(experts) + "]");
-    const auto rb = row_bytes(t->type, static_cast<uint64_t>(cols));
-    if (!rb) return make_error("tensor '" + stacked + "': rows of " + std::to_string(cols) + " do not fit its blocks");
-    const uint64_t per_expert = *rb * static_cast<uint64_t>(rows);
-    if (t->nbytes < per_expert * static_cast<uint64_t>(experts))
-      return make_error("tensor '" + stacked + "' holds fewer bytes than its shape needs");
-    return Part{t->type, static_cast<const uint8_t*>(t->data) + per_expert * static_cast<uint64_t>(e)};
-  }
-  const std::string one = p + base + "." + std::to_string(e) + ".weight";
-  if (!src.find(one)) return make_error("missing tensor '" + stacked + "' (or per-expert '" + one + "')");
-  return dense_part(src, one, rows, cols);
-}
-
 }  // namespace
 
-// A SwiGLU block from its three matrices: gate and up fused into one weight when they share a type.
-static Status make_ffn(Backend& backend, Part g, Part u, Part d, int64_t H, int64_t F, const std::string& name,
-                       std::unique_ptr<Weight>& gate_up, std::unique_ptr<Weight>& gate, std::unique_ptr<Weight>& up,
-                       std::unique_ptr<Weight>& down) {
-  auto wrap = [&](Result<std::unique_ptr<Weight>> r, const std::string& what, std::unique_ptr<Weight>& out) -> Status {
-    if (!r) return make_error(name + what + ": " + r.error().message);
-    out = std::move(*r);
-    return {};
-  };
-  if (g.type == u.type) {
-    TROUPE_TRY(wrap(backend.make_weight(g.type, H, {{g.data, F}, {u.data, F}}), "gate_up", gate_up));
-  } else {
-    TROUPE_TRY(wrap(backend.make_weight(g.type, H, {{g.data, F}}), "gate", gate));
-    TROUPE_TRY(wrap(backend.make_weight(u.type, H, {{u.data, F}}), "up", up));
-  }
-  return wrap(backend.make_weight(d.type, F, {{d.data, H}}), "down", down);
-}
-
 Result<std::unique_ptr<Model>> Model::build(const ModelConfig& cfg, const WeightSource& src, Backend& backend,
-                                            int32_t max_batch_tokens, const ProgressFn& progress, LayerRange range) {
+                                            int32_t max_batch_tokens, const ProgressFn& progress, LayerRange range,
+                                            bool routed_experts) {
   TROUPE_TRY(cfg.validate());
   if (range.last < 0) range.last = cfg.num_layers;
   if (range.first < 0 || range.first >= range.last || range.last > cfg.num_layers)
@@ -108,6 +48,7 @@ Result<std::unique_ptr<Model>> Model::build(const ModelConfig& cfg, const Weight
   m->max_tokens_ = max_batch_tokens;
   m->first_layer_ = range.first;
   m->last_layer_ = range.last;
+  m->routed_experts_ = routed_experts || !cfg.moe.enabled();
   const int64_t H = cfg.hidden, hd = cfg.head_dim;
   const int64_t q_rows = int64_t{cfg.num_heads} * hd, kv_rows = int64_t{cfg.num_kv_heads} * hd;
   const size_t total = static_cast<size_t>(range.last - range.first) + 2;
@@ -163,16 +104,9 @@ Result<std::unique_ptr<Model>> Model::build(const ModelConfig& cfg, const Weight
     auto wo = wrap(mk(*o, H), p + "attn_output");
     if (!wo) return wo.error();
     L.o = std::move(*wo);
-    auto ffn = [&](Ffn& f, Result<Part> g, Result<Part> u, Result<Part> d, int64_t F,
-                   const std::string& name) -> Status {
-      for (auto* r : {&g, &u, &d})
-        if (!*r) return r->error();
-      return make_ffn(backend, *g, *u, *d, H, F, name, f.gate_up, f.gate, f.up, f.down);
-    };
     if (!cfg.moe.enabled()) {
-      TROUPE_TRY(ffn(L.ffn, dense_part(src, p + "ffn_gate.weight", cfg.ffn, H),
-                     dense_part(src, p + "ffn_up.weight", cfg.ffn, H),
-                     dense_part(src, p + "ffn_down.weight", H, cfg.ffn), cfg.ffn, p + "ffn_"));
+      TROUPE_TRY(build_dense_ffn(backend, src, p + "ffn_gate.weight", p + "ffn_up.weight", p + "ffn_down.weight", H,
+                                 cfg.ffn, p + "ffn_", L.ffn));
     } else {
       const MoeConfig& mc = cfg.moe;
       auto moe = std::make_unique<MoeLayer>();
@@ -196,16 +130,13 @@ Result<std::unique_ptr<Model>> Model::build(const ModelConfig& cfg, const Weight
       moe->router = std::move(*wr);
       moe->experts.resize(static_cast<size_t>(mc.num_experts));
       const int64_t F = mc.expert_ffn;
-      for (int32_t e = 0; e < mc.num_experts; ++e)
-        TROUPE_TRY(ffn(moe->experts[e], expert_part(src, p, "ffn_gate", e, mc.num_experts, F, H),
-                       expert_part(src, p, "ffn_up", e, mc.num_experts, F, H),
-                       expert_part(src, p, "ffn_down", e, mc.num_experts, H, F), F,
-                       p + "expert " + std::to_string(e) + " "));
+      if (routed_experts)  // (else expert workers hold them: Model::set_expert_dispatcher)
+        for (int32_t e = 0; e < mc.num_experts; ++e)
+          TROUPE_TRY(build_expert_ffn(backend, src, i, e, mc.num_experts, H, F, moe->experts[e]));
       if (mc.shared_ffn > 0) {
         const int64_t S = mc.shared_ffn;
-        TROUPE_TRY(ffn(moe->shared, dense_part(src, p + "ffn_gate_shexp.weight", S, H),
-                       dense_part(src, p + "ffn_up_shexp.weight", S, H),
-                       dense_part(src, p + "ffn_down_shexp.weight", H, S), S, p + "ffn_shexp_"));
+        TROUPE_TRY(build_dense_ffn(backend, src, p + "ffn_gate_shexp.weight", p + "ffn_up_shexp.weight",
+                                   p + "ffn_down_shexp.weight", H, S, p + "ffn_shexp_", moe->shared));
         if (mc.shared_gate) {
           // GGUF stores the shared expert's gate as a vector [hidden], HF as a matrix [1, hidden].
           const std::string gn = p + "ffn_gate_inp_shexp.weight";
@@ -339,15 +270,7 @@ Status Model::validate_step(const StepInputs& s, const KvCache& cache, const int
 }
 
 void Model::run_ffn(const Ffn& f, const float* x, int64_t n, int64_t ffn, float* y) {
-  Backend& be = *backend_;
-  if (f.gate_up) {
-    be.matmul_silu(*f.gate_up, x, n, ffn, gu_, act_, f.down.get());
-  } else {
-    be.matmul(*f.gate, x, n, gu_, 2 * ffn);
-    be.matmul(*f.up, x, n, gu_ + ffn, 2 * ffn);
-    be.silu_mul(gu_, n, ffn, act_, f.down.get());
-  }
-  be.matmul(*f.down, act_, n, y, cfg_.hidden);
+  troupe::run_ffn(*backend_, f, x, n, ffn, cfg_.hidden, gu_, act_, y);
 }
 
 // The MoE block: router logits come back to the host, which picks each token's experts
@@ -355,7 +278,16 @@ void Model::run_ffn(const Ffn& f, const float* x, int64_t n, int64_t ffn, float*
 // the tokens by expert; each expert then runs once over its gathered rows, and the combine
 // sums a token's expert outputs in its top-k order (then the gated shared expert), so the
 // bits do not depend on which other tokens share the step.
-void Model::run_moe(const MoeLayer& m, int64_t n) {
+void Model::set_expert_dispatcher(ExpertDispatcher* d) {
+  dispatcher_ = d;
+  if (d && cfg_.moe.enabled() && !backend_->is_host_memory()) {
+    const size_t rows = static_cast<size_t>(max_tokens_) * static_cast<size_t>(cfg_.moe.experts_per_tok);
+    moe_x_host_.resize(rows * static_cast<size_t>(cfg_.hidden));
+    moe_y_host_.resize(rows * static_cast<size_t>(cfg_.hidden));
+  }
+}
+
+Status Model::run_moe(const MoeLayer& m, int32_t layer, int64_t n) {
   Backend& be = *backend_;
   const MoeConfig& mc = cfg_.moe;
   const int64_t H = cfg_.hidden, E = mc.num_experts;
@@ -419,14 +351,37 @@ void Model::run_moe(const MoeLayer& m, int64_t n) {
     if (shared) src[t * slots + k] = static_cast<int32_t>(n * k + t);
   }
   be.gather_rows(h_, H, moe_rows_.data(), n * k, moe_x_);
-  for (int64_t e = 0; e < E; ++e) {
-    const int64_t cnt = moe_count_[e];
-    if (cnt == 0) continue;
-    const int64_t off = moe_offset_[e];
-    run_ffn(m.experts[e], moe_x_ + off * H, cnt, mc.expert_ffn, moe_y_ + off * H);
+  if (moe_stats_) moe_stats_->add_routing(layer, moe_count_.data());
+  if (dispatcher_) {
+    // Expert parallelism: the gathered rows go to the expert workers (through the host on a
+    // device backend) and their outputs come back into the same rows.
+    const bool host = be.is_host_memory();
+    const size_t cnt = static_cast<size_t>(n * k * H);
+    if (!host) be.copy_out(moe_x_host_.data(), moe_x_, cnt);
+    TROUPE_TRY(be.sync());
+    ExpertWork w{layer,
+                 static_cast<int32_t>(E),
+                 H,
+                 moe_offset_.data(),
+                 host ? moe_x_ : moe_x_host_.data(),
+                 host ? moe_y_ : moe_y_host_.data()};
+    TROUPE_TRY(dispatcher_->run(w));
+    if (!host) be.copy_in(moe_y_, moe_y_host_.data(), cnt);
+  } else {
+    if (!routed_experts_) return make_error("this model was built without its routed experts and has no dispatcher");
+    for (int64_t e = 0; e < E; ++e) {
+      const int64_t cnt = moe_count_[e];
+      if (cnt == 0) continue;
+      const int64_t off = moe_offset_[e];
+      run_ffn(m.experts[e], moe_x_ + off * H, cnt, mc.expert_ffn, moe_y_ + off * H);
+    }
   }
   if (shared) run_ffn(m.shared, h_, n, mc.shared_ffn, moe_y_ + n * k * H);
+  const auto t0 = std::chrono::steady_clock::now();
   be.moe_combine(moe_y_, H, src.data(), moe_weights_.data(), n, slots, h_);
+  if (moe_stats_ && dispatcher_)
+    moe_stats_->add_combine(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  return {};
 }
 
 Status Model::forward(const StepInputs& s, KvCache& cache, const int32_t* rows, int32_t num_logits, float* logits,
@@ -506,7 +461,7 @@ Status Model::forward_stage(const StepInputs& s, KvCache& cache, const float* hi
     be.matmul(*L.o, attn_, n, h_, H);
     if (L.moe) {
       be.add_rms_norm(x_, h_, L.ffn_norm, cfg_.rms_eps, n, H, h_, nullptr);
-      run_moe(*L.moe, n);
+      TROUPE_TRY(run_moe(*L.moe, first_layer_ + l, n));
     } else {
       be.add_rms_norm(x_, h_, L.ffn_norm, cfg_.rms_eps, n, H, h_,
                       L.ffn.gate_up ? L.ffn.gate_up.get() : L.ffn.gate.get());

@@ -7,7 +7,9 @@
 #include <vector>
 
 #include "kernels/backend.h"
+#include "runtime/model/ffn.h"
 #include "runtime/model/model_config.h"
+#include "runtime/model/moe.h"
 #include "runtime/format/weights.h"
 
 namespace troupe {
@@ -32,9 +34,11 @@ struct DeviceSampling {
 class Model {
  public:
   // Builds backend weights for every tensor the config needs; checks names and shapes.
+  // routed_experts false: the MoE layers' routed experts are not loaded; they run on expert
+  // workers through set_expert_dispatcher() (expert parallelism).
   static Result<std::unique_ptr<Model>> build(const ModelConfig& cfg, const WeightSource& src, Backend& backend,
                                               int32_t max_batch_tokens, const ProgressFn& progress = {},
-                                              LayerRange range = {});
+                                              LayerRange range = {}, bool routed_experts = true);
 
   const ModelConfig& config() const { return cfg_; }
   int32_t max_batch_tokens() const { return max_tokens_; }
@@ -57,18 +61,19 @@ class Model {
   Status forward_stage(const StepInputs& step, KvCache& cache, const float* hidden_in, float* hidden_out,
                        const int32_t* logit_rows, int32_t num_logits, float* logits,
                        const DeviceSampling* sampling = nullptr);
+  // Expert parallelism: every MoE layer's routed experts run through `d` (not owned; it must
+  // outlive the model's steps) instead of on this backend. Needed when built without them.
+  void set_expert_dispatcher(ExpertDispatcher* d);
+  bool has_routed_experts() const { return routed_experts_; }
+  // Routing counts (and, with a dispatcher, its costs) go into `stats` (shared, thread-safe).
+  void set_moe_stats(std::shared_ptr<MoeStats> stats) { moe_stats_ = std::move(stats); }
   // Whether forward's DeviceSampling rows are sampled on the backend.
   bool samples_on_device() const { return backend_->can_sample(); }
 
  private:
-  struct Ffn {                         // one SwiGLU block: a dense layer's, a routed expert or the shared expert
-    std::unique_ptr<Weight> gate_up;   // fused when gate and up share a type
-    std::unique_ptr<Weight> gate, up;  // otherwise
-    std::unique_ptr<Weight> down;
-  };
   struct MoeLayer {
-    std::unique_ptr<Weight> router;  // [experts, hidden]
-    std::vector<Ffn> experts;
+    std::unique_ptr<Weight> router;       // [experts, hidden]
+    std::vector<Ffn> experts;             // empty when built without routed experts
     Ffn shared;                           // gate_up/gate null when the model has no shared expert
     std::unique_ptr<Weight> shared_gate;  // [1, hidden], null when ungated
   };
@@ -83,7 +88,8 @@ class Model {
     std::unique_ptr<MoeLayer> moe;               // mixture-of-experts models (ffn unset then)
   };
   void run_ffn(const Ffn& f, const float* x, int64_t n, int64_t ffn, float* y);
-  void run_moe(const MoeLayer& m, int64_t n);  // h_ (normed input) -> h_ (the layer's FFN output)
+  // h_ (normed input) -> h_ (the layer's FFN output); `layer`: the model's layer index.
+  Status run_moe(const MoeLayer& m, int32_t layer, int64_t n);
   Status validate_step(const StepInputs& step, const KvCache& cache, const int32_t* rows, int32_t n) const;
 
   ModelConfig cfg_;
@@ -105,6 +111,10 @@ class Model {
   float *router_ = nullptr, *moe_x_ = nullptr, *moe_y_ = nullptr, *shared_gate_ = nullptr;
   std::vector<float> router_host_, shared_gate_host_, moe_weights_;
   std::vector<int32_t> moe_rows_, moe_src_, moe_count_, moe_offset_, moe_cursor_, moe_combine_src_;
+  bool routed_experts_ = true;
+  ExpertDispatcher* dispatcher_ = nullptr;
+  std::vector<float> moe_x_host_, moe_y_host_;  // dispatched rows, device backends only
+  std::shared_ptr<MoeStats> moe_stats_;
   static constexpr int32_t kLogitChunk = 64;
 };
 
