@@ -121,6 +121,10 @@ Result<LocalNode> spawn_local_node(caf::actor_system& sys, const ModelFiles& fil
     }
     for (const auto& line : opt.experts->describe()) spdlog::info("expert placement: {}", line);
   }
+  // The router waits a second longer than a link proxy's own deadline, so that a node that
+  // stopped answering fails the step with the proxy's text, the one the scheduler hears as
+  // the node's loss and later its return (the engine then recovers).
+  constexpr int64_t kProxyMargin = 1000;
   std::vector<ExpertRouter::Target> targets;
   for (size_t i = 0; i < expert_devs.size(); ++i) {
     const auto& pw = opt.experts->workers[i];
@@ -137,7 +141,7 @@ Result<LocalNode> spawn_local_node(caf::actor_system& sys, const ModelFiles& fil
     if (ep) {
       d->dispatcher = std::make_shared<ExpertRouter>(
           sys, targets, opt.experts->replicas(c),
-          std::chrono::milliseconds(static_cast<int64_t>(opt.expert_timeout_s * 1000)), node.moe);
+          std::chrono::milliseconds(static_cast<int64_t>(opt.expert_timeout_s * 1000) + kProxyMargin), node.moe);
       d->model->set_expert_dispatcher(d->dispatcher.get());
     }
   }

@@ -35,6 +35,9 @@ Checks:
                     a killed node fails its requests with an error naming it, a restarted one
                     rejoins (prefix cache dropped, outputs unchanged); a frozen node fails its
                     step at --node-timeout, then rejoins; the node exits 0 on SIGTERM
+  expert_parallel   a MoE model's experts on expert-worker actors and on a `troupe node`: the
+                    outputs of one process; MoE metrics; a killed expert node fails its requests
+                    naming it (/health 503) and rejoins once restarted; bad placements refused
   soak              eight clients on ten slots for --soak-seconds (default 45): normal requests,
                     early disconnects and malformed requests mixed; all answered right, KV back to
                     baseline at idle, resident memory flat after the warm-up, greedy output unchanged
@@ -1905,13 +1908,15 @@ def t_json_mode():
 class Node:
     """`troupe node` (a stage node for --remote-stage) in its own process group on `port`."""
 
-    def __init__(self, port, key_file, name="node"):
-        self.port, self.key_file, self.name = port, key_file, name
+    def __init__(self, port, key_file, name="node", model=None):
+        self.port, self.key_file, self.name, self.model = port, key_file, name, model
         self.proc = None
         self.log_file = tempfile.NamedTemporaryFile(prefix=f"serve_test_node_{port}_", suffix=".log", delete=False)
 
     def start(self, timeout=60):
         cmd = ["nice", "-n", "5", TROUPE, "node", "-t", "1", "--port", str(self.port), "--key-file", self.key_file]
+        if self.model:
+            cmd += ["-m", self.model]
         log(f"start {self.name}: {' '.join(cmd[3:])}")
         self.proc = subprocess.Popen(cmd, stdout=self.log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                      start_new_session=True)
@@ -2078,6 +2083,28 @@ def t_remote_stage():
                 time.sleep(0.2)
             check(time.time() - t0 < 20, "the head did not recover from the idle kill within 20 s")
             notes.append(f"idle kill: /health 503 after {idle_took:.1f} s, back after the restart")
+            # Frozen: the dispatch in flight fails at --expert-timeout; thawed, it rejoins.
+            results.clear()
+            stop.clear()
+            th = threading.Thread(target=hammer)
+            th.start()
+            time.sleep(0.5)
+            t0 = time.time()
+            node.kill(signal.SIGSTOP)
+            th.join(timeout=20)
+            took = time.time() - t0
+            stop.set()
+            failed = [d for st, d in results if st != 200]
+            check(failed and b"no answer to a dispatch" in failed[0], f"a frozen expert node: {results[-1] if results else None!r}")
+            check(took < 3 + 4, f"the frozen expert node's request took {took:.1f} s to fail (timeout 3 s)")
+            node.kill(signal.SIGCONT)
+            t0 = time.time()
+            while time.time() - t0 < 20 and request(port, "GET", "/health")[0] != 200:
+                time.sleep(0.2)
+            check(time.time() - t0 < 20, "the head did not recover within 20 s of the expert node's thaw")
+            check(outcome(complete(port, prompts[2], 16)) == ref[2], "after the thaw the output changed")
+            notes.append(f"frozen expert node: its request failed after {took:.1f} s, rejoined when thawed")
+            node.kill(signal.SIGTERM)
             # Freeze it: the step in flight fails at --node-timeout; thawed, it rejoins.
             results.clear()
             th = threading.Thread(target=lambda: results.append(request(port, "POST", "/v1/completions", body, timeout=60)))
@@ -2108,6 +2135,144 @@ def t_remote_stage():
             for i, g in enumerate(got):
                 check(g == ref[i], f"middle stage remote, prompt {i}: {g!r} != {ref[i]!r}")
         notes.append("stage 1 of 3 on the node: outputs equal")
+    finally:
+        node.kill()
+    return "; ".join(notes)
+
+
+def outcome_lp(resp):
+    """outcome() plus each token's log-probability as the server printed it: equal bits print equal."""
+    return [(c["text"], tuple((c.get("logprobs") or {}).get("tokens") or ()),
+             tuple((c.get("logprobs") or {}).get("token_logprobs") or ())) for c in resp["choices"]]
+
+
+@register("expert_parallel")
+def t_expert_parallel():
+    """A MoE model (tests/cli/make_tiny_moe.py) with its routed experts on expert-worker actors
+    (--expert-parallel) and on a `troupe node` process (--expert-placement): the greedy
+    outputs and logprobs of one process, the troupe:moe_* metrics, and a killed expert node
+    failing its requests with an error naming it, /health 503, rejoining once restarted."""
+    tmp = tempfile.mkdtemp(prefix="serve_test_ep_")
+    model = os.path.join(tmp, "tiny-moe.gguf")
+    subprocess.run([sys.executable, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "cli",
+                    "make_tiny_moe.py"), model], check=True, capture_output=True)
+    key_file = os.path.join(tmp, "node.key")
+    with open(key_file, "wb") as f:
+        f.write(os.urandom(24).hex().encode() + b"\n")
+    os.chmod(key_file, 0o600)
+    prompts = ["ab ab a", "b a b a b a b", "aaa bbb ab"]
+    notes = []
+    with Server("-m", model, name="one process") as s:
+        ref = [outcome_lp(complete(s.port, p, 16)) for p in prompts]
+    with Server("-m", model, "--expert-parallel", 2, name="2 expert workers") as s:
+        got = run_threads([lambda p=p: outcome_lp(complete(s.port, p, 16)) for p in prompts])
+        for i, g in enumerate(got):
+            check(g == ref[i], f"--expert-parallel 2, prompt {i}: {g!r} != {ref[i]!r}")
+        m, _ = wait_idle(s.port)
+        routed = m["troupe:moe_expert_tokens_total"]
+        per_expert = sum(1 for k in m.series if k.startswith("troupe:moe_expert_tokens_total{"))
+        check(per_expert == 2 * 4, f"{per_expert} troupe:moe_expert_tokens_total series (2 layers x 4 experts)")
+        check(routed > 0 and m["troupe:moe_dispatches_total"] > 0 and m["troupe:moe_dispatch_bytes_total"] > 0,
+              f"MoE metrics: routed {routed}, dispatches {m['troupe:moe_dispatches_total']}")
+        check(m["troupe:moe_imbalance_ratio"] >= 1.0, f"imbalance {m['troupe:moe_imbalance_ratio']}")
+        notes.append(f"--expert-parallel 2: 3 concurrent outputs equal one process's, {routed:.0f} tokens routed")
+    node = Node(free_port(), key_file, name="expert node", model=model)
+    placement = os.path.join(tmp, "placement.json")
+    with open(placement, "w") as f:
+        json.dump({"workers": [{"name": "here", "experts": "0-1"},
+                               {"name": "far", "experts": "2-3", "node": f"127.0.0.1:{node.port}"},
+                               {"name": "hot", "experts": [0], "layers": [1]}]}, f)
+    try:
+        node.start()
+        with Server("-m", model, "--expert-placement", placement, "--node-key-file", key_file, "--expert-timeout", 3,
+                    name="head with an expert node") as s:
+            port = s.port
+            got = run_threads([lambda p=p: outcome_lp(complete(port, p, 16)) for p in prompts])
+            for i, g in enumerate(got):
+                check(g == ref[i], f"expert node, prompt {i}: {g!r} != {ref[i]!r}")
+            notes.append("experts 2-3 in another process (+ a replica): outputs equal")
+            # Requests back to back while the node is killed: the one in flight fails naming it.
+            results, stop = [], threading.Event()
+
+            def hammer():
+                body = {"prompt": "ab ab", "max_tokens": 100, "temperature": 0, "ignore_eos": True}
+                while not stop.is_set():
+                    st, _, data = request(port, "POST", "/v1/completions", body, timeout=60)
+                    results.append((st, data))
+                    if st != 200:
+                        return
+            th = threading.Thread(target=hammer)
+            th.start()
+            time.sleep(0.5)
+            t0 = time.time()
+            node.kill(signal.SIGKILL)
+            th.join(timeout=15)
+            stop.set()
+            th.join(timeout=60)
+            took = time.time() - t0
+            failed = [d for st, d in results if st != 200]
+            check(failed and b"expert worker 'far'" in failed[0],
+                  f"no request failed naming the expert worker: {results[-1] if results else None!r}")
+            st, _, data = request(port, "GET", "/health")
+            check(st == 503 and b"expert worker 'far'" in data, f"/health with the expert node dead: {st} {data[:200]!r}")
+            notes.append(f"killed expert node: the request in flight failed naming it ({took:.1f} s), /health 503")
+            node = Node(node.port, key_file, name="expert node (restarted)", model=model)
+            node.start()
+            t0 = time.time()
+            while time.time() - t0 < 20 and request(port, "GET", "/health")[0] != 200:
+                time.sleep(0.2)
+            back = time.time() - t0
+            check(back < 20, f"the head did not recover within 20 s of the expert node's restart: "
+                             f"{request(port, 'GET', '/health')[2][:200]!r}")
+            check(outcome_lp(complete(port, prompts[0], 16)) == ref[0], "after the rejoin the output changed")
+            notes.append(f"restarted expert node rejoined in {back:.1f} s, output unchanged")
+            # Killed while idle: the proxy notices the closed link within its one-second check.
+            node.kill(signal.SIGKILL)
+            t0 = time.time()
+            while time.time() - t0 < 10 and request(port, "GET", "/health")[0] == 200:
+                time.sleep(0.1)
+            idle_took = time.time() - t0
+            st, _, data = request(port, "GET", "/health")
+            check(st == 503 and b"connection lost" in data, f"/health after an idle expert node died: {st} {data[:200]!r}")
+            node = Node(node.port, key_file, name="expert node (restarted again)", model=model)
+            node.start()
+            t0 = time.time()
+            while time.time() - t0 < 20 and request(port, "GET", "/health")[0] != 200:
+                time.sleep(0.2)
+            check(time.time() - t0 < 20, "the head did not recover from the idle kill within 20 s")
+            check(outcome_lp(complete(port, prompts[1], 16)) == ref[1], "after the second rejoin the output changed")
+            notes.append(f"idle kill: /health 503 after {idle_took:.1f} s, back after the restart")
+            # Frozen: the dispatch in flight fails at --expert-timeout; thawed, it rejoins.
+            results.clear()
+            stop.clear()
+            th = threading.Thread(target=hammer)
+            th.start()
+            time.sleep(0.5)
+            t0 = time.time()
+            node.kill(signal.SIGSTOP)
+            th.join(timeout=20)
+            took = time.time() - t0
+            stop.set()
+            failed = [d for st, d in results if st != 200]
+            check(failed and b"no answer to a dispatch" in failed[0], f"a frozen expert node: {results[-1] if results else None!r}")
+            check(took < 3 + 4, f"the frozen expert node's request took {took:.1f} s to fail (timeout 3 s)")
+            node.kill(signal.SIGCONT)
+            t0 = time.time()
+            while time.time() - t0 < 20 and request(port, "GET", "/health")[0] != 200:
+                time.sleep(0.2)
+            check(time.time() - t0 < 20, "the head did not recover within 20 s of the expert node's thaw")
+            check(outcome_lp(complete(port, prompts[2], 16)) == ref[2], "after the thaw the output changed")
+            notes.append(f"frozen expert node: its request failed after {took:.1f} s, rejoined when thawed")
+            node.kill(signal.SIGTERM)
+        # A placement that leaves an expert nowhere: the server refuses to start, naming it.
+        bad = os.path.join(tmp, "bad.json")
+        with open(bad, "w") as f:
+            json.dump({"workers": [{"name": "w", "experts": [0, 1, 2]}]}, f)
+        r = subprocess.run([TROUPE, "serve", "--port", str(free_port()), "-t", "1", "-m", model, "--expert-placement", bad],
+                           capture_output=True, timeout=60)
+        check(r.returncode != 0 and b"expert 3 of layer 0 is on no worker" in r.stderr,
+              f"a placement missing an expert: exit {r.returncode}, {r.stderr[-300:]!r}")
+        notes.append("a placement missing an expert refused at start-up")
     finally:
         node.kill()
     return "; ".join(notes)
