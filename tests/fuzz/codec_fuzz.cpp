@@ -52,7 +52,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   codec::Bytes b(data + 1, data + size);
   if (!(sel & 0x80)) b.resize((b.size() + 7) / 8 * 8, 0);
   const size_t sz = b.size();
-  switch ((sel & 0x0f) % 4) {
+  switch ((sel & 0x0f) % 5) {
     case 0:
       if (auto r = codec::decode_stage_step(b); r.ok()) {
         bounded(elements(*r), sz);
@@ -80,11 +80,23 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       if (auto r = codec::decode_node_hello_reply(b); r.ok())
         round_trip(*r, codec::decode_node_hello_reply, [](const auto& v) { return codec::encode(v); });
       break;
+    case 4:  // expert parallelism's dispatch and answer (actors/expert_actor.h)
+      if (auto r = codec::decode_expert_dispatch(b); r.ok()) {
+        bounded(r->experts.size() + r->counts.size() + r->rows.size(), sz);
+        round_trip(*r, codec::decode_expert_dispatch, [](const auto& v) { return codec::encode(v); });
+      }
+      if (auto r = codec::decode_expert_result(b); r.ok()) {
+        bounded(r->rows.size() + r->error.size() / 8, sz);
+        round_trip(*r, codec::decode_expert_result, [](const auto& v) { return codec::encode(v); });
+      }
+      break;
     default:  // 3: every decoder on the same bytes (none may crash)
       (void)codec::decode_stage_step(b);
       (void)codec::decode_step_result(b);
       (void)codec::decode_node_hello(b);
       (void)codec::decode_node_hello_reply(b);
+      (void)codec::decode_expert_dispatch(b);
+      (void)codec::decode_expert_result(b);
       break;
   }
   return 0;

@@ -118,6 +118,28 @@ int main(int argc, char** argv) {
   seed("node-hello-reply.bin", 2,
        codec::encode(actors::NodeHelloReply{"", hello.model, "cpu(avx512-vnni, 2 threads)"}));
   seed("all-decoders.bin", 3, codec::encode(stage_step()));
+  // Expert parallelism: a hello naming experts, one layer's dispatch and its answer.
+  actors::NodeHello eh;
+  eh.model = hello.model;
+  eh.experts = {{0, {0, 1, 2, 3}}, {1, {4, 5}}};
+  eh.max_expert_rows = 1024;
+  seed("node-hello-experts.bin", 2, codec::encode(eh));
+  actors::ExpertDispatch d;
+  d.id = 17;
+  d.layer = 1;
+  d.experts = {4, 5};
+  d.counts = {2, 1};
+  for (int i = 0; i < 3 * 16; ++i) d.rows.push_back(0.125f * static_cast<float>(i % 9) - 0.5f);
+  seed("expert-dispatch.bin", 4, codec::encode(d));
+  actors::ExpertResult er;
+  er.id = 17;
+  er.layer = 1;
+  er.rows = d.rows;
+  er.compute_seconds = 0.002;
+  seed("expert-result.bin", 4, codec::encode(er));
+  er.rows.clear();
+  er.error = "expert dispatch: this worker does not hold expert 7 of layer 1";
+  seed("expert-result-error.bin", 4, codec::encode(er));
   std::printf("make_codec_seeds: wrote %s\n", g_dir.c_str());
   return 0;
 }
