@@ -2176,6 +2176,11 @@ def t_expert_parallel():
               f"MoE metrics: routed {routed}, dispatches {m['troupe:moe_dispatches_total']}")
         check(m["troupe:moe_imbalance_ratio"] >= 1.0, f"imbalance {m['troupe:moe_imbalance_ratio']}")
         notes.append(f"--expert-parallel 2: 3 concurrent outputs equal one process's, {routed:.0f} tokens routed")
+    with Server("-m", model, "--pipeline-stages", 2, "--expert-parallel", 2, name="2 stages x 2 expert workers") as s:
+        got = run_threads([lambda p=p: outcome_lp(complete(s.port, p, 16)) for p in prompts])
+        for i, g in enumerate(got):
+            check(g == ref[i], f"2 stages x 2 expert workers, prompt {i}: {g!r} != {ref[i]!r}")
+        notes.append("2 pipeline stages x 2 expert workers: outputs equal")
     node = Node(free_port(), key_file, name="expert node", model=model)
     placement = os.path.join(tmp, "placement.json")
     with open(placement, "w") as f:
