@@ -109,7 +109,8 @@ Status ExpertRouter::run(const ExpertWork& w) {
     bytes_out += d.rows.size() * sizeof(float) + (d.experts.size() + d.counts.size()) * sizeof(int32_t);
     busiest = std::max(busiest, load_[i]);
     total += load_[i];
-    sent.emplace_back(i, (*self_)->request(workers_[i].actor, timeout_, std::move(d)));
+    const auto deadline = workers_[i].timeout.count() > 0 ? workers_[i].timeout : timeout_;
+    sent.emplace_back(i, (*self_)->request(workers_[i].actor, deadline, std::move(d)));
   }
   std::string failed;
   double compute = 0;
@@ -136,7 +137,9 @@ Status ExpertRouter::run(const ExpertWork& w) {
         [&](caf::error& err) {
           if (!failed.empty()) return;
           if (err == caf::sec::request_timeout)
-            failed = t.name + ": no answer within " + std::to_string(timeout_.count() / 1000.0).substr(0, 5) + " s";
+            failed = t.name + ": no answer within " +
+                     std::to_string((t.timeout.count() > 0 ? t.timeout : timeout_).count() / 1000.0).substr(0, 5) +
+                     " s";
           else if (err == caf::sec::request_receiver_down)
             failed = t.name + ": the worker is gone";
           else
@@ -274,8 +277,9 @@ expert_actor spawn_remote_expert(caf::actor_system& sys, std::shared_ptr<link::S
               spdlog::info("{}: the node is back (after {} failed attempt(s))", st.node_name, st.retries);
               st.socket = std::move(*sock);
               st.socket->set_send_timeout(timeout_ms);
-              const std::string cause = std::exchange(st.down, std::string());
-              if (st.scheduler && st.told_down) self->send(st.scheduler, stage_rejoined_atom::value, cause);
+              st.down.clear();
+              // (every failure this worker caused begins with its name: the router's timeouts too)
+              if (st.scheduler && st.told_down) self->send(st.scheduler, stage_rejoined_atom::value, st.node_name);
               st.told_down = false;
             }
           }

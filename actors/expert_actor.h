@@ -46,7 +46,8 @@ class ExpertRouter final : public ExpertDispatcher {
  public:
   struct Target {
     expert_actor actor;
-    std::string name;  // "expert worker 'e1' (node 10.0.0.2:7440)": what errors say
+    std::string name;                      // "expert worker 'e1' (node 10.0.0.2:7440)": what errors say
+    std::chrono::milliseconds timeout{0};  // this worker's deadline (0: the router's)
   };
   ExpertRouter(caf::actor_system& sys, std::vector<Target> workers,
                std::vector<std::vector<std::vector<int32_t>>> replicas, std::chrono::milliseconds timeout,

@@ -121,10 +121,12 @@ Result<LocalNode> spawn_local_node(caf::actor_system& sys, const ModelFiles& fil
     }
     for (const auto& line : opt.experts->describe()) spdlog::info("expert placement: {}", line);
   }
-  // The router waits a second longer than a link proxy's own deadline, so that a node that
-  // stopped answering fails the step with the proxy's text, the one the scheduler hears as
-  // the node's loss and later its return (the engine then recovers).
-  constexpr int64_t kProxyMargin = 1000;
+  // A worker on a node: the router waits past its link proxy's own deadline (a frame's
+  // header and body each get the timeout, plus a second), so that a node that stopped
+  // answering fails the step with the proxy's text, the one the scheduler hears as the
+  // node's loss and later its return (the engine then recovers).
+  const auto timeout = std::chrono::milliseconds(static_cast<int64_t>(opt.expert_timeout_s * 1000));
+  const auto proxy_timeout = 2 * timeout + std::chrono::milliseconds(1000);
   std::vector<ExpertRouter::Target> targets;
   for (size_t i = 0; i < expert_devs.size(); ++i) {
     const auto& pw = opt.experts->workers[i];
@@ -133,15 +135,13 @@ Result<LocalNode> spawn_local_node(caf::actor_system& sys, const ModelFiles& fil
                          ? sys.spawn<caf::detached>(expert_fn, expert_devs[i])
                          : spawn_remote_expert(sys, expert_links[i], name, expert_opts[i], expert_hellos[i], c.hidden);
     node.experts.push_back(a);
-    targets.push_back({a, name});
+    targets.push_back({a, name, expert_devs[i] ? std::chrono::milliseconds(0) : proxy_timeout});
   }
   for (auto& d : devices) {
     if (!d) continue;
     if (node.moe) d->model->set_moe_stats(node.moe);
     if (ep) {
-      d->dispatcher = std::make_shared<ExpertRouter>(
-          sys, targets, opt.experts->replicas(c),
-          std::chrono::milliseconds(static_cast<int64_t>(opt.expert_timeout_s * 1000) + kProxyMargin), node.moe);
+      d->dispatcher = std::make_shared<ExpertRouter>(sys, targets, opt.experts->replicas(c), timeout, node.moe);
       d->model->set_expert_dispatcher(d->dispatcher.get());
     }
   }

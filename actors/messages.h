@@ -198,6 +198,7 @@ using expert_actor = caf::typed_actor<caf::replies_to<ExpertDispatch>::with<Expe
 using stage_down_atom = caf::atom_constant<caf::atom("stagedown")>;
 // The link is back: the engine failure it caused (the same text) ends, and the prefix cache
 // forgets what the lost stage held.
+// (An expert worker's proxy sends its name: every failure it caused begins with it.)
 using stage_rejoined_atom = caf::atom_constant<caf::atom("rejoined")>;
 
 using scheduler_actor =

@@ -296,7 +296,8 @@ scheduler_actor::behavior_type scheduler_fn(self_ptr self, SchedulerActorConfig 
       },
       [=](stage_rejoined_atom, const std::string& cause) {
         auto& st = self->state;
-        if (st.stats.failure.empty() || st.stats.failure != cause) return;  // failed for another reason too
+        // (the cause is the lost node's text, or the name every failure it caused begins with)
+        if (st.stats.failure.empty() || st.stats.failure.rfind(cause, 0) != 0) return;  // failed for another reason
         spdlog::info("engine recovered: the stage that failed it is back; cached prefixes dropped");
         st.stats.failure.clear();
         st.drop_cached = true;

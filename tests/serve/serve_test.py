@@ -2083,28 +2083,6 @@ def t_remote_stage():
                 time.sleep(0.2)
             check(time.time() - t0 < 20, "the head did not recover from the idle kill within 20 s")
             notes.append(f"idle kill: /health 503 after {idle_took:.1f} s, back after the restart")
-            # Frozen: the dispatch in flight fails at --expert-timeout; thawed, it rejoins.
-            results.clear()
-            stop.clear()
-            th = threading.Thread(target=hammer)
-            th.start()
-            time.sleep(0.5)
-            t0 = time.time()
-            node.kill(signal.SIGSTOP)
-            th.join(timeout=20)
-            took = time.time() - t0
-            stop.set()
-            failed = [d for st, d in results if st != 200]
-            check(failed and b"no answer to a dispatch" in failed[0], f"a frozen expert node: {results[-1] if results else None!r}")
-            check(took < 3 + 4, f"the frozen expert node's request took {took:.1f} s to fail (timeout 3 s)")
-            node.kill(signal.SIGCONT)
-            t0 = time.time()
-            while time.time() - t0 < 20 and request(port, "GET", "/health")[0] != 200:
-                time.sleep(0.2)
-            check(time.time() - t0 < 20, "the head did not recover within 20 s of the expert node's thaw")
-            check(outcome(complete(port, prompts[2], 16)) == ref[2], "after the thaw the output changed")
-            notes.append(f"frozen expert node: its request failed after {took:.1f} s, rejoined when thawed")
-            node.kill(signal.SIGTERM)
             # Freeze it: the step in flight fails at --node-timeout; thawed, it rejoins.
             results.clear()
             th = threading.Thread(target=lambda: results.append(request(port, "POST", "/v1/completions", body, timeout=60)))
@@ -2259,8 +2237,9 @@ def t_expert_parallel():
             took = time.time() - t0
             stop.set()
             failed = [d for st, d in results if st != 200]
-            check(failed and b"no answer to a dispatch" in failed[0], f"a frozen expert node: {results[-1] if results else None!r}")
-            check(took < 3 + 4, f"the frozen expert node's request took {took:.1f} s to fail (timeout 3 s)")
+            check(failed and b"expert worker 'far'" in failed[0] and b"no answer" in failed[0],
+                  f"a frozen expert node: {results[-1] if results else None!r}")
+            check(took < 2 * 3 + 1 + 4, f"the frozen expert node's request took {took:.1f} s to fail (timeout 3 s)")
             node.kill(signal.SIGCONT)
             t0 = time.time()
             while time.time() - t0 < 20 and request(port, "GET", "/health")[0] != 200:
