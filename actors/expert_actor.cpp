@@ -49,7 +49,16 @@ ExpertRouter::ExpertRouter(caf::actor_system& sys, std::vector<Target> workers,
       stats_(std::move(stats)),
       experts_(workers_.size()),
       counts_(workers_.size()),
-      load_(workers_.size()) {}
+      load_(workers_.size()),
+      holders_(replicas_.size(), 0) {
+  for (size_t l = 0; l < replicas_.size(); ++l) {
+    std::vector<bool> holds(workers_.size(), false);
+    for (const auto& reps : replicas_[l])
+      for (int32_t r : reps)
+        if (r >= 0 && static_cast<size_t>(r) < holds.size()) holds[r] = true;
+    for (bool h : holds) holders_[l] += h ? 1 : 0;
+  }
+}
 
 ExpertRouter::~ExpertRouter() = default;
 
@@ -69,7 +78,6 @@ Status ExpertRouter::run(const ExpertWork& w) {
     load_[i] = 0;
   }
   // Each expert with rows to its least loaded replica (experts in ascending order).
-  std::vector<int32_t> owner(static_cast<size_t>(w.num_experts), -1);
   for (int32_t e = 0; e < w.num_experts; ++e) {
     const int32_t cnt = w.offsets[e + 1] - w.offsets[e];
     if (cnt <= 0) continue;
@@ -80,7 +88,6 @@ Status ExpertRouter::run(const ExpertWork& w) {
     int32_t best = reps[0];
     for (int32_t r : reps)
       if (load_[r] < load_[best]) best = r;
-    owner[e] = best;
     experts_[best].push_back(e);
     counts_[best].push_back(cnt);
     load_[best] += cnt;
@@ -91,12 +98,9 @@ Status ExpertRouter::run(const ExpertWork& w) {
   std::vector<std::pair<size_t, handle_t>> sent;
   std::vector<uint64_t> ids(W, 0);
   uint64_t bytes_out = 0, bytes_in = 0;
-  int64_t busiest = 0, total = 0, holders = 0;
+  int64_t busiest = 0, total = 0;
+  const int64_t holders = holders_[w.layer];
   for (size_t i = 0; i < W; ++i) {
-    bool holds_layer = false;
-    for (const auto& reps : replicas_[w.layer])
-      holds_layer |= std::find(reps.begin(), reps.end(), static_cast<int32_t>(i)) != reps.end();
-    holders += holds_layer ? 1 : 0;
     if (experts_[i].empty()) continue;
     ExpertDispatch d;
     d.id = ids[i] = next_id_++;
@@ -156,23 +160,6 @@ Status ExpertRouter::run(const ExpertWork& w) {
 }
 
 // ---- workers on other nodes ----------------------------------------------------------------
-
-Result<std::shared_ptr<link::Socket>> connect_expert_node(const RemoteStageOptions& o, const NodeHello& hello,
-                                                          NodeHelloReply* reply) {
-  auto s = connect_stage_node(o, hello, reply);
-  if (!s) {
-    std::string msg = s.error().message;
-    // (connect_stage_node speaks of stages)
-    for (const char* from : {"stage node ", "refused the stage"}) {
-      const size_t at = msg.find(from);
-      if (at != std::string::npos)
-        msg.replace(at, std::string(from).size(),
-                    std::string(from) == "stage node " ? "expert node " : "refused the experts");
-    }
-    return make_error(msg);
-  }
-  return s;
-}
 
 namespace {
 
@@ -270,7 +257,7 @@ expert_actor spawn_remote_expert(caf::actor_system& sys, std::shared_ptr<link::S
             if (::poll(&p, 1, 0) > 0 && (p.revents & (POLLIN | POLLRDHUP | POLLHUP | POLLERR)))
               go_down("connection lost (the node closed the link)");
           } else {
-            auto sock = connect_expert_node(st.opts, st.hello);
+            auto sock = connect_stage_node(st.opts, st.hello);
             if (!sock) {
               if (st.retries++ % 30 == 0) spdlog::warn("{}: reconnecting: {}", st.node_name, sock.error().message);
             } else {

@@ -68,16 +68,12 @@ class ExpertRouter final : public ExpertDispatcher {
   // Scratch per worker (reused across layers).
   std::vector<std::vector<int32_t>> experts_, counts_;
   std::vector<int64_t> load_;
+  std::vector<int32_t> holders_;  // [layer]: the workers holding any expert of it
 };
 
 // Expert workers in other processes: `troupe node` answers an expert hello (NodeHello with
 // `experts`) by building those experts and answering dispatches until the link ends.
-struct RemoteExpertOptions {
-  RemoteStageOptions link;  // host, port, key, timeouts (step_timeout_s: one dispatch)
-};
-// Connects, authenticates and has the node build its experts.
-Result<std::shared_ptr<link::Socket>> connect_expert_node(const RemoteStageOptions& o, const NodeHello& hello,
-                                                          NodeHelloReply* reply = nullptr);
+// connect_stage_node() connects to one (the hello names the experts it must build).
 // The proxy: an expert_actor whose dispatches go over the link (detached: blocking socket
 // IO, one dispatch at a time). A link that breaks (an error, no answer by the deadline, or
 // the node closing it while idle, checked every second) fails the dispatch with an error

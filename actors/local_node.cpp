@@ -109,7 +109,7 @@ Result<LocalNode> spawn_local_node(caf::actor_system& sys, const ModelFiles& fil
         h.max_expert_rows = max_rows;
         h.max_batch_tokens = opt.max_batch_tokens;
         NodeHelloReply reply;
-        auto s = connect_expert_node(ro, h, &reply);
+        auto s = connect_stage_node(ro, h, &reply);
         if (!s) return make_error("expert worker '" + pw.name + "': " + s.error().message);
         sock = std::move(*s);
         spdlog::info("expert worker '{}' runs on node {} ({})", pw.name, pw.node, reply.device);

@@ -152,23 +152,25 @@ Result<std::pair<std::string, int>> parse_host_port(const std::string& s) {
 
 Result<std::shared_ptr<link::Socket>> connect_stage_node(const RemoteStageOptions& o, const NodeHello& hello,
                                                          NodeHelloReply* reply_out) {
-  const std::string where = o.host + ":" + std::to_string(o.port);
+  // (a hello naming experts asks the node for an expert worker instead of a stage)
+  const bool experts = !hello.experts.empty();
+  const std::string where =
+      std::string(experts ? "expert node " : "stage node ") + o.host + ":" + std::to_string(o.port);
+  const std::string what = experts ? "the experts" : "the stage";
   auto sock = link::connect_tcp(o.host, o.port, 5000);
   if (!sock) return sock.error();
   auto s = std::make_shared<link::Socket>(std::move(*sock));
-  if (auto ok = link::authenticate_as_head(*s, o.key); !ok)
-    return make_error("stage node " + where + ": " + ok.error().message);
+  if (auto ok = link::authenticate_as_head(*s, o.key); !ok) return make_error(where + ": " + ok.error().message);
   if (auto ok = link::write_frame(*s, link::Frame::Hello, codec::encode(hello)); !ok)
-    return make_error("stage node " + where + ": " + ok.error().message);
+    return make_error(where + ": " + ok.error().message);
   auto frame = link::read_frame(*s, static_cast<int>(o.hello_timeout_s * 1000));
-  if (!frame) return make_error("stage node " + where + ": no answer to the hello: " + frame.error().message);
-  if (frame->first != link::Frame::HelloReply)
-    return make_error("stage node " + where + ": unexpected answer to the hello");
+  if (!frame) return make_error(where + ": no answer to the hello: " + frame.error().message);
+  if (frame->first != link::Frame::HelloReply) return make_error(where + ": unexpected answer to the hello");
   auto reply = codec::decode_node_hello_reply(frame->second);
-  if (!reply) return make_error("stage node " + where + ": " + reply.error().message);
-  if (!reply->error.empty()) return make_error("stage node " + where + " refused the stage: " + reply->error);
+  if (!reply) return make_error(where + ": " + reply.error().message);
+  if (!reply->error.empty()) return make_error(where + " refused " + what + ": " + reply->error);
   if (reply->model != hello.model)
-    return make_error("stage node " + where + " holds another model (" + reply->model + "; here: " + hello.model + ")");
+    return make_error(where + " holds another model (" + reply->model + "; here: " + hello.model + ")");
   if (reply_out) *reply_out = std::move(*reply);
   return s;
 }

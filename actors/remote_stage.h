@@ -37,7 +37,8 @@ struct RemoteStageOptions {
 // Parses "HOST:PORT" ("[v6]:PORT" for IPv6 literals).
 Result<std::pair<std::string, int>> parse_host_port(const std::string& s);
 
-// Connects, authenticates, sends the hello and waits for the node's stage to be ready.
+// Connects, authenticates, sends the hello and waits for the node's stage (or, for a hello
+// naming experts, its expert worker) to be ready.
 Result<std::shared_ptr<link::Socket>> connect_stage_node(const RemoteStageOptions& o, const NodeHello& hello,
                                                          NodeHelloReply* reply = nullptr);
 

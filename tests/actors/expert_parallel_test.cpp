@@ -337,7 +337,7 @@ TEST_CASE("expert parallelism: a worker behind the node link gives the same bits
   h.model = model_fingerprint(mf.files);
   h.experts = p.workers[1].experts;
   h.max_expert_rows = max_rows;
-  auto sock = connect_expert_node(ro, h);
+  auto sock = connect_stage_node(ro, h);
   REQUIRE(sock.ok());
   const std::string far_name = "expert worker 'far' (node 127.0.0.1:" + std::to_string(node.port) + ")";
   auto far = spawn_remote_expert(sys, *sock, far_name, ro, h, c.hidden);
@@ -357,7 +357,7 @@ TEST_CASE("expert parallelism: a worker behind the node link gives the same bits
     ExpertNode other(sys, mf.files, key);
     RemoteStageOptions o2 = ro;
     o2.port = other.port;
-    auto s2 = connect_expert_node(o2, bad);
+    auto s2 = connect_stage_node(o2, bad);
     REQUIRE(!s2.ok());
     return s2.error().message;
   };
