@@ -28,6 +28,7 @@ ExpertResult run_expert_dispatch(ExpertWorker& w, const ExpertDispatch& d) {
     r.error = ok.error().message;
   }
   r.compute_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  if (w.backend) w.backend->idle();  // the next dispatch is a stage's layer away: leave the cores to it
   return r;
 }
 
@@ -116,6 +117,7 @@ Status ExpertRouter::run(const ExpertWork& w) {
     const auto deadline = workers_[i].timeout.count() > 0 ? workers_[i].timeout : timeout_;
     sent.emplace_back(i, (*self_)->request(workers_[i].actor, deadline, std::move(d)));
   }
+  if (caller_) caller_->idle();  // the stage's helper threads sleep while the workers compute
   std::string failed;
   double compute = 0;
   for (auto& [i, h] : sent) {

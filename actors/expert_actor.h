@@ -54,6 +54,9 @@ class ExpertRouter final : public ExpertDispatcher {
                std::shared_ptr<MoeStats> stats);
   ~ExpertRouter() override;
   Status run(const ExpertWork& w) override;
+  // The backend of the stage that calls run(): its helper threads are parked while the
+  // workers compute (on one machine they would spin on the cores the workers need).
+  void set_caller_backend(Backend* b) { caller_ = b; }
 
  private:
   caf::actor_system& sys_;
@@ -61,6 +64,7 @@ class ExpertRouter final : public ExpertDispatcher {
   std::vector<std::vector<std::vector<int32_t>>> replicas_;  // [layer][expert] -> workers
   std::chrono::milliseconds timeout_;
   std::shared_ptr<MoeStats> stats_;
+  Backend* caller_ = nullptr;
   uint64_t next_id_ = 1;
   // The blocking actor the requests go from, made on the thread that runs the steps.
   std::unique_ptr<caf::scoped_actor> self_;

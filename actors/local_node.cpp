@@ -141,7 +141,9 @@ Result<LocalNode> spawn_local_node(caf::actor_system& sys, const ModelFiles& fil
     if (!d) continue;
     if (node.moe) d->model->set_moe_stats(node.moe);
     if (ep) {
-      d->dispatcher = std::make_shared<ExpertRouter>(sys, targets, opt.experts->replicas(c), timeout, node.moe);
+      auto router = std::make_shared<ExpertRouter>(sys, targets, opt.experts->replicas(c), timeout, node.moe);
+      router->set_caller_backend(d->backend.get());
+      d->dispatcher = std::move(router);
       d->model->set_expert_dispatcher(d->dispatcher.get());
     }
   }

@@ -181,6 +181,7 @@ void on_step_done(self_ptr self, StepDone& done) {
                     rows, seconds * 1e3, done.compute_seconds * 1e3);
     }
     st.stats.compute_seconds += done.compute_seconds;
+    if (st.cfg.on_step) st.cfg.on_step(plan, seconds, done.compute_seconds);
     st.sent.erase(sit);
   }
   std::vector<int32_t> sampled;

@@ -37,6 +37,10 @@ struct SchedulerActorConfig {
   // Step plans in flight at once (each over sequences no other in-flight plan holds): with N
   // pipeline stages, N plans keep every stage busy. 0: one per pipeline stage.
   int32_t max_plans_in_flight = 0;
+  // Called on the scheduler's thread for every finished step with its plan, the seconds
+  // from sending it to its result and the workers' compute seconds (`troupe serve
+  // --step-log`: what `troupe sim calibrate --steps` fits and `sim validate` compares).
+  std::function<void(const StepPlan&, double seconds, double compute_seconds)> on_step;
 };
 
 // The latest engine stats, published by the scheduler actor after every step and heartbeat

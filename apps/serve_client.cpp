@@ -77,6 +77,11 @@ Status ServerProcess::start(const ServeSpec& sp, const std::string& log_path, do
   // clang-format on
   if (!sp.prefix_caching) args.push_back("--no-prefix-caching");
   if (!sp.chunked_prefill) args.push_back("--no-chunked-prefill");
+  if (sp.expert_parallel > 0) args.insert(args.end(), {"--expert-parallel", std::to_string(sp.expert_parallel)});
+  if (!sp.expert_placement.empty()) args.insert(args.end(), {"--expert-placement", sp.expert_placement});
+  if (sp.expert_threads > 0) args.insert(args.end(), {"--expert-threads", std::to_string(sp.expert_threads)});
+  if (!sp.node_key_file.empty()) args.insert(args.end(), {"--node-key-file", sp.node_key_file});
+  if (!sp.step_log.empty()) args.insert(args.end(), {"--step-log", sp.step_log});
   std::vector<char*> argv;
   for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
   argv.push_back(nullptr);

@@ -19,6 +19,10 @@ struct ServeSpec {
   bool prefix_caching = true, chunked_prefill = true;
   double itl_target_ms = 100;
   std::string policy = "fcfs";
+  // Expert parallelism (as troupe serve's flags; 0 / empty: off) and the step log.
+  int expert_parallel = 0, expert_threads = 0;
+  std::string expert_placement, node_key_file;
+  std::string step_log;  // --step-log FILE
 };
 
 class ServerProcess {

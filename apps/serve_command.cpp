@@ -6,6 +6,7 @@
 
 #include <boost/asio/signal_set.hpp>
 #include <boost/asio/steady_timer.hpp>
+#include <fstream>
 #include <thread>
 
 #include "actors/local_node.h"
@@ -14,6 +15,7 @@
 #include "apps/local_engine.h"
 #include "apps/serve/openai_server.h"
 #include "apps/subcommands.h"
+#include "sim/step_log.h"
 
 namespace troupe::app {
 namespace {
@@ -48,6 +50,7 @@ struct ServeFlags {
   std::string node_key_file;
   double node_timeout = 30;
   ExpertFlags experts;
+  std::string step_log;  // --step-log FILE
   api::Limits limits;
 };
 
@@ -194,6 +197,21 @@ int serve(ServeFlags f) {
   no.scheduler.scheduler.itl_target_s = f.itl_target_ms / 1000;
   no.scheduler.kv = kv_config_for_tokens(f.kv_cache_tokens, f.block_size, !f.no_prefix_caching);
   no.scheduler.policy = f.policy == "priority" ? SchedulingPolicy::priority() : SchedulingPolicy::fcfs();
+  if (!f.step_log.empty()) {
+    auto log = std::make_shared<std::ofstream>(f.step_log);
+    if (!*log) {
+      spdlog::error("--step-log: cannot write '{}'", f.step_log);
+      return finish(2);
+    }
+    *log << sim::kStepLogHeader << std::flush;
+    // (the scheduler actor's thread only; a line per step, flushed so a reader sees whole steps)
+    no.scheduler.on_step = [log](const StepPlan& plan, double seconds, double compute) {
+      std::vector<sim::SeqShape> seqs;
+      seqs.reserve(plan.seqs.size());
+      for (const auto& q : plan.seqs) seqs.push_back({q.num_computed, q.num_new, q.samples});
+      *log << sim::step_log_line(seqs, seconds, compute) << std::flush;
+    };
+  }
   auto node = actors::spawn_local_node(sys, *mf, no, [](size_t d, size_t t) { progress_bar("loading", d, t); });
   if (!node) {
     spdlog::error("{}", node.error().message);
@@ -284,6 +302,9 @@ void add_serve_command(CLI::App& app) {
                   "pipeline-stage actors the layers are split over (with --device cuda:N,M,...: in contiguous groups, "
                   "one group per GPU)")
       ->capture_default_str();
+  cmd->add_option("--step-log", f->step_log,
+                  "write every engine step (its sequences' computed+new tokens, seconds from plan to result, the "
+                  "workers' compute seconds) to FILE as CSV, for `troupe sim calibrate --steps` and `sim validate`");
   cmd->add_option("--tokenizer-actors", f->tokenizer_actors, "tokenizer actors in the pool")->capture_default_str();
   cmd->add_option("--http-threads", f->http_threads, "threads running the HTTP server")->capture_default_str();
   cmd->add_option("--max-queue", f->max_queue, "sequences that may wait beyond --max-num-seqs before 429")

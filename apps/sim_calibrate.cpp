@@ -12,9 +12,13 @@
 
 #include "apps/serve_client.h"
 #include "apps/sim_common.h"
+#include "apps/local_engine.h"
 #include "apps/subcommands.h"
+#include "runtime/model/expert_placement.h"
+#include "runtime/model/model_files.h"
 #include "runtime/engine/engine.h"
 #include "sim/calibrate.h"
+#include "sim/step_log.h"
 
 namespace troupe::app {
 namespace {
@@ -28,6 +32,9 @@ struct CalibrateFlags {
   int repetitions = 1;
   float temperature = 0;
   bool no_serve = false;
+  ExpertFlags experts;     // fit the expert workers' hand-off instead (through troupe serve)
+  std::string steps;       // --steps FILE: fit to a step log instead of running anything
+  bool via_serve = false;  // time the scenarios through troupe serve's step log
 };
 
 struct Scenario {
@@ -110,6 +117,141 @@ Status add_serving_overhead(const ServeSpec& spec, const ModelConfig& mc, sim::H
   return {};
 }
 
+void print_fit(const sim::FitReport& fit, bool handoff = false) {
+  const auto& p = fit.profile;
+  std::printf(
+      "fitted on %zu steps: matmul efficiency %.3f, attention %.3f, bandwidth %.3f, step overhead %.3f ms, "
+      "per sampled row %.3f ms\n",
+      fit.samples, p.flops_efficiency, p.attention_efficiency, p.bw_efficiency, p.step_overhead_s * 1e3,
+      p.sample_overhead_s * 1e3);
+  if (p.expert_launch_s > 0) std::printf("per expert run per layer: %.3f ms\n", p.expert_launch_s * 1e3);
+  if (handoff)
+    std::printf("expert hand-off: %.3f ms per MoE layer per step + %.3f us per routed row per layer\n",
+                p.expert_hop_s * 1e3, p.expert_row_s * 1e6);
+  std::printf("step-time error |predicted/measured - 1|: median %.1f%%, p90 %.1f%%, max %.1f%%\n",
+              100 * fit.median_abs_error, 100 * fit.p90_abs_error, 100 * fit.max_abs_error);
+}
+
+// The scenarios as requests to a real server: all at once, or one every 0.1 s (`stagger`).
+std::vector<sim::SimRequest> scenario_requests(const Scenario& s, int64_t& next_id) {
+  std::vector<sim::SimRequest> reqs;
+  for (int i = 0; i < s.requests; ++i)
+    reqs.push_back({next_id++, s.stagger > 0 ? 0.1 * i : 0.0, s.prompt, s.output, 0, -1, 0});
+  return reqs;
+}
+
+// The scenarios' steps as a real `troupe serve` runs them (from its --step-log: the times
+// the scheduler sees, actor messages included), or a step log given with --steps. Without
+// expert workers the whole profile is fitted; with them (--expert-parallel N or
+// --expert-placement) only their hand-off, the base profile (fitted the same way, on the same
+// model without workers) held.
+int calibrate_served(const CalibrateFlags& f, const sim::HardwareProfile& base) {
+  auto files = open_model_files(f.model);
+  if (!files) {
+    spdlog::error("{}", files.error().message);
+    return 1;
+  }
+  const ModelConfig mc = files->config;
+  if (f.experts.enabled() && !mc.moe.enabled()) {
+    spdlog::error("--expert-parallel / --expert-placement need a mixture-of-experts model");
+    return 2;
+  }
+  sim::Layout layout;
+  layout.expert_workers = f.experts.parallel;
+  if (!f.experts.placement.empty()) {
+    auto p = ExpertPlacement::load(f.experts.placement, mc);
+    if (!p) {
+      spdlog::error("{}", p.error().message);
+      return 2;
+    }
+    layout.expert_workers = static_cast<int32_t>(p->workers.size());
+  }
+  std::vector<sim::StepSample> samples;
+  if (!f.steps.empty()) {
+    auto log = sim::read_step_log(f.steps);
+    if (!log) {
+      spdlog::error("{}", log.error().message);
+      return 2;
+    }
+    for (auto& s : *log) samples.push_back(std::move(s.sample));
+  } else {
+    ServeSpec spec;
+    spec.model = f.model;
+    spec.model.model = files->path;
+    spec.max_num_batched_tokens = f.model.batch;
+    spec.prefix_caching = false;
+    spec.expert_parallel = f.experts.parallel;
+    spec.expert_placement = f.experts.placement;
+    spec.expert_threads = f.experts.threads;
+    spec.node_key_file = f.experts.key_file;
+    spec.step_log = f.out + ".steps.csv";
+    ServerProcess server;
+    if (auto st = server.start(spec, f.out + ".serve.log"); !st) {
+      spdlog::error("{}", st.error().message);
+      return 1;
+    }
+    spdlog::info("calibrating {} through troupe serve on port {}: {} scenarios x {}",
+                 f.experts.enabled() ? "the hand-off to " + std::to_string(layout.expert_workers) + " expert worker(s)"
+                                     : std::string("the whole profile"),
+                 server.port(), std::size(kScenarios), f.repetitions);
+    int64_t next_id = 2'000'000;
+    auto warm = replay(server.port(), scenario_requests({"warm-up", 2, 64, 4}, next_id));
+    if (warm.failed) {
+      spdlog::error("through troupe serve: {}", warm.first_error);
+      return 1;
+    }
+    const auto warm_steps = sim::read_step_log(spec.step_log);
+    const size_t skip = warm_steps ? warm_steps->size() : 0;
+    for (int rep = 0; rep < f.repetitions; ++rep)
+      for (const auto& s : kScenarios) {
+        const auto t0 = std::chrono::steady_clock::now();
+        auto rp = replay(server.port(), scenario_requests(s, next_id));
+        if (rp.failed) {
+          spdlog::error("{} through troupe serve: {}", s.what, rp.first_error);
+          return 1;
+        }
+        spdlog::info("{:<16} {:.2f} s", s.what,
+                     std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+      }
+    server.stop();
+    auto log = sim::read_step_log(spec.step_log);
+    if (!log) {
+      spdlog::error("{}", log.error().message);
+      return 1;
+    }
+    for (size_t i = skip; i < log->size(); ++i) samples.push_back(std::move((*log)[i].sample));
+  }
+  auto fit =
+      f.experts.enabled() ? sim::fit_expert_handoff(mc, base, layout, samples) : sim::fit_profile(mc, base, samples);
+  if (!fit) {
+    spdlog::error("{}", fit.error().message);
+    return 1;
+  }
+  if (!f.name.empty()) fit->profile.name = f.name;
+  std::ofstream(f.out) << sim::profile_json(fit->profile);
+  if (!f.samples_out.empty()) {
+    std::ofstream csv(f.samples_out);
+    csv << "seqs,tokens,samples,context_tokens,measured_s,predicted_s\n";
+    const sim::CostModel cm(mc, sim::engine_only(fit->profile), layout);
+    for (const auto& smp : samples) {
+      int64_t tokens = 0, rows = 0, ctx = 0;
+      for (const auto& q : smp.seqs) {
+        tokens += q.num_new;
+        rows += q.samples;
+        ctx += q.num_computed + q.num_new;
+      }
+      char line[192];
+      std::snprintf(line, sizeof line, "%zu,%lld,%lld,%lld,%.6f,%.6f\n", smp.seqs.size(),
+                    static_cast<long long>(tokens), static_cast<long long>(rows), static_cast<long long>(ctx),
+                    smp.seconds, cm.step_seconds(smp.seqs));
+      csv << line;
+    }
+  }
+  print_fit(*fit, f.experts.enabled());
+  std::printf("wrote %s%s%s\n", f.out.c_str(), f.samples_out.empty() ? "" : " and ", f.samples_out.c_str());
+  return 0;
+}
+
 int calibrate(CalibrateFlags f) {
   if (f.out.empty()) {
     spdlog::error("--out FILE is required");
@@ -124,6 +266,7 @@ int calibrate(CalibrateFlags f) {
     spdlog::error("{}", base.error().message);
     return 2;
   }
+  if (f.experts.enabled() || f.via_serve || !f.steps.empty()) return calibrate_served(f, *base);
   f.model.ctx = std::max(f.model.ctx, 1024);
   auto engine = load_engine(f.model);
   if (!engine) {
@@ -234,14 +377,7 @@ int calibrate(CalibrateFlags f) {
       csv << line;
     }
   }
-  const auto& p = fit->profile;
-  std::printf(
-      "fitted on %zu steps: matmul efficiency %.3f, attention %.3f, bandwidth %.3f, step overhead %.3f ms, "
-      "per sampled row %.3f ms\n",
-      fit->samples, p.flops_efficiency, p.attention_efficiency, p.bw_efficiency, p.step_overhead_s * 1e3,
-      p.sample_overhead_s * 1e3);
-  std::printf("step-time error |predicted/measured - 1|: median %.1f%%, p90 %.1f%%, max %.1f%%\n",
-              100 * fit->median_abs_error, 100 * fit->p90_abs_error, 100 * fit->max_abs_error);
+  print_fit(*fit);
   std::printf("wrote %s%s%s\n", f.out.c_str(), f.samples_out.empty() ? "" : " and ", f.samples_out.c_str());
   return 0;
 }
@@ -268,6 +404,14 @@ void add_sim_calibrate(CLI::App& sim) {
   cmd->add_flag("--no-serve", f->no_serve,
                 "fit the engine's steps only; by default decode steps are also timed through a real troupe serve and "
                 "what serving adds becomes extra per-step and per-row overhead");
+  f->experts.add_to(*cmd, true);
+  cmd->add_option("--steps", f->steps,
+                  "fit to this step log (troupe serve --step-log) instead of running the scenarios; with "
+                  "--expert-parallel / --expert-placement, steps of a server run with those flags");
+  cmd->add_flag(
+      "--via-serve", f->via_serve,
+      "time the scenarios through a real troupe serve (the steps its --step-log records) instead of the engine "
+      "in this process; implied by --expert-parallel / --expert-placement");
   cmd->add_option("--repetitions", f->repetitions, "passes over the scenarios (every step is a sample)")
       ->capture_default_str();
   cmd->callback([f] { set_exit_code(calibrate(*f)); });

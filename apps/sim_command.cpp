@@ -60,12 +60,20 @@ Result<Prepared> prepare(const SimFlags& f) {
     return make_error(
         "--max-num-batched-tokens, --max-num-seqs and --block-size must be >= 1, --kv-cache-tokens >= --block-size");
   if (!(f.itl_target_ms >= 0 && f.itl_target_ms <= 600000)) return make_error("--itl-target-ms must be 0..600000");
-  auto cfg = read_hf_config(f.model_config, true);
+  const bool gguf = f.model_config.size() > 5 && f.model_config.compare(f.model_config.size() - 5, 5, ".gguf") == 0;
+  Result<ModelConfig> cfg = make_error("");
+  if (gguf) {  // its header's config (the weights stay mapped, unread)
+    auto files = open_model(f.model_config);
+    if (!files) return files.error();
+    cfg = files->config;
+  } else {
+    cfg = read_hf_config(f.model_config, true);
+  }
   if (!cfg) return cfg.error();
   auto hw = sim::load_profile(f.hardware);
   if (!hw) return hw.error();
   sim::Layout layout = f.layout;
-  TROUPE_TRY(sim::read_moe_fields(f.model_config, layout));
+  if (!gguf) TROUPE_TRY(sim::read_moe_fields(f.model_config, layout));
   TROUPE_TRY(sim::check_layout(layout, *cfg));
   return Prepared{*cfg, *hw, layout};
 }
@@ -178,10 +186,20 @@ int run_sim(const SimFlags& f) {
 }
 
 // The flags `sim sweep --param` can vary; value 0/1 turns the two switches off/on.
-const char* kSweepParams[] = {
-    "max-num-batched-tokens", "max-num-seqs",     "kv-cache-tokens", "block-size", "chunked-prefill",
-    "prefix-caching",         "pipeline-stages",  "micro-batches",   "ep-degree",  "instances",
-    "prefill-instances",      "decode-instances", "itl-target-ms"};
+const char* kSweepParams[] = {"max-num-batched-tokens",
+                              "max-num-seqs",
+                              "kv-cache-tokens",
+                              "block-size",
+                              "chunked-prefill",
+                              "prefix-caching",
+                              "pipeline-stages",
+                              "micro-batches",
+                              "ep-degree",
+                              "expert-workers",
+                              "instances",
+                              "prefill-instances",
+                              "decode-instances",
+                              "itl-target-ms"};
 
 Status set_param(SimFlags& f, const std::string& name, double v) {
   if (!(v >= 0 && v <= 1e9)) return make_error("--values for " + name + " must be 0..1000000000");
@@ -201,6 +219,8 @@ Status set_param(SimFlags& f, const std::string& name, double v) {
     f.layout.micro_batches = i;
   else if (name == "ep-degree")
     f.layout.ep_degree = i;
+  else if (name == "expert-workers")
+    f.layout.expert_workers = i;
   else if (name == "instances")
     f.cluster.instances = i;
   else if (name == "prefill-instances")
@@ -362,7 +382,8 @@ void add_common(CLI::App* cmd, SimFlags& f) {
       "at most --requests conversations)");
   cmd->add_option("--tokenizer", f.tokenizer,
                   "model whose tokenizer counts ShareGPT text (default: 4 bytes per token)");
-  cmd->add_option("--model-config", f.model_config, "Hugging Face config.json of the simulated model")
+  cmd->add_option("--model-config", f.model_config,
+                  "Hugging Face config.json of the simulated model, or a GGUF file (its header's config)")
       ->capture_default_str();
   cmd->add_option("--hardware", f.hardware, "hardware profile JSON (sim/profiles/)")->capture_default_str();
   cmd->add_option("--max-num-batched-tokens", f.max_num_batched_tokens, "token budget per step (as troupe serve)")
@@ -393,6 +414,14 @@ void add_common(CLI::App* cmd, SimFlags& f) {
   cmd->add_option("--ep-degree", f.layout.ep_degree,
                   "layout: expert-parallel devices for a mixture-of-experts model config (attention data-parallel)")
       ->capture_default_str();
+  cmd->add_option("--expert-workers", f.layout.expert_workers,
+                  "layout: a mixture-of-experts model's routed experts on N expert-worker actors, as troupe serve "
+                  "--expert-parallel N runs them (the profile's expert_hop_s / expert_row_s price each MoE layer's "
+                  "hand-off; sim calibrate --expert-parallel fits them); 0: inside the stage")
+      ->capture_default_str();
+  cmd->add_flag("--expert-workers-apart", f.layout.expert_workers_apart,
+                "layout: each expert worker on its own device of the profile (default: sharing the stage's device, "
+                "as on one machine)");
   cmd->add_option("--all-to-all-bandwidth", f.layout.all_to_all_bandwidth,
                   "layout: bytes/s per device for the expert all-to-alls (0: free)")
       ->capture_default_str();
@@ -442,7 +471,7 @@ void add_sim_command(CLI::App& app) {
   sweep->add_option("--param", sf->param,
                     "also vary one flag: max-num-batched-tokens, max-num-seqs, kv-cache-tokens, block-size, "
                     "chunked-prefill or prefix-caching (0 off, 1 on), pipeline-stages, micro-batches, ep-degree, "
-                    "instances, prefill-instances or decode-instances; one line per value");
+                    "expert-workers, instances, prefill-instances or decode-instances; one line per value");
   sweep->add_option("--values", sf->values, "the values of --param, comma-separated")->delimiter(',');
   sweep->add_option("--metric", sf->metric, "latency to plot: ttft, itl or e2el")->capture_default_str();
   sweep->add_option("--out", sf->out, "output folder")->required();

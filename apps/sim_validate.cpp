@@ -6,6 +6,7 @@
 // count the same way.
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -13,9 +14,12 @@
 
 #include "apps/serve_client.h"
 #include "apps/sim_common.h"
+#include "apps/local_engine.h"
 #include "apps/subcommands.h"
+#include "runtime/model/expert_placement.h"
 #include "runtime/model/model_files.h"
 #include "sim/simulator.h"
+#include "sim/step_log.h"
 
 namespace troupe::app {
 namespace {
@@ -33,7 +37,14 @@ struct ValidateFlags {
   double itl_target_ms = 100;
   std::string policy = "fcfs";
   std::string out;
+  ExpertFlags experts;  // the real server's expert workers; the simulator's layout follows
 };
+
+double quantile(std::vector<double> v, double q) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  return v[std::min(v.size() - 1, static_cast<size_t>(std::floor(q * (v.size() - 1) + 0.5)))];
+}
 
 // ---- comparison ----
 
@@ -106,7 +117,23 @@ int validate(ValidateFlags f) {
                   !f.no_chunked_prefill, f.itl_target_ms / 1000};
   sc.kv = kv_config_for_tokens(f.kv_cache_tokens, f.block_size, !f.no_prefix_caching);
   sc.policy = f.policy;
-  const sim::CostModel cost(mc, *hw);
+  sim::Layout layout;
+  layout.expert_workers = f.experts.parallel;
+  if (!f.experts.placement.empty()) {
+    auto p = ExpertPlacement::load(f.experts.placement, mc);
+    if (!p) {
+      spdlog::error("{}", p.error().message);
+      return 2;
+    }
+    layout.expert_workers = static_cast<int32_t>(p->workers.size());
+  }
+  if (auto st = sim::check_layout(layout, mc); !st) {
+    spdlog::error("{}", st.error().message);
+    return 2;
+  }
+  const sim::CostModel cost(mc, *hw, layout);
+  // Every step the real server ran, against the model with the engine's own overheads.
+  const sim::CostModel step_cost(mc, sim::engine_only(*hw), layout);
   const double base_rate = (base->size() - 1) / base->back().arrival_s;
   auto scaled = [&](double rate) {
     std::vector<sim::SimRequest> v = *base;
@@ -157,6 +184,11 @@ int validate(ValidateFlags f) {
     spec.itl_target_ms = f.itl_target_ms;
     spec.policy = f.policy;
     spec.max_queue = static_cast<int>(reqs.size());
+    spec.expert_parallel = f.experts.parallel;
+    spec.expert_placement = f.experts.placement;
+    spec.expert_threads = f.experts.threads;
+    spec.node_key_file = f.experts.key_file;
+    spec.step_log = f.out + "/" + tag + "-steps.csv";
     ServerProcess server;
     const std::string log = f.out + "/serve-" + tag + ".log";
     if (auto st = server.start(spec, log); !st) {
@@ -185,7 +217,30 @@ int validate(ValidateFlags f) {
     const char* names[] = {"light", "near capacity", "overloaded"};
     const std::string load = f.rates.empty() && rates.size() == 3 ? names[li] : tag;
     json lv = {{"level", load}, {"rate_req_s", rate}, {"real", realj}, {"sim", simj}, {"metrics", json::array()}};
-    for (const Metric& m : compare(realj, simj)) {
+    std::vector<Metric> metrics = compare(realj, simj);
+    auto steps = sim::read_step_log(spec.step_log);
+    if (!steps) {
+      spdlog::error("{}: {}", tag, steps.error().message);
+      all_ok = false;
+    } else {
+      // The mean step time of the real run and the model's prediction for the same steps, and
+      // the median of each step's own error.
+      double measured = 0, predicted = 0;
+      std::vector<double> errs;
+      for (const auto& st : *steps) {
+        const double p = step_cost.step_seconds(st.sample.seqs);
+        measured += st.sample.seconds;
+        predicted += p;
+        if (st.sample.seconds > 0) errs.push_back(std::fabs(p / st.sample.seconds - 1));
+      }
+      if (!steps->empty())
+        metrics.push_back({"step time, mean (ms)", 1e3 * measured / steps->size(), 1e3 * predicted / steps->size()});
+      lv["steps"] = {
+          {"count", steps->size()}, {"median_abs_error", quantile(errs, 0.5)}, {"p90_abs_error", quantile(errs, 0.9)}};
+      spdlog::info("{}: {} steps, each step's |predicted/measured - 1|: median {:.1f}%, p90 {:.1f}%", tag,
+                   steps->size(), 100 * quantile(errs, 0.5), 100 * quantile(errs, 0.9));
+    }
+    for (const Metric& m : metrics) {
       char line[256];
       std::snprintf(line, sizeof line, "| %s | %.3f | %s | %.1f | %.1f | %+.1f%% |\n", load.c_str(), rate, m.name,
                     m.real, m.sim, 100 * m.error());
@@ -226,6 +281,7 @@ void add_sim_validate(CLI::App& sim) {
   cmd->add_flag("--no-chunked-prefill", f->no_chunked_prefill, "as troupe serve");
   cmd->add_option("--itl-target-ms", f->itl_target_ms, "as troupe serve (0: off)")->capture_default_str();
   cmd->add_option("--scheduling-policy", f->policy, "fcfs or priority (as troupe serve)")->capture_default_str();
+  f->experts.add_to(*cmd, true);
   cmd->add_option("--out", f->out, "output folder: validation.md, validation.json, per-level summaries and logs")
       ->required();
   cmd->callback([f] { set_exit_code(validate(*f)); });

@@ -78,6 +78,10 @@ class Backend {
   // backend was made (call, file and line; a device error is sticky). Model::forward ends
   // every step with it; the CPU backend cannot fail here.
   virtual Status sync() { return {}; }
+  // The caller is about to wait a while for someone else (an expert worker's answer, the
+  // next dispatch): helper threads stop spinning for work and sleep until the next call, so
+  // that on a shared machine they leave the cores to whoever computes meanwhile.
+  virtual void idle() {}
   // Sampling on the backend, so that only token ids leave the device. A backend that can
   // (can_sample) samples rows [n, vocab] of backend memory (logits, row stride vocab) with
   // one DeviceSampleParams each, exactly as Sampler::sample() would for a request without

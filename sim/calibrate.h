@@ -32,6 +32,18 @@ Result<FitReport> fit_profile(const ModelConfig& model, const HardwareProfile& b
 
 // Relative errors |predicted / measured - 1| of a profile on samples.
 std::vector<double> relative_errors(const ModelConfig& model, const HardwareProfile& hw,
-                                    const std::vector<StepSample>& samples);
+                                    const std::vector<StepSample>& samples, const Layout& layout = {});
+
+// Expert workers' hand-off: with `base` (a profile fitted on the same model without expert
+// workers) held, fits its expert_hop_s and expert_row_s to steps measured with
+// `layout.expert_workers` workers: what the steps took beyond the base's prediction, per MoE
+// layer, as a constant plus a cost per routed row (least squares on the relative error,
+// both >= 0). The predictions use the base's engine overheads (the steps are engine steps);
+// the returned profile keeps the base's serving overheads. Needs 5 samples.
+Result<FitReport> fit_expert_handoff(const ModelConfig& model, const HardwareProfile& base, const Layout& layout,
+                                     const std::vector<StepSample>& samples);
+
+// `hw` with its overheads replaced by the engine's alone (engine_step/sample_overhead_s).
+HardwareProfile engine_only(HardwareProfile hw);
 
 }  // namespace troupe::sim

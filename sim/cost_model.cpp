@@ -25,28 +25,43 @@ Result<HardwareProfile> load_profile(const std::string& path) {
     p.sample_overhead_s = j.value("sample_overhead_s", 0.0);
     p.weight_bytes_per_param = j.value("weight_bytes_per_param", 2.0);
     p.kv_bytes_per_elem = j.value("kv_bytes_per_elem", 2.0);
+    p.engine_step_overhead_s = j.value("engine_step_overhead_s", p.step_overhead_s);
+    p.engine_sample_overhead_s = j.value("engine_sample_overhead_s", p.sample_overhead_s);
+    p.expert_hop_s = j.value("expert_hop_s", 0.0);
+    p.expert_row_s = j.value("expert_row_s", 0.0);
+    p.expert_launch_s = j.value("expert_launch_s", 0.0);
   } catch (const std::exception& e) { return make_error(path + ": " + e.what()); }
   for (double v : {p.peak_flops, p.mem_bandwidth, p.flops_efficiency, p.bw_efficiency, p.attention_efficiency,
                    p.kv_bw_efficiency, p.weight_bytes_per_param, p.kv_bytes_per_elem})
     if (!(v > 0) || !std::isfinite(v)) return make_error(path + ": rates, efficiencies and sizes must be > 0");
-  if (!(p.step_overhead_s >= 0) || !(p.sample_overhead_s >= 0))
-    return make_error(path + ": step_overhead_s and sample_overhead_s must be >= 0");
+  for (double v : {p.step_overhead_s, p.sample_overhead_s, p.engine_step_overhead_s, p.engine_sample_overhead_s,
+                   p.expert_hop_s, p.expert_row_s, p.expert_launch_s})
+    if (!(v >= 0) || !std::isfinite(v))
+      return make_error(path + ": the overheads (step, sample, engine_*, expert_*) must be >= 0");
   return p;
 }
 
 std::string profile_json(const HardwareProfile& p) {
-  nlohmann::json j = {{"name", p.name},
-                      {"peak_flops", p.peak_flops},
-                      {"mem_bandwidth", p.mem_bandwidth},
-                      {"flops_efficiency", p.flops_efficiency},
-                      {"bw_efficiency", p.bw_efficiency},
-                      {"attention_efficiency", p.attention_efficiency},
-                      {"kv_bw_efficiency", p.kv_bw_efficiency},
-                      {"overlap", p.overlap},
-                      {"step_overhead_s", p.step_overhead_s},
-                      {"sample_overhead_s", p.sample_overhead_s},
-                      {"weight_bytes_per_param", p.weight_bytes_per_param},
-                      {"kv_bytes_per_elem", p.kv_bytes_per_elem}};
+  nlohmann::json j = {
+      {"name", p.name},
+      {"peak_flops", p.peak_flops},
+      {"mem_bandwidth", p.mem_bandwidth},
+      {"flops_efficiency", p.flops_efficiency},
+      {"bw_efficiency", p.bw_efficiency},
+      {"attention_efficiency", p.attention_efficiency},
+      {"kv_bw_efficiency", p.kv_bw_efficiency},
+      {"overlap", p.overlap},
+      {"step_overhead_s", p.step_overhead_s},
+      {"sample_overhead_s", p.sample_overhead_s},
+      {"weight_bytes_per_param", p.weight_bytes_per_param},
+      {"kv_bytes_per_elem", p.kv_bytes_per_elem},
+      {"engine_step_overhead_s", p.engine_step_overhead_s >= 0 ? p.engine_step_overhead_s : p.step_overhead_s},
+      {"engine_sample_overhead_s", p.engine_sample_overhead_s >= 0 ? p.engine_sample_overhead_s : p.sample_overhead_s}};
+  if (p.expert_launch_s > 0) j["expert_launch_s"] = p.expert_launch_s;
+  if (p.expert_hop_s > 0 || p.expert_row_s > 0) {
+    j["expert_hop_s"] = p.expert_hop_s;
+    j["expert_row_s"] = p.expert_row_s;
+  }
   return j.dump(2) + "\n";
 }
 
@@ -68,16 +83,42 @@ Status read_moe_fields(const std::string& path, Layout& l) {
   auto e = get({"num_local_experts", "num_experts", "n_routed_experts"}, 0);
   auto k = get({"num_experts_per_tok"}, 0);
   auto ffn = get({"moe_intermediate_size", "intermediate_size"}, 0);
+  auto shared = get({"shared_expert_intermediate_size"}, 0);
+  if (!shared) return shared.error();
   if (!e) return e.error();
   if (!k) return k.error();
   if (!ffn) return ffn.error();
   l.num_experts = *e;
   l.experts_per_token = *e > 0 ? *k : 0;
   l.expert_ffn = *e > 0 ? *ffn : 0;
+  l.shared_ffn = *e > 0 ? *shared : 0;
   return {};
 }
 
-Status check_layout(const Layout& l, const ModelConfig& c) {
+void fill_moe_from_model(Layout& l, const ModelConfig& c) {
+  if (l.num_experts > 0 || !c.moe.enabled()) return;
+  l.num_experts = c.moe.num_experts;
+  l.experts_per_token = c.moe.experts_per_tok;
+  l.expert_ffn = c.moe.expert_ffn;
+  l.shared_ffn = c.moe.shared_ffn;
+}
+
+double busiest_worker_rows(double tokens, int32_t k, int32_t experts, int32_t workers) {
+  const double rows = tokens * k;
+  if (workers <= 1 || experts <= 1 || rows <= 0) return rows;
+  const double p = 1.0 / workers;
+  // A token's k distinct experts land on one worker hypergeometrically: variance
+  // k p (1 - p) (E - k) / (E - 1); tokens are independent.
+  const double sigma = std::sqrt(tokens * k * p * (1 - p) * double(experts - k) / double(experts - 1));
+  // E[max] of W standard normals (order statistics; sqrt(2 ln W) beyond the table).
+  static const double kMax[] = {0, 0, 0.5642, 0.8463, 1.0294, 1.1630, 1.2672, 1.3522, 1.4236};
+  const double c = workers < 9 ? kMax[workers] : std::sqrt(2 * std::log(double(workers)));
+  return std::min(rows, rows * p + c * sigma);
+}
+
+Status check_layout(const Layout& layout, const ModelConfig& c) {
+  Layout l = layout;
+  fill_moe_from_model(l, c);
   if (l.pipeline_stages < 1 || l.pipeline_stages > c.num_layers)
     return make_error("--pipeline-stages must be 1.." + std::to_string(c.num_layers) + " (the model's layers)");
   if (l.micro_batches < 1 || l.micro_batches > 1024) return make_error("--micro-batches must be 1..1024");
@@ -92,6 +133,14 @@ Status check_layout(const Layout& l, const ModelConfig& c) {
   if (l.ep_degree > 1 && (l.num_experts == 0 || l.num_experts % l.ep_degree != 0))
     return make_error("--ep-degree " + std::to_string(l.ep_degree) + " needs a mixture-of-experts model whose " +
                       std::to_string(l.num_experts) + " experts it divides");
+  if (l.expert_workers < 0 || l.expert_workers > 4096) return make_error("--expert-workers must be 0..4096");
+  if (l.expert_workers > 0 && l.num_experts == 0)
+    return make_error("--expert-workers needs a mixture-of-experts model config");
+  if (l.expert_workers > l.num_experts && l.num_experts > 0)
+    return make_error("--expert-workers " + std::to_string(l.expert_workers) + " is more than the model's " +
+                      std::to_string(l.num_experts) + " experts");
+  if (l.expert_workers > 0 && l.ep_degree > 1)
+    return make_error("give --ep-degree (attention data-parallel devices) or --expert-workers, not both");
   if (l.num_experts > 0 && l.pipeline_stages > 1)
     return make_error(
         "pipeline stages are modelled for dense models only; use --pipeline-stages 1 with a "
@@ -101,13 +150,15 @@ Status check_layout(const Layout& l, const ModelConfig& c) {
 
 CostModel::CostModel(const ModelConfig& c, const HardwareProfile& hw, const Layout& layout)
     : cfg_(c), hw_(hw), layout_(layout) {
+  fill_moe_from_model(layout_, c);
   const double H = c.hidden, q = double(c.num_heads) * c.head_dim, kv = double(c.num_kv_heads) * c.head_dim;
   attn_params_ = H * (q + 2 * kv) + q * H;
-  if (layout.num_experts > 0) {
-    expert_params_ = 3 * H * double(layout.expert_ffn);
-    attn_params_ += H * layout.num_experts;  // the router
+  if (layout_.num_experts > 0) {
+    expert_params_ = 3 * H * double(layout_.expert_ffn);
+    attn_params_ += H * layout_.num_experts;                                             // the router
+    if (layout_.shared_ffn > 0) attn_params_ += 3 * H * double(layout_.shared_ffn) + H;  // and its gate
     // Per token: attention and router, and k experts.
-    layer_params_ = attn_params_ + layout.experts_per_token * expert_params_;
+    layer_params_ = attn_params_ + layout_.experts_per_token * expert_params_;
   } else {
     layer_params_ = attn_params_ + 3 * H * c.ffn;
   }
@@ -184,7 +235,44 @@ double CostModel::moe_device_seconds(const std::vector<SeqShape>& seqs) const {
   if (D > 1 && l.all_to_all_bandwidth > 0)
     a2a = L * 2 * (tokens / D) * l.experts_per_token * cfg_.hidden * l.activation_bytes * (D - 1) / D /
           l.all_to_all_bandwidth;
-  return (hw_.overlap ? std::max(compute, memory) : compute + memory) + a2a;
+  return (hw_.overlap ? std::max(compute, memory) : compute + memory) + a2a + L * touched * hw_.expert_launch_s;
+}
+
+// Expert workers: the stage computes everything but the routed experts (the workers wait),
+// then hands the routed rows over and waits for the busiest worker (the stage waits); the
+// two parts follow each other, so their times add.
+double CostModel::expert_workers_seconds(const std::vector<SeqShape>& seqs) const {
+  const Layout& l = layout_;
+  const double L = cfg_.num_layers, W = l.expert_workers;
+  double tokens = 0, rows = 0;
+  for (const auto& s : seqs) {
+    tokens += s.num_new;
+    rows += s.samples ? 1 : 0;
+  }
+  auto device = [&](double compute, double memory) {
+    return hw_.overlap ? std::max(compute, memory) : compute + memory;
+  };
+  const double attn_flops = attention_flops(seqs);
+  const double dense = device(
+      2 * (attn_params_ * L * tokens + output_params_ * rows) / (hw_.peak_flops * hw_.flops_efficiency) +
+          attn_flops / (hw_.peak_flops * hw_.attention_efficiency),
+      hw_.weight_bytes_per_param * (L * attn_params_ + output_params_) / (hw_.mem_bandwidth * hw_.bw_efficiency) +
+          kv_bytes(seqs) / (hw_.mem_bandwidth * hw_.kv_bw_efficiency));
+  // The busiest worker's rows (uniform routing's spread times any skew of the router), over
+  // its E / W experts, of which it reads those picked at least once.
+  const double routed = tokens * l.experts_per_token;
+  const double busiest = std::min(
+      routed, l.expert_imbalance * busiest_worker_rows(tokens, l.experts_per_token, l.num_experts, l.expert_workers));
+  const double local = double(l.num_experts) / W;
+  const double touched = local * (1 - std::pow(1 - 1.0 / local, std::max(1.0, busiest)));
+  double experts =
+      device(2 * expert_params_ * L * busiest / (hw_.peak_flops * hw_.flops_efficiency),
+             hw_.weight_bytes_per_param * L * touched * expert_params_ / (hw_.mem_bandwidth * hw_.bw_efficiency));
+  // Sharing one device, each worker has 1 / W of it (its launches wait no longer).
+  if (!l.expert_workers_apart) experts *= W;
+  experts += L * touched * hw_.expert_launch_s;
+  const double handoff = L * (hw_.expert_hop_s + hw_.expert_row_s * routed);
+  return dense + experts + handoff;
 }
 
 double CostModel::step_seconds(const std::vector<SeqShape>& seqs) const {
@@ -192,6 +280,7 @@ double CostModel::step_seconds(const std::vector<SeqShape>& seqs) const {
   for (const auto& s : seqs) rows += s.samples ? 1 : 0;
   const double fixed = hw_.step_overhead_s + hw_.sample_overhead_s * rows;
   const Layout& l = layout_;
+  if (l.num_experts > 0 && l.expert_workers > 0) return fixed + expert_workers_seconds(seqs);
   if (l.num_experts > 0) return fixed + moe_device_seconds(seqs);
   if (l.pipeline_stages <= 1) return fixed + device_seconds(seqs, 1.0);
   // Pipeline: micro-batch g takes t_g per stage (its share of the layers plus moving its

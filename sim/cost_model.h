@@ -28,6 +28,17 @@ struct HardwareProfile {
   double sample_overhead_s = 0.0;       // cost per sampled row beyond its logits matmul (softmax, sampling)
   double weight_bytes_per_param = 2.0;  // 2: bf16; 0.625: Q4_1
   double kv_bytes_per_elem = 2.0;       // f16 KV cache
+  // What serving adds (fitted by `sim calibrate` through a real troupe serve) is part of the
+  // two overheads above; these are the engine's alone (absent: the same as above).
+  double engine_step_overhead_s = -1, engine_sample_overhead_s = -1;
+  // Expert workers (Layout::expert_workers): a MoE layer's hand-off to them and back costs
+  // expert_hop_s per step (messages, wake-ups) plus expert_row_s per routed row (copying the
+  // rows out and the results back, the codec over a node link). Fitted by `sim calibrate
+  // --expert-parallel / --expert-placement` on this machine; 0 when absent.
+  double expert_hop_s = 0, expert_row_s = 0;
+  // Mixture-of-experts: a fixed cost per expert a step runs in each layer (its matmul and
+  // activation launches over the worker threads), fitted by `sim calibrate` on a MoE model.
+  double expert_launch_s = 0;
 };
 
 Result<HardwareProfile> load_profile(const std::string& path);
@@ -47,11 +58,27 @@ struct Layout {
   // evenly) and hold num_experts / ep_degree experts each; the busiest device gets
   // `expert_imbalance` times the mean routed tokens; two all-to-alls per layer move each
   // token's hidden state to and from its experts at `all_to_all_bandwidth` bytes/s per device.
-  int32_t num_experts = 0, experts_per_token = 0, expert_ffn = 0;
+  // (A GGUF's or a model directory's own config fills these in when they are 0.)
+  int32_t num_experts = 0, experts_per_token = 0, expert_ffn = 0, shared_ffn = 0;
   int32_t ep_degree = 1;
+  // Expert workers, as `troupe serve --expert-parallel N` runs them: attention, router,
+  // shared expert and logits on the stage; each MoE layer hands the routed rows to
+  // `expert_workers` actors holding num_experts / N experts each, waits for the busiest and
+  // combines (the profile's expert_hop_s and expert_row_s price the hand-off). They share
+  // the stage's device (one machine's cores split between them) unless
+  // `expert_workers_apart` (each on its own device of the profile). 0: experts in the stage.
+  int32_t expert_workers = 0;
+  bool expert_workers_apart = false;
   double all_to_all_bandwidth = 0, expert_imbalance = 1.0;
   double activation_bytes = 2;  // bytes per activation element on the wire
 };
+
+// Fills the layout's mixture-of-experts fields from the model's own config where they are 0.
+void fill_moe_from_model(Layout& layout, const ModelConfig& cfg);
+// The busiest of `workers` expert workers' routed rows when `tokens` tokens each pick k of E
+// experts uniformly at random (the experts split evenly): the mean plus the expected
+// maximum of the workers' spread (normal approximation), at most every row.
+double busiest_worker_rows(double tokens, int32_t k, int32_t experts, int32_t workers);
 
 // Reads the mixture-of-experts fields of a Hugging Face config.json into `layout`.
 Status read_moe_fields(const std::string& config_path, Layout& layout);
@@ -84,6 +111,7 @@ class CostModel {
   // One device's compute and memory time for `seqs` over a `share` of the layers.
   double device_seconds(const std::vector<SeqShape>& seqs, double share) const;
   double moe_device_seconds(const std::vector<SeqShape>& seqs) const;
+  double expert_workers_seconds(const std::vector<SeqShape>& seqs) const;
   ModelConfig cfg_;
   HardwareProfile hw_;
   Layout layout_;

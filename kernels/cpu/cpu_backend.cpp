@@ -194,6 +194,7 @@ class CpuBackend final : public Backend {
     });
   }
 
+  void idle() override { pool_.park(); }
   void gather_rows(const float* x, int64_t dim, const int32_t* rows, int64_t n, float* out) override {
     for (int64_t i = 0; i < n; ++i)
       std::memcpy(out + i * dim, x + static_cast<int64_t>(rows[i]) * dim, dim * sizeof(float));

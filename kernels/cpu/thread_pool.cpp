@@ -28,7 +28,7 @@ void ThreadPool::worker(int index) {
     uint64_t g = generation_.load(std::memory_order_acquire);
     // Past a few thousand pauses, yield each time: when the machine is oversubscribed the
     // thread we wait for may need this core.
-    for (int spin = 0; g == seen && spin < 24000; ++spin) {
+    for (int spin = 0; g == seen && spin < 24000 && !parked_.load(std::memory_order_relaxed); ++spin) {
       if (spin < 4000)
         _mm_pause();
       else
@@ -53,6 +53,7 @@ void ThreadPool::run(const std::function<void(int, int)>& fn) {
     return;
   }
   job_ = &fn;
+  parked_.store(false, std::memory_order_relaxed);
   pending_.store(num_threads_ - 1, std::memory_order_release);
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -67,6 +68,8 @@ void ThreadPool::run(const std::function<void(int, int)>& fn) {
       std::this_thread::yield();  // a worker that lost its core gets it back sooner
   }
 }
+
+void ThreadPool::park() { parked_.store(true, std::memory_order_relaxed); }
 
 void ThreadPool::parallel_for(int64_t n, const std::function<void(int64_t, int64_t)>& fn) {
   if (n <= 0) return;

@@ -33,6 +33,9 @@ class ThreadPool {
   // work on a machine the pool shares with other threads (a server): a thread that loses
   // its core for a while leaves its ranges to the others instead of stalling the region.
   void parallel_for_chunks(int64_t n, int64_t grain, const std::function<void(int64_t, int64_t)>& fn);
+  // The idle workers sleep now instead of spinning for the next region (the caller knows it
+  // will not issue one for a while); the next region wakes them.
+  void park();
 
  private:
   void worker(int index);
@@ -42,6 +45,7 @@ class ThreadPool {
   std::atomic<uint64_t> generation_{0};
   std::atomic<int> pending_{0};
   std::atomic<bool> stop_{false};
+  std::atomic<bool> parked_{false};
   std::mutex mu_;
   std::condition_variable cv_;
 };

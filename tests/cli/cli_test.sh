@@ -139,6 +139,16 @@ grep -q '"step_overhead_s"' "$TMP/cal.json" || { echo "FAIL calibrate wrote no p
 printf 'arrival_s,prompt_tokens,output_tokens,prefix_group,prefix_tokens\n0,40,12,0,32\n0.3,60,8,-1,0\n0.5,36,16,0,32\n0.9,80,10,-1,0\n1.2,20,12,-1,0\n1.4,50,6,-1,0\n' > "$TMP/mini.csv"
 EXPECT_TIMEOUT=600 expect "sim validate" 0 "TTFT p50 .*%" -- sim validate -m "$MODEL" --trace "$TMP/mini.csv" --hardware "$TMP/cal.json" --rates 2 --out "$TMP/val"
 grep -q '"real"' "$TMP/val/validation.json" || { echo "FAIL validate wrote no JSON"; fails=$((fails + 1)); }
+# Expert workers: the hand-off fitted through a real troupe serve --expert-parallel 2 (its
+# --step-log), then the simulator with that layout, on the GGUF's own config.
+EXPECT_TIMEOUT=600 expect "sim calibrate experts" 0 "expert hand-off: .* ms per MoE layer" -- sim calibrate -m "$TMP/moe.gguf" --hardware "$TMP/cal.json" --expert-parallel 2 --out "$TMP/cal-ep.json"
+grep -q '"expert_row_s"\|"expert_hop_s"' "$TMP/cal-ep.json" || { echo "FAIL calibrate wrote no hand-off"; fails=$((fails + 1)); }
+head -1 "$TMP/cal-ep.json.steps.csv" | grep -q '^seconds,compute_seconds,seqs$' || { echo "FAIL no step log"; fails=$((fails + 1)); }
+expect "sim expert workers" 0 "simulated 20 requests" -- sim --requests 20 --model-config "$TMP/moe.gguf" --hardware "$TMP/cal-ep.json" --expert-workers 2 --out "$TMP/epw"
+expect "sim expert workers and ep" 2 "not both" -- sim --requests 5 --model-config "$TMP/moe.gguf" --expert-workers 2 --ep-degree 2 --out "$TMP/epw2"
+expect "sim expert workers dense" 2 "mixture-of-experts" -- sim --requests 5 --expert-workers 2 --out "$TMP/epw3"
+EXPECT_TIMEOUT=600 expect "sim validate experts" 0 "step time, mean .*%" -- sim validate -m "$TMP/moe.gguf" --trace "$TMP/mini.csv" --hardware "$TMP/cal-ep.json" --expert-parallel 2 --rates 2 --out "$TMP/val-ep"
+expect "calibrate bad step log" 2 "not a step log" -- sim calibrate -m "$MODEL" --steps "$TMP/mini.csv" --out "$TMP/cal-x.json"
 
 echo "$fails failure(s)"
 [ $fails -eq 0 ]

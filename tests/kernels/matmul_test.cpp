@@ -1,6 +1,9 @@
 // Differential tests of the CPU matmul kernels against the reference dequantizer, for
 // every weight type, every ISA this CPU has, odd shapes and random + structured inputs.
 #include <catch2/catch.hpp>
+#include <atomic>
+#include <chrono>
+#include <thread>
 #include <cstring>
 
 #include "kernels/cpu/matmul.h"
@@ -257,4 +260,19 @@ TEST_CASE("activation quantization gives GGML's q8 values on every path", "[kern
       }
     }
   }
+}
+
+TEST_CASE("a parked thread pool sleeps and wakes for the next region with every item done once", "[kernels][pool]") {
+  ThreadPool pool(3);
+  std::vector<std::atomic<int>> hits(1000);
+  for (int round = 0; round < 200; ++round) {
+    pool.parallel_for_chunks(1000, 7, [&](int64_t b, int64_t e) {
+      for (int64_t i = b; i < e; ++i) hits[static_cast<size_t>(i)].fetch_add(1);
+    });
+    if (round % 2 == 0) pool.park();  // helpers go to sleep at once
+    if (round % 50 == 0) std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  for (auto& h : hits) CHECK(h.load() == 200);
+  pool.park();
+  pool.park();  // twice, then destroyed while parked: no hang
 }

@@ -14,6 +14,7 @@
 #include "sim/calibrate.h"
 #include "sim/cluster.h"
 #include "sim/simulator.h"
+#include "sim/step_log.h"
 #include "tests/test_util.h"
 
 using namespace troupe;
@@ -448,6 +449,136 @@ TEST_CASE("sim layouts: pipeline stages with plans in flight, experts over devic
   Layout dense;
   dense.ep_degree = 2;
   CHECK_FALSE(check_layout(dense, m).ok());
+}
+
+TEST_CASE("sim cost model: expert workers and their hand-off", "[sim][moe]") {
+  // An OLMoE-shaped model given by its own config (as a GGUF's header gives it).
+  ModelConfig m = smollm2();
+  m.hidden = 2048;
+  m.num_heads = m.num_kv_heads = 16;
+  m.head_dim = 128;
+  m.num_layers = 4;
+  m.moe.num_experts = 64;
+  m.moe.experts_per_tok = 8;
+  m.moe.expert_ffn = 1024;
+  HardwareProfile hw = profile("cpu-local");
+  const std::vector<SeqShape> decode(4, SeqShape{100, 1, true});
+  const std::vector<SeqShape> prefill{{0, 512, true}};
+  // The config's experts fill an empty layout: the same as naming them.
+  Layout named;
+  named.num_experts = 64;
+  named.experts_per_token = 8;
+  named.expert_ffn = 1024;
+  const CostModel from_config(m, hw), from_layout(m, hw, named);
+  CHECK(from_config.layout().num_experts == 64);
+  CHECK(from_config.step_seconds(prefill) == from_layout.step_seconds(prefill));
+  CHECK(from_config.weight_bytes() == from_layout.weight_bytes());
+  // A shared expert is priced in every token's dense part.
+  ModelConfig shared = m;
+  shared.moe.shared_ffn = 4096;
+  CHECK(CostModel(shared, hw).step_seconds(prefill) > from_config.step_seconds(prefill));
+
+  // The busiest of W workers under uniform routing: all rows for one, about a W-th of many.
+  CHECK(busiest_worker_rows(10, 8, 64, 1) == 80);
+  CHECK(busiest_worker_rows(1, 8, 64, 2) > 4);
+  CHECK(busiest_worker_rows(1, 8, 64, 2) <= 8);
+  CHECK(busiest_worker_rows(4096, 8, 64, 2) == Approx(4096 * 4).epsilon(0.02));
+  CHECK(busiest_worker_rows(16, 8, 64, 4) > busiest_worker_rows(16, 8, 64, 2) / 2);
+  CHECK(busiest_worker_rows(1, 1, 2, 2) <= 1);
+
+  // Expert workers: the hand-off adds L (hop + rows x row cost) exactly.
+  Layout w1;
+  w1.expert_workers = 1;
+  REQUIRE(check_layout(w1, m).ok());
+  const double base1 = CostModel(m, hw, w1).step_seconds(decode);
+  HardwareProfile hop = hw;
+  hop.expert_hop_s = 1e-4;
+  hop.expert_row_s = 2e-6;
+  CHECK(CostModel(m, hop, w1).step_seconds(decode) == Approx(base1 + 4 * (1e-4 + 2e-6 * 4 * 8)));
+  // Sharing one machine, two workers each have half of it: no faster than one; apart they
+  // split the routed work.
+  Layout w2 = w1;
+  w2.expert_workers = 2;
+  const double shared2 = CostModel(m, hw, w2).step_seconds(prefill);
+  CHECK(shared2 >= CostModel(m, hw, w1).step_seconds(prefill) * 0.999);
+  w2.expert_workers_apart = true;
+  CHECK(CostModel(m, hw, w2).step_seconds(prefill) < 0.8 * shared2);
+  // Bad layouts.
+  Layout bad = w1;
+  bad.ep_degree = 2;
+  CHECK_FALSE(check_layout(bad, m).ok());
+  bad = w1;
+  bad.expert_workers = 65;
+  CHECK_FALSE(check_layout(bad, m).ok());
+  CHECK_FALSE(check_layout(w1, smollm2()).ok());
+
+  // The hand-off fit recovers a known hop and row cost from steps the model itself priced.
+  std::vector<StepSample> samples;
+  for (int b : {1, 2, 4, 16, 48}) samples.push_back({std::vector<SeqShape>(b, SeqShape{64, 1, true}), 0});
+  for (int n : {32, 128, 512}) samples.push_back({{SeqShape{0, n, true}}, 0});
+  HardwareProfile truth = hw;
+  truth.expert_hop_s = 3e-4;
+  truth.expert_row_s = 1.5e-6;
+  for (auto& s : samples) s.seconds = CostModel(m, truth, w1).step_seconds(s.seqs);
+  auto fit = fit_expert_handoff(m, hw, w1, samples);
+  REQUIRE(fit.ok());
+  CHECK(fit->profile.expert_hop_s == Approx(3e-4).epsilon(1e-6));
+  CHECK(fit->profile.expert_row_s == Approx(1.5e-6).epsilon(1e-6));
+  CHECK(fit->max_abs_error < 1e-9);
+  CHECK(fit->profile.flops_efficiency == hw.flops_efficiency);  // the base is held
+  // Steps no slower than the base: nothing to add, and never a negative cost.
+  for (auto& s : samples) s.seconds = CostModel(m, hw, w1).step_seconds(s.seqs) * 0.9;
+  fit = fit_expert_handoff(m, hw, w1, samples);
+  REQUIRE(fit.ok());
+  CHECK(fit->profile.expert_hop_s == 0);
+  CHECK(fit->profile.expert_row_s == 0);
+  CHECK_FALSE(fit_expert_handoff(m, hw, Layout{}, samples).ok());
+  samples.resize(3);
+  CHECK_FALSE(fit_expert_handoff(m, hw, w1, samples).ok());
+
+  // The profile keeps the fitted hand-off and the engine's own overheads.
+  HardwareProfile saved = fit.ok() ? fit->profile : hop;
+  saved.expert_hop_s = 1e-4;
+  saved.engine_step_overhead_s = 1e-3;
+  saved.step_overhead_s = 2e-3;
+  const std::string path = "/tmp/troupe_sim_hw_" + std::to_string(::getpid()) + ".json";
+  std::ofstream(path) << profile_json(saved);
+  auto back = load_profile(path);
+  REQUIRE(back.ok());
+  CHECK(back->expert_hop_s == 1e-4);
+  CHECK(back->engine_step_overhead_s == 1e-3);
+  CHECK(engine_only(*back).step_overhead_s == 1e-3);
+  std::ofstream(path) << R"({"peak_flops": 1e12, "mem_bandwidth": 1e11, "expert_hop_s": -1})";
+  CHECK_FALSE(load_profile(path).ok());
+}
+
+TEST_CASE("sim step log: troupe serve's lines read back, bad lines named", "[sim]") {
+  const std::string path = "/tmp/troupe_sim_steps_" + std::to_string(::getpid()) + ".csv";
+  {
+    std::ofstream f(path);
+    f << kStepLogHeader << step_log_line({{0, 512, true}}, 0.25, 0.2)
+      << step_log_line({{31, 1, true}, {40, 1, true}, {7, 9, false}}, 0.0125, 0.0121);
+  }
+  auto log = read_step_log(path);
+  REQUIRE(log.ok());
+  REQUIRE(log->size() == 2);
+  CHECK((*log)[0].sample.seconds == 0.25);
+  CHECK((*log)[0].compute_seconds == 0.2);
+  REQUIRE((*log)[1].sample.seqs.size() == 3);
+  CHECK((*log)[1].sample.seqs[2].num_computed == 7);
+  CHECK((*log)[1].sample.seqs[2].num_new == 9);
+  CHECK_FALSE((*log)[1].sample.seqs[2].samples);
+  CHECK((*log)[1].sample.seqs[0].samples);
+  for (const char* bad :
+       {"0.1,0.1,", "x,0.1,0+1*", "0.1,0.1,0+0", "0.1,0.1,5", "0.1,0.1,1+2+3", "-1,0,0+1", "0.1,0.1,0+1** ", "0.1"}) {
+    std::ofstream(path) << kStepLogHeader << bad << "\n";
+    auto r = read_step_log(path);
+    CHECK_FALSE(r.ok());
+    if (!r.ok()) CHECK(r.error().message.find(":2:") != std::string::npos);
+  }
+  std::ofstream(path) << "not a step log\n";
+  CHECK_FALSE(read_step_log(path).ok());
+  CHECK_FALSE(read_step_log(path + ".missing").ok());
 }
 
 TEST_CASE("sim cluster: replicas and prefill/decode disaggregation", "[sim]") {
