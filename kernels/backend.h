@@ -52,6 +52,15 @@ struct StepInputs {
   int32_t max_blocks_per_seq = 0;
 };
 
+// One matmul of a group (Backend::matmul_group): y rows at stride ldy.
+struct MatmulJob {
+  const Weight* w = nullptr;
+  const float* x = nullptr;
+  int64_t n = 0;
+  float* y = nullptr;
+  int64_t ldy = 0;
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -105,6 +114,13 @@ class Backend {
                         const Weight* next = nullptr) = 0;
   // y[t, :] = W x[t, :] (+ bias)  x: [n, cols] contiguous, y rows at stride ldy
   virtual void matmul(const Weight& w, const float* x, int64_t n, float* y, int64_t ldy) = 0;
+  // Independent matmuls at once (a MoE layer's experts over their few rows each), with the
+  // bits matmul() gives each: a backend that groups_matmuls() runs them in one pass over its
+  // threads instead of one pass (and its launch cost) each; the default runs them in turn.
+  virtual bool groups_matmuls() const { return false; }
+  virtual void matmul_group(const MatmulJob* jobs, int64_t count) {
+    for (int64_t j = 0; j < count; ++j) matmul(*jobs[j].w, jobs[j].x, jobs[j].n, jobs[j].y, jobs[j].ldy);
+  }
   virtual void add_bias(float* y, int64_t ld, const float* bias, int64_t n, int64_t dim) = 0;
   // In place: each of the `groups` spans of `dim` values at x[t * ld + g * dim] (t < n) is
   // RMS-normalised and scaled by w [dim] (Q/K norms). The default copies through the host.

@@ -104,6 +104,18 @@ class CpuBackend final : public Backend {
     for (int64_t t = 0; t < n; ++t) std::memcpy(y + t * ldy, tmp_.data() + t * p.rows, p.rows * sizeof(float));
   }
 
+  bool groups_matmuls() const override { return true; }
+  void matmul_group(const MatmulJob* jobs, int64_t count) override {
+    group_.resize(static_cast<size_t>(count));
+    for (int64_t j = 0; j < count; ++j)
+      group_[j] = {&static_cast<const CpuWeight&>(*jobs[j].w).packed, jobs[j].x, jobs[j].n, jobs[j].y, jobs[j].ldy};
+    if (!cpu::can_group(group_.data(), count)) {
+      Backend::matmul_group(jobs, count);
+      return;
+    }
+    cpu::matmul_group(group_.data(), count, pool_, scratch_[0], isa_);
+  }
+
   void add_bias(float* y, int64_t ld, const float* bias, int64_t n, int64_t dim) override {
     for (int64_t t = 0; t < n; ++t)
       for (int64_t j = 0; j < dim; ++j) y[t * ld + j] += bias[j];
@@ -204,6 +216,7 @@ class CpuBackend final : public Backend {
   cpu::ThreadPool pool_;
   cpu::Isa isa_;
   std::vector<cpu::MatmulScratch> scratch_;
+  std::vector<cpu::GroupJob> group_;
   std::vector<std::vector<float>> buffers_;
   std::vector<float> tmp_;
   StepInputs step_{};

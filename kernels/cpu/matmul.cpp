@@ -167,4 +167,70 @@ void matmul(const PackedWeight& w, const float* x, int64_t n_tokens, float* y, T
   }
 }
 
+bool can_group(const GroupJob* jobs, int64_t count) {
+  if (count <= 0) return false;
+  const PackedWeight& w0 = *jobs[0].w;
+  for (int64_t j = 0; j < count; ++j) {
+    const PackedWeight& w = *jobs[j].w;
+    if ((w.kind != PackKind::RQ4 && w.kind != PackKind::RQ8) || w.num_pairs != w0.num_pairs || w.cols != w0.cols ||
+        w.source_type != w0.source_type || jobs[j].n < 0 || jobs[j].ldy < w.rows)
+      return false;
+  }
+  return true;
+}
+
+void matmul_group(const GroupJob* jobs, int64_t count, ThreadPool& pool, MatmulScratch& scratch, Isa isa) {
+  const MatmulKernels& k = kernels_for(isa);
+  constexpr int64_t kRowChunk = 16;  // as matmul(): the same tiles, so the same bits
+  auto& toks = scratch.group_tokens;
+  auto& chunks = scratch.group_chunks;
+  toks.assign(static_cast<size_t>(count + 1), 0);
+  chunks.assign(static_cast<size_t>(count + 1), 0);
+  for (int64_t j = 0; j < count; ++j) {
+    toks[j + 1] = toks[j] + jobs[j].n;
+    chunks[j + 1] = chunks[j] + (jobs[j].n > 0 ? (jobs[j].w->rows + kRowChunk - 1) / kRowChunk : 0);
+  }
+  const int64_t T = toks[count], C = chunks[count];
+  if (T == 0) return;
+  const PackedWeight& w0 = *jobs[0].w;
+  ActQ& a = scratch.act;
+  a.num_pairs = w0.num_pairs;
+  const size_t need_q = static_cast<size_t>(T * w0.num_pairs * 64);
+  if (a.q.size() < need_q) a.q.resize(need_q);
+  if (a.scales.size() < static_cast<size_t>(T * w0.num_pairs * 4))
+    a.scales.resize(static_cast<size_t>(T * w0.num_pairs * 4));
+  const ActQuantMode mode = ActQuantMode::for_weight(w0.source_type);
+  // Activations: global token t is job j's token t - toks[j].
+  pool.parallel_for(T, [&](int64_t t0, int64_t t1) {
+    int64_t j = std::upper_bound(toks.begin(), toks.end(), t0) - toks.begin() - 1;
+    for (int64_t t = t0; t < t1; ++j) {
+      const int64_t e = std::min(t1, toks[j + 1]);
+      if (e > t) quantize_activations_into(jobs[j].x, w0.cols, a, t - toks[j], e - toks[j], t, mode);
+      t = std::max(t, e);
+    }
+  });
+  // (job, row chunk) tasks. As in matmul(): batches take a few at a time from a shared
+  // counter; decode-sized jobs (memory-bound) one contiguous share per thread, which streams
+  // the weights faster.
+  int64_t most = 0;
+  for (int64_t j = 0; j < count; ++j) most = std::max(most, jobs[j].n);
+  const int64_t threads = pool.size();
+  const int64_t per_task = most > kMaxTile ? std::clamp<int64_t>(C / (2 * threads), 1, 4) : (C + threads - 1) / threads;
+  pool.parallel_for_chunks(C, per_task, [&](int64_t c0, int64_t c1) {
+    int64_t j = std::upper_bound(chunks.begin(), chunks.end(), c0) - chunks.begin() - 1;
+    for (int64_t c = c0; c < c1; ++c) {
+      while (c >= chunks[j + 1]) ++j;
+      const GroupJob& g = jobs[j];
+      const PackedWeight& w = *g.w;
+      const int64_t rr = (c - chunks[j]) * kRowChunk, re = std::min(w.rows, rr + kRowChunk);
+      for (int64_t t = 0; t < g.n; t += kMaxTile) {
+        const int nt = static_cast<int>(std::min<int64_t>(kMaxTile, g.n - t));
+        const int64_t gt = toks[j] + t;
+        k.rq(w.rq_layout, w.data, w.row_stride, w.num_pairs, a.q.data() + gt * w.num_pairs * 64,
+             a.scales.data() + gt * w.num_pairs * 4, nt, rr, re, g.y + t * g.ldy, g.ldy);
+      }
+    }
+  });
+}
+
 }  // namespace troupe::cpu

@@ -38,10 +38,25 @@ void* thread_scratch(int slot, size_t bytes);
 struct MatmulScratch {
   ActQ act;
   std::vector<BlockQ8_K> act_k;
+  std::vector<int64_t> group_tokens, group_chunks;  // matmul_group's prefix sums
 };
 
 // x: [n_tokens, w.cols], y: [n_tokens, w.rows].
 void matmul(const PackedWeight& w, const float* x, int64_t n_tokens, float* y, ThreadPool& pool, MatmulScratch& scratch,
             Isa isa);
+
+// Several independent matmuls in one pass over the pool (a MoE layer's experts, each over
+// its own few rows): one region quantizes every job's activations, one hands out (job, row
+// chunk) tasks. Each (token, row) result has the bits matmul() gives it. y rows are ldy apart.
+struct GroupJob {
+  const PackedWeight* w = nullptr;
+  const float* x = nullptr;
+  int64_t n = 0;
+  float* y = nullptr;
+  int64_t ldy = 0;
+};
+// Whether matmul_group takes these jobs (integer-dot kinds, one column count and source type).
+bool can_group(const GroupJob* jobs, int64_t count);
+void matmul_group(const GroupJob* jobs, int64_t count, ThreadPool& pool, MatmulScratch& scratch, Isa isa);
 
 }  // namespace troupe::cpu

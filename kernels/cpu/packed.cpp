@@ -279,6 +279,11 @@ void quantize_blocks_avx512(const float* x, int64_t nb, int8_t* q, bool d_as_f16
                             float* s_out);  // matmul_avx512.cpp
 
 void quantize_activations(const float* x, int64_t cols, ActQ& out, int64_t t0, int64_t t1, const ActQuantMode& mode) {
+  quantize_activations_into(x, cols, out, t0, t1, t0, mode);
+}
+
+void quantize_activations_into(const float* x, int64_t cols, ActQ& out, int64_t t0, int64_t t1, int64_t out_t0,
+                               const ActQuantMode& mode) {
   // Numerics follow GGML's q8_0/q8_1 (id = 127 / amax, round half to even, d stored as f16;
   // q8_1 also stores s = d * sum(q) as f16) so that logits agree with llama.cpp on the same
   // file. Where GGML's dot product needs no offset term (symmetric types) s stays exact.
@@ -288,8 +293,8 @@ void quantize_activations(const float* x, int64_t cols, ActQ& out, int64_t t0, i
   constexpr int64_t kMaxSimdBlocks = 512;  // 16384 columns; wider rows take the scalar loop
   for (int64_t t = t0; t < t1; ++t) {
     const float* xt = x + t * cols;
-    int8_t* q = out.q.data() + t * np * 64;
-    float* sc = out.scales.data() + t * np * 4;
+    int8_t* q = out.q.data() + (out_t0 + t - t0) * np * 64;
+    float* sc = out.scales.data() + (out_t0 + t - t0) * np * 4;
     if (simd && nb <= kMaxSimdBlocks) {  // the same values, 16 lanes at a time
       float d[kMaxSimdBlocks], s[kMaxSimdBlocks];
       quantize_blocks_avx512(xt, nb, q, mode.d_as_f16, mode.s_as_f16, d, s);

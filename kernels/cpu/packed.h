@@ -73,5 +73,8 @@ struct ActQuantMode {
   }
 };
 void quantize_activations(const float* x, int64_t cols, ActQ& out, int64_t t0, int64_t t1, const ActQuantMode& mode);
+// The same for rows t0..t1 of x, written to rows out_t0.. of out.
+void quantize_activations_into(const float* x, int64_t cols, ActQ& out, int64_t t0, int64_t t1, int64_t out_t0,
+                               const ActQuantMode& mode);
 
 }  // namespace troupe::cpu

@@ -72,15 +72,23 @@ Status ExpertShard::run(int32_t layer, const std::vector<int32_t>& experts, cons
   if (x_floats != static_cast<size_t>(total * H)) return make_error("expert dispatch: the rows have the wrong size");
   Backend& be = *backend_;
   const bool host = be.is_host_memory();
+  if (host) {  // the message's rows in place, every expert's projections at once
+    std::vector<const Ffn*> ffns;
+    std::vector<int64_t> cnts;
+    for (size_t i = 0; i < experts.size(); ++i) {
+      ffns.push_back(&it->second.at(experts[i]));
+      cnts.push_back(counts[i]);
+    }
+    run_ffn_group(be, ffns.data(), cnts.data(), static_cast<int64_t>(ffns.size()), x, cfg_.moe.expert_ffn, H, gu_, act_,
+                  y);
+    return be.sync();
+  }
   int64_t off = 0;
-  for (size_t i = 0; i < experts.size(); ++i) {
+  for (size_t i = 0; i < experts.size(); ++i) {  // a device backend: one expert's rows copied over at a time
     const int64_t cnt = counts[i];
-    const float* xi = x + off * H;
-    float* yi = y + off * H;
-    // (a host backend reads the message's rows in place; a device one copies them over)
-    if (!host) be.copy_in(x_, xi, static_cast<size_t>(cnt * H));
-    run_ffn(be, it->second.at(experts[i]), host ? xi : x_, cnt, cfg_.moe.expert_ffn, H, gu_, act_, host ? yi : y_);
-    if (!host) be.copy_out(yi, y_, static_cast<size_t>(cnt * H));
+    be.copy_in(x_, x + off * H, static_cast<size_t>(cnt * H));
+    run_ffn(be, it->second.at(experts[i]), x_, cnt, cfg_.moe.expert_ffn, H, gu_, act_, y_);
+    be.copy_out(y + off * H, y_, static_cast<size_t>(cnt * H));
     off += cnt;
   }
   return be.sync();

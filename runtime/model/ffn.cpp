@@ -1,5 +1,8 @@
 #include "runtime/model/ffn.h"
 
+#include <algorithm>
+#include <vector>
+
 namespace troupe {
 
 std::string shape_str(const std::vector<int64_t>& s) {
@@ -98,6 +101,42 @@ void run_ffn(Backend& be, const Ffn& f, const float* x, int64_t n, int64_t ffn, 
     be.silu_mul(gu, n, ffn, act, f.down.get());
   }
   be.matmul(*f.down, act, n, y, hidden);
+}
+
+void run_ffn_group(Backend& be, const Ffn* const* ffns, const int64_t* counts, int64_t count, const float* x,
+                   int64_t ffn, int64_t hidden, float* gu, float* act, float* y) {
+  if (!be.groups_matmuls()) {
+    int64_t off = 0;
+    for (int64_t i = 0; i < count; ++i) {
+      if (counts[i] > 0) run_ffn(be, *ffns[i], x + off * hidden, counts[i], ffn, hidden, gu, act, y + off * hidden);
+      off += counts[i];
+    }
+    return;
+  }
+  thread_local std::vector<MatmulJob> jobs;  // (no allocation per layer once grown)
+  jobs.clear();
+  int64_t total = 0;
+  for (int64_t i = 0; i < count; ++i) {
+    const int64_t off = total;
+    total += std::max<int64_t>(0, counts[i]);
+    if (counts[i] <= 0) continue;
+    const Ffn& f = *ffns[i];
+    const float* xi = x + off * hidden;
+    float* gi = gu + off * 2 * ffn;
+    if (f.gate_up) {
+      jobs.push_back({f.gate_up.get(), xi, counts[i], gi, 2 * ffn});
+    } else {
+      jobs.push_back({f.gate.get(), xi, counts[i], gi, 2 * ffn});
+      jobs.push_back({f.up.get(), xi, counts[i], gi + ffn, 2 * ffn});
+    }
+  }
+  if (total == 0) return;
+  be.matmul_group(jobs.data(), static_cast<int64_t>(jobs.size()));
+  be.silu_mul(gu, total, ffn, act);  // row by row: the bits of each block's own call
+  jobs.clear();
+  for (int64_t i = 0, off = 0; i < count; off += std::max<int64_t>(0, counts[i]), ++i)
+    if (counts[i] > 0) jobs.push_back({ffns[i]->down.get(), act + off * ffn, counts[i], y + off * hidden, hidden});
+  be.matmul_group(jobs.data(), static_cast<int64_t>(jobs.size()));
 }
 
 }  // namespace troupe

@@ -30,6 +30,13 @@ Status build_dense_ffn(Backend& backend, const WeightSource& src, const std::str
 // are scratch on the backend. y may alias x.
 void run_ffn(Backend& be, const Ffn& f, const float* x, int64_t n, int64_t ffn, int64_t hidden, float* gu, float* act,
              float* y);
+// Several blocks over consecutive row groups (a MoE layer's experts, expert-major): block i
+// over counts[i] rows of x, into the same rows of y. gu [sum counts, 2 ffn] and act [sum
+// counts, ffn] are scratch. On a backend that groups_matmuls() each projection of every
+// block runs in one matmul_group (one pass over the threads instead of one per expert);
+// elsewhere the blocks run in turn. The bits are run_ffn()'s either way.
+void run_ffn_group(Backend& be, const Ffn* const* ffns, const int64_t* counts, int64_t count, const float* x,
+                   int64_t ffn, int64_t hidden, float* gu, float* act, float* y);
 
 // "[a, b, c]" for error messages.
 std::string shape_str(const std::vector<int64_t>& s);

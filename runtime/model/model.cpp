@@ -212,6 +212,13 @@ Result<std::unique_ptr<Model>> Model::build(const ModelConfig& cfg, const Weight
     m->router_ = backend.alloc(T * cfg.moe.num_experts);
     m->moe_x_ = backend.alloc(slots * H);
     m->moe_y_ = backend.alloc(slots * H);
+    m->moe_ffns_.reserve(static_cast<size_t>(cfg.moe.num_experts));
+    m->moe_group_counts_.reserve(static_cast<size_t>(cfg.moe.num_experts));
+    if (backend.groups_matmuls()) {  // every routed row's gate/up and activation at once
+      const size_t routed = T * static_cast<size_t>(cfg.moe.experts_per_tok);
+      m->moe_gu_ = backend.alloc(routed * 2 * static_cast<size_t>(cfg.moe.expert_ffn));
+      m->moe_act_ = backend.alloc(routed * static_cast<size_t>(cfg.moe.expert_ffn));
+    }
     m->shared_gate_ = backend.alloc(T);
     m->router_host_.resize(T * cfg.moe.num_experts);
     m->shared_gate_host_.resize(T);
@@ -369,12 +376,16 @@ Status Model::run_moe(const MoeLayer& m, int32_t layer, int64_t n) {
     if (!host) be.copy_in(moe_y_, moe_y_host_.data(), cnt);
   } else {
     if (!routed_experts_) return make_error("this model was built without its routed experts and has no dispatcher");
-    for (int64_t e = 0; e < E; ++e) {
-      const int64_t cnt = moe_count_[e];
-      if (cnt == 0) continue;
-      const int64_t off = moe_offset_[e];
-      run_ffn(m.experts[e], moe_x_ + off * H, cnt, mc.expert_ffn, moe_y_ + off * H);
-    }
+    // The experts with rows, in id order: their rows follow each other from row 0.
+    moe_ffns_.clear();
+    moe_group_counts_.clear();
+    for (int64_t e = 0; e < E; ++e)
+      if (moe_count_[e] > 0) {
+        moe_ffns_.push_back(&m.experts[e]);
+        moe_group_counts_.push_back(moe_count_[e]);
+      }
+    run_ffn_group(be, moe_ffns_.data(), moe_group_counts_.data(), static_cast<int64_t>(moe_ffns_.size()), moe_x_,
+                  mc.expert_ffn, H, moe_gu_ ? moe_gu_ : gu_, moe_gu_ ? moe_act_ : act_, moe_y_);
   }
   if (shared) run_ffn(m.shared, h_, n, mc.shared_ffn, moe_y_ + n * k * H);
   const auto t0 = std::chrono::steady_clock::now();

@@ -114,6 +114,11 @@ class Model {
   bool routed_experts_ = true;
   ExpertDispatcher* dispatcher_ = nullptr;
   std::vector<float> moe_x_host_, moe_y_host_;  // dispatched rows, device backends only
+  // The experts with rows this layer, for run_ffn_group (and its scratch over all routed rows
+  // on a backend that groups matmuls).
+  std::vector<const Ffn*> moe_ffns_;
+  std::vector<int64_t> moe_group_counts_;
+  float *moe_gu_ = nullptr, *moe_act_ = nullptr;
   std::shared_ptr<MoeStats> moe_stats_;
   static constexpr int32_t kLogitChunk = 64;
 };

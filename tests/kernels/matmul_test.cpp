@@ -5,6 +5,7 @@
 #include <chrono>
 #include <thread>
 #include <cstring>
+#include <memory>
 
 #include "kernels/cpu/matmul.h"
 #include "kernels/cpu/packed.h"
@@ -275,4 +276,51 @@ TEST_CASE("a parked thread pool sleeps and wakes for the next region with every 
   for (auto& h : hits) CHECK(h.load() == 200);
   pool.park();
   pool.park();  // twice, then destroyed while parked: no hang
+}
+
+TEST_CASE("a group of matmuls gives each job the bits of its own matmul", "[kernels][matmul][moe]") {
+  std::mt19937 rng(11);
+  for (DType type : {DType::Q4_0, DType::Q4_1, DType::Q8_0}) {
+    const int64_t cols = 128;
+    // Experts of one layer: same shape; rows not a multiple of the 16-row chunk; 0..9 rows each.
+    const int64_t rows = 37;
+    const int64_t counts[] = {3, 0, 1, 9, 4, 5, 2};
+    const int64_t J = std::size(counts);
+    std::vector<std::unique_ptr<PackedWeight>> ws;
+    std::vector<std::vector<float>> xs;
+    for (int64_t j = 0; j < J; ++j) {
+      auto w = test::random_weight(type, rows, cols, rng);
+      auto p = pack_weight(type, rows, cols, w.data());
+      REQUIRE(p.ok());
+      ws.push_back(std::make_unique<PackedWeight>(std::move(*p)));
+      xs.push_back(test::random_floats(static_cast<size_t>(std::max<int64_t>(1, counts[j]) * cols), rng));
+    }
+    ThreadPool pool(2);
+    for (Isa isa : available_isas()) {
+      MatmulScratch s;
+      const int64_t ldy = rows + 5;  // strided outputs, as gate and up into one buffer
+      std::vector<std::vector<float>> ys(static_cast<size_t>(J));
+      std::vector<GroupJob> jobs;
+      for (int64_t j = 0; j < J; ++j) {
+        ys[j].assign(static_cast<size_t>(std::max<int64_t>(1, counts[j]) * ldy), -7.0f);
+        jobs.push_back({ws[j].get(), xs[j].data(), counts[j], ys[j].data(), ldy});
+      }
+      REQUIRE(can_group(jobs.data(), J));
+      matmul_group(jobs.data(), J, pool, s, isa);
+      for (int64_t j = 0; j < J; ++j) {
+        std::vector<float> one(static_cast<size_t>(std::max<int64_t>(1, counts[j]) * rows));
+        matmul(*ws[j], xs[j].data(), counts[j], one.data(), pool, s, isa);
+        for (int64_t t = 0; t < counts[j]; ++t) {
+          REQUIRE(std::memcmp(one.data() + t * rows, ys[j].data() + t * ldy, rows * sizeof(float)) == 0);
+          for (int64_t c = rows; c < ldy; ++c) REQUIRE(ys[j][t * ldy + c] == -7.0f);  // the gap untouched
+        }
+      }
+    }
+    // Mixed column counts or a float weight: not grouped (the backend runs them in turn).
+    auto f = test::random_weight(DType::F16, rows, cols, rng);
+    auto pf = pack_weight(DType::F16, rows, cols, f.data());
+    REQUIRE(pf.ok());
+    GroupJob mixed[] = {{ws[0].get(), xs[0].data(), 1, nullptr, rows}, {&*pf, xs[0].data(), 1, nullptr, rows}};
+    CHECK_FALSE(can_group(mixed, 2));
+  }
 }
