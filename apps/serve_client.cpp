@@ -199,7 +199,7 @@ std::string stream_completion(unsigned short port, const std::vector<int32_t>& p
   return "";
 }
 
-Replay replay(unsigned short port, const std::vector<sim::SimRequest>& reqs) {
+Replay replay(unsigned short port, const std::vector<sim::SimRequest>& reqs, int32_t vocab) {
   Replay out;
   out.records.resize(reqs.size());
   std::mutex mu;
@@ -215,7 +215,10 @@ Replay replay(unsigned short port, const std::vector<sim::SimRequest>& reqs) {
       r.prompt_tokens = reqs[i].prompt_tokens;
       r.output_tokens = reqs[i].output_tokens;
       r.priority = reqs[i].priority;
-      const std::string err = stream_completion(port, sim::prompt_tokens_of(reqs[i]), reqs[i].output_tokens, t0, r);
+      std::vector<int32_t> prompt = sim::prompt_tokens_of(reqs[i]);
+      if (vocab > 0)
+        for (auto& t : prompt) t %= vocab;  // (a small model's vocabulary; the same prefixes stay shared)
+      const std::string err = stream_completion(port, prompt, reqs[i].output_tokens, t0, r);
       if (!err.empty()) {
         std::lock_guard<std::mutex> g(mu);
         if (!out.failed++) out.first_error = err;

@@ -56,7 +56,8 @@ struct Replay {
   std::string first_error;
 };
 // Sends each request at its arrival time (one thread each; prompt ids from
-// sim::prompt_tokens_of) and waits for all. Failed requests are marked rejected.
-Replay replay(unsigned short port, const std::vector<sim::SimRequest>& reqs);
+// sim::prompt_tokens_of, taken modulo `vocab` when that is smaller than their range) and
+// waits for all. Failed requests are marked rejected.
+Replay replay(unsigned short port, const std::vector<sim::SimRequest>& reqs, int32_t vocab = 0);
 
 }  // namespace troupe::app

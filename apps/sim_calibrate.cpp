@@ -75,7 +75,7 @@ Status add_serving_overhead(const ServeSpec& spec, const ModelConfig& mc, sim::H
     for (int round = 0; round < rounds; ++round) {
       std::vector<sim::SimRequest> reqs(static_cast<size_t>(batch));
       for (auto& q : reqs) q = {next_id++, 0.0, kPrompt, kOutput, 0, -1, 0};
-      const Replay rp = replay(server.port(), reqs);
+      const Replay rp = replay(server.port(), reqs, mc.vocab);
       if (rp.failed) return make_error("through troupe serve: " + rp.first_error);
       for (const auto& rec : rp.records) {
         const auto& tt = rec.token_times;
@@ -132,11 +132,14 @@ void print_fit(const sim::FitReport& fit, bool handoff = false) {
               100 * fit.median_abs_error, 100 * fit.p90_abs_error, 100 * fit.max_abs_error);
 }
 
-// The scenarios as requests to a real server: all at once, or one every 0.1 s (`stagger`).
-std::vector<sim::SimRequest> scenario_requests(const Scenario& s, int64_t& next_id) {
+// The scenarios as requests to a real server: all at once, or one every 0.1 s (`stagger`);
+// prompts cut to fit a context of `ctx` tokens (a small model's).
+std::vector<sim::SimRequest> scenario_requests(const Scenario& s, int64_t& next_id, int32_t ctx) {
   std::vector<sim::SimRequest> reqs;
+  const int32_t output = std::min(s.output, std::max(1, ctx / 4));
+  const int32_t prompt = std::max(1, std::min(s.prompt, ctx - output - 1));
   for (int i = 0; i < s.requests; ++i)
-    reqs.push_back({next_id++, s.stagger > 0 ? 0.1 * i : 0.0, s.prompt, s.output, 0, -1, 0});
+    reqs.push_back({next_id++, s.stagger > 0 ? 0.1 * i : 0.0, prompt, output, 0, -1, 0});
   return reqs;
 }
 
@@ -185,6 +188,7 @@ int calibrate_served(const CalibrateFlags& f, const sim::HardwareProfile& base) 
     spec.expert_threads = f.experts.threads;
     spec.node_key_file = f.experts.key_file;
     spec.step_log = f.out + ".steps.csv";
+    const int32_t ctx = std::min(f.model.ctx, mc.max_context);
     ServerProcess server;
     if (auto st = server.start(spec, f.out + ".serve.log"); !st) {
       spdlog::error("{}", st.error().message);
@@ -195,7 +199,7 @@ int calibrate_served(const CalibrateFlags& f, const sim::HardwareProfile& base) 
                                      : std::string("the whole profile"),
                  server.port(), std::size(kScenarios), f.repetitions);
     int64_t next_id = 2'000'000;
-    auto warm = replay(server.port(), scenario_requests({"warm-up", 2, 64, 4}, next_id));
+    auto warm = replay(server.port(), scenario_requests({"warm-up", 2, 64, 4}, next_id, ctx), mc.vocab);
     if (warm.failed) {
       spdlog::error("through troupe serve: {}", warm.first_error);
       return 1;
@@ -205,7 +209,7 @@ int calibrate_served(const CalibrateFlags& f, const sim::HardwareProfile& base) 
     for (int rep = 0; rep < f.repetitions; ++rep)
       for (const auto& s : kScenarios) {
         const auto t0 = std::chrono::steady_clock::now();
-        auto rp = replay(server.port(), scenario_requests(s, next_id));
+        auto rp = replay(server.port(), scenario_requests(s, next_id, ctx), mc.vocab);
         if (rp.failed) {
           spdlog::error("{} through troupe serve: {}", s.what, rp.first_error);
           return 1;

@@ -197,7 +197,7 @@ int validate(ValidateFlags f) {
     }
     spdlog::info("{}: {:.3f} req/s, {} requests over {:.1f} s through troupe serve on port {}", tag, rate, reqs.size(),
                  reqs.back().arrival_s, server.port());
-    Replay rp = replay(server.port(), reqs);
+    Replay rp = replay(server.port(), reqs, mc.vocab);
     const int code = server.stop();
     if (rp.failed) {
       spdlog::error("{}: {} request(s) failed against the real server, first: {}", tag, rp.failed, rp.first_error);

@@ -57,11 +57,9 @@ std::string profile_json(const HardwareProfile& p) {
       {"kv_bytes_per_elem", p.kv_bytes_per_elem},
       {"engine_step_overhead_s", p.engine_step_overhead_s >= 0 ? p.engine_step_overhead_s : p.step_overhead_s},
       {"engine_sample_overhead_s", p.engine_sample_overhead_s >= 0 ? p.engine_sample_overhead_s : p.sample_overhead_s}};
-  if (p.expert_launch_s > 0) j["expert_launch_s"] = p.expert_launch_s;
-  if (p.expert_hop_s > 0 || p.expert_row_s > 0) {
-    j["expert_hop_s"] = p.expert_hop_s;
-    j["expert_row_s"] = p.expert_row_s;
-  }
+  j["expert_launch_s"] = p.expert_launch_s;
+  j["expert_hop_s"] = p.expert_hop_s;
+  j["expert_row_s"] = p.expert_row_s;
   return j.dump(2) + "\n";
 }
 
