@@ -148,6 +148,7 @@ expect "sim expert workers" 0 "simulated 20 requests" -- sim --requests 20 --mod
 expect "sim expert workers and ep" 2 "not both" -- sim --requests 5 --model-config "$TMP/moe.gguf" --expert-workers 2 --ep-degree 2 --out "$TMP/epw2"
 expect "sim expert workers dense" 2 "mixture-of-experts" -- sim --requests 5 --expert-workers 2 --out "$TMP/epw3"
 EXPECT_TIMEOUT=600 expect "sim validate experts" 0 "step time, mean .*%" -- sim validate -m "$TMP/moe.gguf" --trace "$TMP/mini.csv" --hardware "$TMP/cal-ep.json" --expert-parallel 2 --rates 2 --out "$TMP/val-ep"
+expect "serve unwritable step log" 2 "cannot write" -- serve -m "$MODEL" --port 0 --step-log "$TMP/no/such/dir/steps.csv"
 expect "calibrate bad step log" 2 "not a step log" -- sim calibrate -m "$MODEL" --steps "$TMP/mini.csv" --out "$TMP/cal-x.json"
 
 echo "$fails failure(s)"
