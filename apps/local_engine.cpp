@@ -34,13 +34,17 @@ void ExpertFlags::add_to(CLI::App& app, bool with_key) {
       ->capture_default_str();
 }
 
-Status ExpertFlags::apply(const ModelConfig& cfg, actors::NodeOptions& no) const {
-  if (!enabled()) return {};
+Result<ExpertPlacement> ExpertFlags::placement_for(const ModelConfig& cfg) const {
   if (parallel > 0 && !placement.empty()) return make_error("give --expert-parallel or --expert-placement, not both");
   if (parallel < 0) return make_error("--expert-parallel must be >= 0");
   if (threads < 0 || threads > 1024) return make_error("--expert-threads must be 0..1024");
   if (!(timeout > 0 && timeout <= 3600)) return make_error("--expert-timeout must be in (0, 3600] seconds");
-  auto p = parallel > 0 ? ExpertPlacement::even(parallel, cfg) : ExpertPlacement::load(placement, cfg);
+  return parallel > 0 ? ExpertPlacement::even(parallel, cfg) : ExpertPlacement::load(placement, cfg);
+}
+
+Status ExpertFlags::apply(const ModelConfig& cfg, actors::NodeOptions& no) const {
+  if (!enabled()) return {};
+  auto p = placement_for(cfg);
   if (!p) return p.error();
   bool remote = false;
   for (const auto& w : p->workers) remote |= !w.node.empty();

@@ -23,6 +23,8 @@ struct ExpertFlags {
   // with_key: also --node-key-file (serve has its own, shared with --remote-stage).
   void add_to(CLI::App& app, bool with_key);
   bool enabled() const { return parallel > 0 || !placement.empty(); }
+  // The placement the flags name for this model (even ranges or the file), the flags checked.
+  Result<ExpertPlacement> placement_for(const ModelConfig& cfg) const;
   // Fills the node options' expert fields for this model (an error names the flag).
   Status apply(const ModelConfig& cfg, actors::NodeOptions& no) const;
 };

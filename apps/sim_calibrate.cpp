@@ -14,7 +14,6 @@
 #include "apps/sim_common.h"
 #include "apps/local_engine.h"
 #include "apps/subcommands.h"
-#include "runtime/model/expert_placement.h"
 #include "runtime/model/model_files.h"
 #include "runtime/engine/engine.h"
 #include "sim/calibrate.h"
@@ -159,16 +158,12 @@ int calibrate_served(const CalibrateFlags& f, const sim::HardwareProfile& base) 
     spdlog::error("--expert-parallel / --expert-placement need a mixture-of-experts model");
     return 2;
   }
-  sim::Layout layout;
-  layout.expert_workers = f.experts.parallel;
-  if (!f.experts.placement.empty()) {
-    auto p = ExpertPlacement::load(f.experts.placement, mc);
-    if (!p) {
-      spdlog::error("{}", p.error().message);
-      return 2;
-    }
-    layout.expert_workers = static_cast<int32_t>(p->workers.size());
+  auto lay = expert_layout(f.experts, mc);
+  if (!lay) {
+    spdlog::error("{}", lay.error().message);
+    return 2;
   }
+  const sim::Layout layout = *lay;
   std::vector<sim::StepSample> samples;
   if (!f.steps.empty()) {
     auto log = sim::read_step_log(f.steps);
@@ -183,10 +178,7 @@ int calibrate_served(const CalibrateFlags& f, const sim::HardwareProfile& base) 
     spec.model.model = files->path;
     spec.max_num_batched_tokens = f.model.batch;
     spec.prefix_caching = false;
-    spec.expert_parallel = f.experts.parallel;
-    spec.expert_placement = f.experts.placement;
-    spec.expert_threads = f.experts.threads;
-    spec.node_key_file = f.experts.key_file;
+    set_serve_experts(f.experts, spec);
     spec.step_log = f.out + ".steps.csv";
     const int32_t ctx = std::min(f.model.ctx, mc.max_context);
     ServerProcess server;

@@ -16,7 +16,6 @@
 #include "apps/sim_common.h"
 #include "apps/local_engine.h"
 #include "apps/subcommands.h"
-#include "runtime/model/expert_placement.h"
 #include "runtime/model/model_files.h"
 #include "sim/simulator.h"
 #include "sim/step_log.h"
@@ -39,12 +38,6 @@ struct ValidateFlags {
   std::string out;
   ExpertFlags experts;  // the real server's expert workers; the simulator's layout follows
 };
-
-double quantile(std::vector<double> v, double q) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  return v[std::min(v.size() - 1, static_cast<size_t>(std::floor(q * (v.size() - 1) + 0.5)))];
-}
 
 // ---- comparison ----
 
@@ -117,16 +110,12 @@ int validate(ValidateFlags f) {
                   !f.no_chunked_prefill, f.itl_target_ms / 1000};
   sc.kv = kv_config_for_tokens(f.kv_cache_tokens, f.block_size, !f.no_prefix_caching);
   sc.policy = f.policy;
-  sim::Layout layout;
-  layout.expert_workers = f.experts.parallel;
-  if (!f.experts.placement.empty()) {
-    auto p = ExpertPlacement::load(f.experts.placement, mc);
-    if (!p) {
-      spdlog::error("{}", p.error().message);
-      return 2;
-    }
-    layout.expert_workers = static_cast<int32_t>(p->workers.size());
+  auto lay = expert_layout(f.experts, mc);
+  if (!lay) {
+    spdlog::error("{}", lay.error().message);
+    return 2;
   }
+  const sim::Layout layout = *lay;
   if (auto st = sim::check_layout(layout, mc); !st) {
     spdlog::error("{}", st.error().message);
     return 2;
@@ -184,10 +173,7 @@ int validate(ValidateFlags f) {
     spec.itl_target_ms = f.itl_target_ms;
     spec.policy = f.policy;
     spec.max_queue = static_cast<int>(reqs.size());
-    spec.expert_parallel = f.experts.parallel;
-    spec.expert_placement = f.experts.placement;
-    spec.expert_threads = f.experts.threads;
-    spec.node_key_file = f.experts.key_file;
+    set_serve_experts(f.experts, spec);
     spec.step_log = f.out + "/" + tag + "-steps.csv";
     ServerProcess server;
     const std::string log = f.out + "/serve-" + tag + ".log";
@@ -235,10 +221,11 @@ int validate(ValidateFlags f) {
       }
       if (!steps->empty())
         metrics.push_back({"step time, mean (ms)", 1e3 * measured / steps->size(), 1e3 * predicted / steps->size()});
-      lv["steps"] = {
-          {"count", steps->size()}, {"median_abs_error", quantile(errs, 0.5)}, {"p90_abs_error", quantile(errs, 0.9)}};
+      lv["steps"] = {{"count", steps->size()},
+                     {"median_abs_error", sim::quantile(errs, 0.5)},
+                     {"p90_abs_error", sim::quantile(errs, 0.9)}};
       spdlog::info("{}: {} steps, each step's |predicted/measured - 1|: median {:.1f}%, p90 {:.1f}%", tag,
-                   steps->size(), 100 * quantile(errs, 0.5), 100 * quantile(errs, 0.9));
+                   steps->size(), 100 * sim::quantile(errs, 0.5), 100 * sim::quantile(errs, 0.9));
     }
     for (const Metric& m : metrics) {
       char line[256];

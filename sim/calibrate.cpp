@@ -24,12 +24,6 @@ HardwareProfile with_params(HardwareProfile p, const Point& x) {
   return p;
 }
 
-double quantile(std::vector<double> v, double q) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  return v[std::min(v.size() - 1, static_cast<size_t>(std::floor(q * (v.size() - 1) + 0.5)))];
-}
-
 // Efficiencies stay in (0, 1.5] and overheads in [1 ns, 10 s]: outside is a bad fit, not physics.
 Point clamp(Point x) {
   for (int i = 0; i < 4; ++i) x[i] = std::clamp(x[i], std::log(1e-5), std::log(1.5));
@@ -38,6 +32,12 @@ Point clamp(Point x) {
 }
 
 }  // namespace
+
+double quantile(std::vector<double> v, double q) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  return v[std::min(v.size() - 1, static_cast<size_t>(std::floor(q * (v.size() - 1) + 0.5)))];
+}
 
 std::vector<double> relative_errors(const ModelConfig& model, const HardwareProfile& hw,
                                     const std::vector<StepSample>& samples, const Layout& layout) {

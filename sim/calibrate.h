@@ -30,6 +30,9 @@ struct FitReport {
 Result<FitReport> fit_profile(const ModelConfig& model, const HardwareProfile& base,
                               const std::vector<StepSample>& samples);
 
+// The q-quantile of v (nearest rank; 0 when empty).
+double quantile(std::vector<double> v, double q);
+
 // Relative errors |predicted / measured - 1| of a profile on samples.
 std::vector<double> relative_errors(const ModelConfig& model, const HardwareProfile& hw,
                                     const std::vector<StepSample>& samples, const Layout& layout = {});

@@ -73,14 +73,14 @@ Status ExpertShard::run(int32_t layer, const std::vector<int32_t>& experts, cons
   Backend& be = *backend_;
   const bool host = be.is_host_memory();
   if (host) {  // the message's rows in place, every expert's projections at once
-    std::vector<const Ffn*> ffns;
-    std::vector<int64_t> cnts;
+    group_ffns_.clear();
+    group_counts_.clear();
     for (size_t i = 0; i < experts.size(); ++i) {
-      ffns.push_back(&it->second.at(experts[i]));
-      cnts.push_back(counts[i]);
+      group_ffns_.push_back(&it->second.at(experts[i]));
+      group_counts_.push_back(counts[i]);
     }
-    run_ffn_group(be, ffns.data(), cnts.data(), static_cast<int64_t>(ffns.size()), x, cfg_.moe.expert_ffn, H, gu_, act_,
-                  y);
+    run_ffn_group(be, group_ffns_.data(), group_counts_.data(), static_cast<int64_t>(group_ffns_.size()), x,
+                  cfg_.moe.expert_ffn, H, gu_, act_, y);
     return be.sync();
   }
   int64_t off = 0;

@@ -36,6 +36,8 @@ class ExpertShard {
   Backend* backend_ = nullptr;
   int32_t max_rows_ = 0;
   std::map<int32_t, std::map<int32_t, Ffn>> ffn_;  // layer -> expert -> weights
+  std::vector<const Ffn*> group_ffns_;             // run()'s scratch: a dispatch's experts and rows
+  std::vector<int64_t> group_counts_;
   float *x_ = nullptr, *y_ = nullptr, *gu_ = nullptr, *act_ = nullptr;
 };
 
