@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "runtime/sched/kv_ledger.h"
+#include "runtime/sched/scheduler.h"  // SpecStats
 #include "runtime/sample/sampler.h"
 
 namespace troupe::actors {
@@ -34,6 +35,9 @@ struct SeqEvent {
   bool finished = false;
   bool hit_stop = false;     // finished on a stop token (else length)
   double queue_seconds = 0;  // first event: submission to first scheduled step
+  // Speculative decoding: on the first event of a step that verified drafts, how many of
+  // them the target accepted (the events of this step that follow) and rejected.
+  int32_t drafts_accepted = 0, drafts_rejected = 0;
   std::string error;
 };
 
@@ -82,8 +86,10 @@ struct SampledToken {
 
 struct StepDone {
   uint64_t step_no = 0;
-  std::vector<SampledToken> sampled;  // one per logit row, in order
-  double compute_seconds = 0;         // summed over the stages
+  // One per logit row, in order; a sequence verifying drafts has its emitted tokens
+  // consecutive (the accepted drafts, then the target's next token).
+  std::vector<SampledToken> sampled;
+  double compute_seconds = 0;  // summed over the stages
 };
 
 // Node links (actors/node_link.h): the head's first message to a stage node after both
@@ -151,6 +157,7 @@ struct EngineStats {
   // The latency target (--itl-target-ms): steps whose token budget it lowered, and the
   // step-time model behind it (all 0 until the model has seen steps of different sizes).
   uint64_t capped_steps = 0;
+  SpecStats spec;  // speculative decoding (--speculative): drafts fed and accepted
   double step_fixed_seconds = 0, step_token_seconds = 0, step_row_seconds = 0, step_pair_seconds = 0;
 };
 

@@ -62,6 +62,8 @@ void finish_choice(self_ptr self, ChoiceState& c, const std::string& reason) {
   d.kind = RequestUpdate::Kind::done;
   for (const auto& p : st.prompts) d.prompt_total += static_cast<int64_t>(p.size()) * st.spec.n;
   d.completion_total = st.completion_tokens;
+  d.drafts_accepted = st.drafts_accepted;
+  d.drafts_rejected = st.drafts_rejected;
   d.ttft = st.has_first ? secs(st.first_token - st.start) : 0;
   d.e2e = secs(clock::now() - st.start);
   d.queue = st.queue;
@@ -117,6 +119,8 @@ void on_event(self_ptr self, SeqEvent& ev) {
     st.last_token = now;
   }
   ++st.completion_tokens;
+  st.drafts_accepted += ev.drafts_accepted;
+  st.drafts_rejected += ev.drafts_rejected;
   const Tokenizer& tok = *st.ctx.tokenizer;
   std::vector<TokenOut> tokens;
   if (st.spec.want_logprobs) {

@@ -65,6 +65,8 @@ struct RequestUpdate {
   std::string message, param;
   // done: usage and timings for logs and metrics
   int64_t prompt_total = 0, completion_total = 0;
+  // Speculative drafts the target accepted and rejected for this request (both 0 without).
+  int64_t drafts_accepted = 0, drafts_rejected = 0;
   double ttft = 0, e2e = 0, queue = 0;
   std::vector<double> itl;  // seconds between tokens of choice 0
 };
@@ -89,6 +91,7 @@ struct RequestState {
   int64_t first_seq = 0;
   int32_t num_open = 0;
   int64_t completion_tokens = 0;
+  int64_t drafts_accepted = 0, drafts_rejected = 0;
   bool closed = false;
   std::chrono::steady_clock::time_point start, first_token, last_token;
   bool has_first = false, has_last0 = false;

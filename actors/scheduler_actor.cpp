@@ -28,6 +28,7 @@ void publish(SchedulerState& st) {
   s.preemptions = st.sched->num_preemptions();
   s.most_plans_in_flight = st.most_in_flight;
   s.capped_steps = st.sched->num_capped_steps();
+  s.spec = st.sched->spec_stats();
   if (const StepTimeModel& m = st.sched->step_time(); m.ready()) {
     s.step_fixed_seconds = m.fixed_seconds();
     s.step_token_seconds = m.seconds_per_token();
@@ -184,9 +185,18 @@ void on_step_done(self_ptr self, StepDone& done) {
     if (st.cfg.on_step) st.cfg.on_step(plan, seconds, done.compute_seconds);
     st.sent.erase(sit);
   }
-  std::vector<int32_t> sampled;
+  std::vector<int32_t> sampled, counts;
   sampled.reserve(done.sampled.size());
-  for (const auto& s : done.sampled) sampled.push_back(s.result.token);
+  for (size_t i = 0; i < done.sampled.size(); ++i) {
+    sampled.push_back(done.sampled[i].result.token);
+    if (i == 0 || done.sampled[i - 1].seq_id != done.sampled[i].seq_id)
+      counts.push_back(1);  // a sequence's tokens are consecutive: 1 + its accepted drafts
+    else
+      ++counts.back();
+  }
+  std::map<int64_t, size_t> drafts_fed;
+  for (const auto& q : plan.seqs)
+    if (!q.drafts.empty()) drafts_fed[q.id] = q.drafts.size();
   auto is_stop = [&](int64_t id, int32_t tok) {
     const SchedState* s = st.sched->state(id);
     if (!s || !st.seqs.count(id)) return false;
@@ -194,20 +204,30 @@ void on_step_done(self_ptr self, StepDone& done) {
     const auto& ids = s->req.stop_token_ids;
     return std::find(ids.begin(), ids.end(), tok) != ids.end();
   };
-  const auto finished = st.sched->update(plan, sampled, is_stop);
-  for (auto& s : done.sampled) {
+  const auto finished = st.sched->update(plan, sampled, is_stop, &counts);
+  std::map<int64_t, int32_t> left;  // tokens a finishing sequence still emits this step
+  for (const auto& f : finished) left[f.id] = f.step_tokens;
+  for (size_t i = 0; i < done.sampled.size(); ++i) {
+    auto& s = done.sampled[i];
     auto it = st.seqs.find(s.seq_id);
-    if (it == st.seqs.end()) continue;  // cancelled while the step ran
+    if (it == st.seqs.end()) continue;  // cancelled while the step ran, or finished earlier in this step
     SeqEvent ev;
     ev.seq_id = s.seq_id;
     ev.token = s.result.token;
     ev.logprob = s.result.logprob;
     ev.top = std::move(s.result.top);
-    for (const auto& f : finished)
-      if (f.id == s.seq_id) {
-        ev.finished = true;
-        ev.hit_stop = f.hit_stop;
-      }
+    if (auto df = drafts_fed.find(s.seq_id); df != drafts_fed.end()) {  // (the first of its tokens)
+      size_t n = 1;
+      while (i + n < done.sampled.size() && done.sampled[i + n].seq_id == s.seq_id) ++n;
+      ev.drafts_accepted = static_cast<int32_t>(n - 1);
+      ev.drafts_rejected = static_cast<int32_t>(df->second - (n - 1));
+      drafts_fed.erase(df);
+    }
+    if (auto lf = left.find(s.seq_id); lf != left.end() && --lf->second == 0) {
+      ev.finished = true;
+      for (const auto& f : finished)
+        if (f.id == s.seq_id) ev.hit_stop = f.hit_stop;
+    }
     ++st.stats.generation_tokens;
     if (!it->second.sent_first) {
       it->second.sent_first = true;
@@ -253,6 +273,7 @@ scheduler_actor::behavior_type scheduler_fn(self_ptr self, SchedulerActorConfig 
   st.cfg = std::move(cfg);
   st.ledger = std::make_unique<KvLedger>(st.cfg.kv, st.cfg.scheduler.chunked_prefill);
   st.sched = std::make_unique<Scheduler>(st.cfg.scheduler, *st.ledger, st.cfg.policy);
+  st.sched->set_draft_source(st.cfg.draft.get());
   st.first_stage = std::move(first_stage);
   st.kv_actor = std::move(kv_actor);
   st.board = std::move(board);

@@ -41,6 +41,9 @@ struct SchedulerActorConfig {
   // from sending it to its result and the workers' compute seconds (`troupe serve
   // --step-log`: what `troupe sim calibrate --steps` fits and `sim validate` compares).
   std::function<void(const StepPlan&, double seconds, double compute_seconds)> on_step;
+  // Speculative decoding (`troupe serve --speculative`; scheduler.num_speculative_tokens
+  // drafts at most): proposes each decoding sequence's drafts as the step is planned.
+  std::shared_ptr<DraftSource> draft;
 };
 
 // The latest engine stats, published by the scheduler actor after every step and heartbeat

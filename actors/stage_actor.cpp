@@ -2,6 +2,8 @@
 
 #include <chrono>
 
+#include "runtime/sample/speculative.h"
+
 namespace troupe::actors {
 namespace {
 
@@ -21,7 +23,14 @@ void prepare_sampling(StageState& st, StageStep& s) {
   }
   s.new_seqs.clear();
   s.sampling.clear();
-  for (int64_t id : s.logit_seq) {
+  for (size_t i = 0; i < s.logit_seq.size(); ++i) {
+    const int64_t id = s.logit_seq[i];
+    // A sequence verifying drafts has several rows, drawn in turn on the host (each draw
+    // depends on the token before it being accepted).
+    if ((i > 0 && s.logit_seq[i - 1] == id) || (i + 1 < s.logit_seq.size() && s.logit_seq[i + 1] == id)) {
+      s.sampling.push_back(DeviceSampleParams{});
+      continue;
+    }
     const Sampler* smp = nullptr;
     if (auto pit = st.pending.find(id); pit != st.pending.end())
       smp = &pit->second.second;
@@ -32,7 +41,9 @@ void prepare_sampling(StageState& st, StageStep& s) {
 }
 
 // Last stage, as the worker answers: each logit row through its sequence's own sampler, or
-// the token the device drew for it (the sampler counts that draw).
+// the token the device drew for it (the sampler counts that draw). A sequence with several
+// rows verifies the drafts fed after its first (verify_drafts): its tokens are the accepted
+// drafts and the target's next one, consecutive in the answer.
 Result<StepDone> sample_rows(StageState& st, const LayersDone& d) {
   const StageStep& s = d.step;
   for (int64_t id : s.released) st.samplers.erase(id);
@@ -58,7 +69,23 @@ Result<StepDone> sample_rows(StageState& st, const LayersDone& d) {
   StepDone done;
   done.step_no = s.step_no;
   for (size_t i = 0; i < rows; ++i) {
-    Sampler& smp = st.samplers.at(s.logit_seq[i]);
+    const int64_t id = s.logit_seq[i];
+    Sampler& smp = st.samplers.at(id);
+    size_t n = 1;
+    while (i + n < rows && s.logit_seq[i + n] == id) ++n;
+    if (n > 1) {
+      std::vector<int32_t> drafts(n - 1);
+      for (size_t j = 0; j + 1 < n; ++j) {
+        const int32_t next = s.logit_rows[i + j] + 1;  // the draft fed after row i + j
+        if (next < 0 || static_cast<size_t>(next) >= s.token_ids.size() || s.logit_rows[i + j + 1] != next)
+          return make_error("step verifies drafts of sequence " + std::to_string(id) + " out of order");
+        drafts[j] = s.token_ids[static_cast<size_t>(next)];
+      }
+      for (auto& r : verify_drafts(smp, drafts, [&](size_t j) { return d.logits.data() + (i + j) * st.vocab; }))
+        done.sampled.push_back({id, std::move(r)});
+      i += n - 1;
+      continue;
+    }
     SampleResult r;
     if (on_device(i)) {
       auto drawn = smp.device_draw(d.device_tokens[i], d.device_logprobs[i]);

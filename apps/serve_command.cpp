@@ -15,6 +15,7 @@
 #include "apps/local_engine.h"
 #include "apps/serve/openai_server.h"
 #include "apps/subcommands.h"
+#include "runtime/spec/draft_source.h"
 #include "sim/step_log.h"
 
 namespace troupe::app {
@@ -50,7 +51,9 @@ struct ServeFlags {
   std::string node_key_file;
   double node_timeout = 30;
   ExpertFlags experts;
-  std::string step_log;  // --step-log FILE
+  std::string step_log;     // --step-log FILE
+  std::string speculative;  // --speculative METHOD ("": off)
+  int num_speculative_tokens = 4;
   api::Limits limits;
 };
 
@@ -77,6 +80,10 @@ Status validate(const ServeFlags& f) {
     return make_error("--max-top-logprobs must be 0..100");
   if (f.limits.max_stop < 0 || f.limits.max_stop > 64) return make_error("--max-stop must be 0..64");
   if (f.limits.max_stop_len < 1 || f.limits.max_stop_len > 4096) return make_error("--max-stop-len must be 1..4096");
+  if (f.num_speculative_tokens < 1 || f.num_speculative_tokens > kMaxSpeculativeTokens)
+    return make_error("--num-speculative-tokens must be 1.." + std::to_string(kMaxSpeculativeTokens));
+  if (!f.speculative.empty())
+    if (auto d = make_draft_source(f.speculative); !d) return make_error("--speculative: " + d.error().message);
   return {};
 }
 
@@ -195,6 +202,17 @@ int serve(ServeFlags f) {
   no.scheduler.scheduler.max_running = f.max_num_seqs;
   no.scheduler.scheduler.chunked_prefill = !f.no_chunked_prefill;
   no.scheduler.scheduler.itl_target_s = f.itl_target_ms / 1000;
+  if (!f.speculative.empty()) {
+    auto d = make_draft_source(f.speculative);  // (validated above)
+    if (!d) {
+      spdlog::error("--speculative: {}", d.error().message);
+      return finish(2);
+    }
+    no.scheduler.draft = std::move(*d);
+    no.scheduler.scheduler.num_speculative_tokens = f.num_speculative_tokens;
+    so.limits.num_speculative_tokens = f.num_speculative_tokens;
+    spdlog::info("speculative decoding: {}, at most {} draft tokens a step", f.speculative, f.num_speculative_tokens);
+  }
   no.scheduler.kv = kv_config_for_tokens(f.kv_cache_tokens, f.block_size, !f.no_prefix_caching);
   no.scheduler.policy = f.policy == "priority" ? SchedulingPolicy::priority() : SchedulingPolicy::fcfs();
   if (!f.step_log.empty()) {
@@ -297,6 +315,15 @@ void add_serve_command(CLI::App& app) {
          "on in smaller chunks); 0: off, every step fills --max-num-batched-tokens; needs chunked prefill")
       ->capture_default_str();
   cmd->add_option("--scheduling-policy", f->policy, "fcfs, or priority (lower 'priority' runs first)")
+      ->capture_default_str();
+  cmd->add_option("--speculative", f->speculative,
+                  "speculative decoding: 'ngram' (prompt lookup: tokens that followed the sequence's last 3-4 "
+                  "tokens earlier in it are fed as drafts and verified in the same step; output unchanged); off "
+                  "when not given");
+  cmd->add_option("--num-speculative-tokens", f->num_speculative_tokens,
+                  "most draft tokens one sequence feeds a step (each request may ask for fewer with "
+                  "'num_speculative_tokens'); fewer are fed when their acceptance so far and the step time say "
+                  "they cost more than they bring")
       ->capture_default_str();
   cmd->add_option("--pipeline-stages", f->pipeline_stages,
                   "pipeline-stage actors the layers are split over (with --device cuda:N,M,...: in contiguous groups, "

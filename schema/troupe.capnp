@@ -31,7 +31,9 @@ struct TokenLogprob {
   logprob @1 :Float32;
 }
 
-# The last stage's answer to a StageStep: one sampled token per logit row, or an error.
+# The last stage's answer to a StageStep: one sampled token per logit row, or an error. A
+# sequence verifying speculative drafts (several consecutive logit rows) has its emitted
+# tokens consecutive here: the drafts its rows accepted, then the target's next token.
 struct StepResult {
   stepId @0 :UInt64;
   sampled @1 :List(Sampled);

@@ -173,10 +173,18 @@ class Generation : public std::enable_shared_from_this<Generation> {
     ex_->end_stream();
   }
 
-  json usage(int64_t completion) const {
+  // With speculation on the server, completion_tokens_details says how many of the tokens
+  // were accepted drafts and how many drafts were rejected (OpenAI's predicted-output fields).
+  json usage(const RequestUpdate& u) const {
     int64_t prompt = 0;
     for (int32_t p : prompt_tokens_) prompt += p;
-    return json{{"prompt_tokens", prompt}, {"completion_tokens", completion}, {"total_tokens", prompt + completion}};
+    json j{{"prompt_tokens", prompt},
+           {"completion_tokens", u.completion_total},
+           {"total_tokens", prompt + u.completion_total}};
+    if (server_.speculative())
+      j["completion_tokens_details"] = {{"accepted_prediction_tokens", u.drafts_accepted},
+                                        {"rejected_prediction_tokens", u.drafts_rejected}};
+    return j;
   }
 
   void on_done(const RequestUpdate& u) {
@@ -190,7 +198,7 @@ class Generation : public std::enable_shared_from_this<Generation> {
       if (req_.include_usage) {
         json ch = chunk_base();
         ch["choices"] = json::array();
-        ch["usage"] = usage(u.completion_total);
+        ch["usage"] = usage(u);
         send_event(ch);
       }
       ex_->send_chunk("data: [DONE]\n\n");
@@ -210,7 +218,7 @@ class Generation : public std::enable_shared_from_this<Generation> {
     }
     json r = {{"id", id_},           {"object", req_.is_chat ? "chat.completion" : "text_completion"},
               {"created", created_}, {"model", model_},
-              {"choices", out},      {"usage", usage(u.completion_total)}};
+              {"choices", out},      {"usage", usage(u)}};
     ex_->respond(200, "application/json", api::to_json_text(r));
   }
 

@@ -159,6 +159,18 @@ std::string Metrics::render(const actors::EngineStats& s, const std::string& mod
   counter("troupe:engine_kv_seconds_total",
           "Time in KV-block-manager round trips (a step's block operations sent, applied and answered), summed.",
           s.kv_seconds);
+  counter("troupe:spec_decode_num_drafts_total", "Sequence steps that fed speculative drafts (--speculative).",
+          static_cast<double>(s.spec.num_drafts));
+  counter("troupe:spec_decode_num_draft_tokens_total", "Speculative draft tokens fed to the target.",
+          static_cast<double>(s.spec.num_draft_tokens));
+  counter("troupe:spec_decode_num_accepted_tokens_total", "Speculative draft tokens the target accepted.",
+          static_cast<double>(s.spec.num_accepted_tokens));
+  out +=
+      "# HELP troupe:spec_decode_num_accepted_tokens_per_pos Accepted draft tokens by position in the draft (0: "
+      "first).\n# TYPE troupe:spec_decode_num_accepted_tokens_per_pos counter\n";
+  for (size_t i = 0; i < s.spec.accepted_per_pos.size(); ++i)
+    out += "troupe:spec_decode_num_accepted_tokens_per_pos{" + lbl + ",position=\"" + std::to_string(i) + "\"} " +
+           num(static_cast<double>(s.spec.accepted_per_pos[i])) + "\n";
   gauge("troupe:step_plans_in_flight_max", "Most step plans in flight at once so far (up to one per pipeline stage).",
         static_cast<double>(s.most_plans_in_flight));
   {

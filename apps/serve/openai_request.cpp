@@ -385,6 +385,22 @@ void parse_misc(const json& o, GenerationRequest& r) {
   r.user = opt_string(o, "user").value_or("");
 }
 
+// num_speculative_tokens: this request's draft limit, 0 (none) up to the server's
+// --num-speculative-tokens; asking for drafts from a server without --speculative is an error.
+void parse_speculative(const json& o, GenerationRequest& r, const Limits& lim) {
+  const json* v = field(o, "num_speculative_tokens");
+  if (!v || v->is_null()) return;
+  if (lim.num_speculative_tokens <= 0) {
+    if (v->is_number_integer() && v->get<int64_t>() == 0) {
+      r.seq.num_speculative_tokens = 0;
+      return;
+    }
+    reject("num_speculative_tokens", "speculative decoding is off on this server (start it with --speculative)");
+  }
+  r.seq.num_speculative_tokens =
+      static_cast<int32_t>(*opt_int(o, "num_speculative_tokens", 0, lim.num_speculative_tokens));
+}
+
 // {"type": "text"} (the default) or {"type": "json_object"} (JSON mode: the output is one
 // JSON object, runtime/sample/json_constraint.h). json_schema is refused by name, not ignored.
 void parse_response_format(const json& o, GenerationRequest& r) {
@@ -450,6 +466,7 @@ std::variant<GenerationRequest, ApiError> parse_generation(std::string_view body
     parse_seed(o, r);
     parse_stream(o, r);
     parse_misc(o, r);
+    parse_speculative(o, r, lim);
     parse_response_format(o, r);
     validate_sampling(r, lim);
     return r;

@@ -43,6 +43,7 @@ struct Limits {
   int32_t max_prompts = 64;              // completions: prompts in one request (list form)
   int32_t max_messages = 1024;           // chat: messages
   int32_t max_json_depth = 64;           // nesting depth of the body
+  int32_t num_speculative_tokens = 0;    // the server's draft limit (--speculative; 0: off)
   std::vector<std::string> model_names;  // accepted values of "model" (empty list: any)
 };
 

@@ -40,6 +40,7 @@ class OpenAiServer {
   void handle(const std::shared_ptr<Exchange>& ex);
   Metrics& metrics() { return metrics_; }
   const ServerOptions& options() const { return opt_; }
+  bool speculative() const { return opt_.limits.num_speculative_tokens > 0; }
 
   // Accounting for one generation request (held by its stream; released on destruction).
   void release(int64_t seqs, uint64_t key) {

@@ -20,6 +20,15 @@ int main(int argc, char** argv) {
   const int threads = argc > 1 ? std::atoi(argv[1]) : 1;
   const std::string only_type = argc > 2 ? argv[2] : "";
   const std::string only_isa = argc > 3 ? argv[3] : "";
+  // argv[4]: token counts, comma-separated (default 1,64).
+  std::vector<int64_t> token_counts;
+  for (const char* c = argc > 4 ? argv[4] : "1,64"; *c;) {
+    token_counts.push_back(std::max<int64_t>(1, std::strtoll(c, const_cast<char**>(&c), 10)));
+    if (*c == ',')
+      ++c;
+    else if (*c)
+      break;
+  }
   ThreadPool pool(threads);
   std::mt19937 rng(1);
   std::normal_distribution<float> nd;
@@ -27,8 +36,10 @@ int main(int argc, char** argv) {
     int64_t rows, cols;
     const char* what;
   };
-  const Shape shapes[] = {
-      {576, 576, "576x576 (L2-resident)"}, {3072, 576, "3072x576 (gate+up)"}, {49152, 576, "49152x576 (logits)"}};
+  const Shape shapes[] = {{576, 576, "576x576 (L2-resident)"},
+                          {3072, 576, "3072x576 (gate+up)"},
+                          {49152, 576, "49152x576 (logits)"},
+                          {196608, 576, "196608x576 (from memory)"}};
   const DType types[] = {DType::Q4_1, DType::Q8_0, DType::Q4_0, DType::Q4_K, DType::Q6_K, DType::F16};
   std::vector<Isa> isas{Isa::Scalar};
   if (detect_isa() >= Isa::Avx2) isas.push_back(Isa::Avx2);
@@ -49,7 +60,7 @@ int main(int argc, char** argv) {
       }
       auto packed = pack_weight(t, s.rows, cols, w.data());
       if (!packed) continue;
-      for (int64_t n : {int64_t{1}, int64_t{64}}) {
+      for (int64_t n : token_counts) {
         std::vector<float> x(static_cast<size_t>(n * cols)), y(static_cast<size_t>(n * s.rows));
         for (auto& v : x) v = nd(rng);
         for (Isa isa : isas) {

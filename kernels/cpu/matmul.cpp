@@ -109,7 +109,10 @@ void matmul(const PackedWeight& w, const float* x, int64_t n_tokens, float* y, T
   // up the whole matmul; decode (memory-bound) takes one contiguous 1/T share per task,
   // which streams faster (a thread that finishes early may take a second share).
   const int64_t threads = pool.size();
-  const int64_t chunks_per_task = n_tokens > kMaxTile ? std::clamp<int64_t>(num_row_chunks / (2 * threads), 1, 4)
+  // (One pass: the tokens fit one tile, so each weight is read once.)
+  const bool is_rq = w.kind == PackKind::RQ4 || w.kind == PackKind::RQ8;
+  const int64_t one_pass = is_rq && n_tokens <= kStreamTokens ? k.rq_stream_tile : kMaxTile;
+  const int64_t chunks_per_task = n_tokens > one_pass ? std::clamp<int64_t>(num_row_chunks / (2 * threads), 1, 4)
                                                       : (num_row_chunks + threads - 1) / threads;
   switch (w.kind) {
     case PackKind::RQ4:
@@ -122,14 +125,17 @@ void matmul(const PackedWeight& w, const float* x, int64_t n_tokens, float* y, T
         a.scales.resize(static_cast<size_t>(n_tokens * w.num_pairs * 4));
       const ActQuantMode mode = ActQuantMode::for_weight(w.source_type);
       pool.parallel_for(n_tokens, [&](int64_t t0, int64_t t1) { quantize_activations(x, w.cols, a, t0, t1, mode); });
+      const bool stream = n_tokens <= kStreamTokens;
+      const auto rq = stream ? k.rq_stream : k.rq;  // (the same bits)
+      const int64_t tile = stream ? k.rq_stream_tile : kMaxTile;
       pool.parallel_for_chunks(num_row_chunks, chunks_per_task, [&](int64_t c0, int64_t c1) {
         const int64_t r0 = c0 * kRowChunk, r1 = std::min(w.rows, c1 * kRowChunk);
         for (int64_t rr = r0; rr < r1; rr += kRowChunk) {
           const int64_t re = std::min(r1, rr + kRowChunk);
-          for (int64_t t = 0; t < n_tokens; t += kMaxTile) {
-            const int nt = static_cast<int>(std::min<int64_t>(kMaxTile, n_tokens - t));
-            k.rq(w.rq_layout, w.data, w.row_stride, w.num_pairs, a.q.data() + t * w.num_pairs * 64,
-                 a.scales.data() + t * w.num_pairs * 4, nt, rr, re, y + t * w.rows, w.rows);
+          for (int64_t t = 0; t < n_tokens; t += tile) {
+            const int nt = static_cast<int>(std::min<int64_t>(tile, n_tokens - t));
+            rq(w.rq_layout, w.data, w.row_stride, w.num_pairs, a.q.data() + t * w.num_pairs * 64,
+               a.scales.data() + t * w.num_pairs * 4, nt, rr, re, y + t * w.rows, w.rows);
           }
         }
       });

@@ -19,9 +19,17 @@ const char* isa_name(Isa isa);
 
 // Kernels for rows [r0, r1) and nt <= kMaxTile tokens.
 constexpr int kMaxTile = 4;
+// matmul() calls of at most this many tokens take MatmulKernels::rq_stream.
+constexpr int64_t kStreamTokens = 16;
+constexpr int kMaxStreamTile = 8;
 struct MatmulKernels {
   void (*rq)(RqLayout layout, const uint8_t* w, size_t row_stride, int64_t num_pairs, const int8_t* xq, const float* xs,
              int nt, int64_t r0, int64_t r1, float* y, int64_t ldy);
+  // The same results as rq (bit for bit), by the kernel that streams weights best: for
+  // matmuls of a few tokens, whose weights come from memory rather than the cache.
+  void (*rq_stream)(RqLayout layout, const uint8_t* w, size_t row_stride, int64_t num_pairs, const int8_t* xq,
+                    const float* xs, int nt, int64_t r0, int64_t r1, float* y, int64_t ldy);
+  int rq_stream_tile;  // the most tokens rq_stream takes at once (kMaxTile or kMaxStreamTile)
   void (*q6k)(const uint8_t* w, size_t row_stride, int64_t num_blocks, const BlockQ8_K* x, int nt, int64_t r0,
               int64_t r1, float* y, int64_t ldy);
   void (*flt)(PackKind kind, const uint8_t* w, size_t row_stride, int64_t cols, const float* x, int nt, int64_t r0,

@@ -238,7 +238,7 @@ void flt_avx2(PackKind kind, const uint8_t* w, size_t row_stride, int64_t cols, 
 }  // namespace
 
 const MatmulKernels& avx2_kernels() {
-  static const MatmulKernels k{rq_avx2, q6k_avx2, flt_avx2};
+  static const MatmulKernels k{rq_avx2, rq_avx2, kMaxTile, q6k_avx2, flt_avx2};
   return k;
 }
 

@@ -114,7 +114,7 @@ void flt_scalar(PackKind kind, const uint8_t* w, size_t row_stride, int64_t cols
 }  // namespace
 
 const MatmulKernels& scalar_kernels() {
-  static const MatmulKernels k{rq_scalar, q6k_scalar, flt_scalar};
+  static const MatmulKernels k{rq_scalar, rq_scalar, kMaxTile, q6k_scalar, flt_scalar};
   return k;
 }
 

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include "runtime/sample/speculative.h"
+
 namespace troupe {
 
 StepInputs PlannedStep::inputs() const {
@@ -34,13 +36,16 @@ Result<PlannedStep> plan_step(const StepPlan& plan, const Scheduler& sched, int3
   for (const auto& q : plan.seqs) {
     const SchedState* s = sched.state(q.id);
     const auto* bt = table(q.id);
-    if (!s || q.num_computed < 0 || q.num_new < 1 ||
-        q.num_computed + q.num_new > static_cast<int32_t>(s->tokens.size()) ||
+    const int32_t known = s ? static_cast<int32_t>(s->tokens.size()) : 0;
+    const int32_t drafts = static_cast<int32_t>(q.drafts.size());
+    // (drafts follow the last known token, in the same step)
+    if (!s || q.num_computed < 0 || q.num_new < 1 + drafts || q.num_computed + q.num_new > known + drafts ||
+        (drafts > 0 && (!q.samples || q.num_computed + q.num_new != known + drafts)) ||
         blocks_for_tokens(q.num_computed + q.num_new, bs) > static_cast<int32_t>(bt->size()))
       return make_error("step plan for sequence " + std::to_string(q.id) + " does not match its state");
     for (int32_t i = 0; i < q.num_new; ++i) {
       const int32_t pos = q.num_computed + i;
-      p.token_ids.push_back(s->tokens[pos]);
+      p.token_ids.push_back(pos < known ? s->tokens[pos] : q.drafts[pos - known]);
       p.positions.push_back(pos);
       p.slot_mapping.push_back((*bt)[pos / bs] * bs + pos % bs);
     }
@@ -48,8 +53,8 @@ Result<PlannedStep> plan_step(const StepPlan& plan, const Scheduler& sched, int3
     p.context_lens.push_back(q.num_computed + q.num_new);
     for (int32_t b = 0; b < p.max_blocks_per_seq; ++b)
       p.block_tables.push_back(b < static_cast<int32_t>(bt->size()) ? (*bt)[b] : 0);
-    if (q.samples) {
-      p.logit_rows.push_back(p.query_start.back() - 1);
+    for (int32_t r = q.logit_rows(); r > 0; --r) {  // the last token's row, then one per draft
+      p.logit_rows.push_back(p.query_start.back() - r);
       p.logit_seq.push_back(q.id);
     }
   }
@@ -107,44 +112,68 @@ Result<std::vector<EngineEvent>> Engine::step() {
   std::vector<float> dev_logprobs(rows, 0.0f);
   DeviceSampling ds;
   if (model_->samples_on_device()) {
-    for (size_t i = 0; i < rows; ++i) dev_params.push_back(samplers_.at(ps->logit_seq[i]).device_params());
+    // (a sequence verifying drafts has several rows: its sampler draws them in turn, here)
+    for (size_t i = 0; i < rows; ++i) {
+      const bool several = (i > 0 && ps->logit_seq[i - 1] == ps->logit_seq[i]) ||
+                           (i + 1 < rows && ps->logit_seq[i + 1] == ps->logit_seq[i]);
+      dev_params.push_back(several ? DeviceSampleParams{} : samplers_.at(ps->logit_seq[i]).device_params());
+    }
     ds = DeviceSampling{dev_params.data(), dev_tokens.data(), dev_logprobs.data()};
   }
   TROUPE_TRY(model_->forward(ps->inputs(), *cache_, ps->logit_rows.data(), static_cast<int32_t>(rows), logits_.data(),
                              dev_params.empty() ? nullptr : &ds));
-  std::vector<int32_t> sampled;
-  std::map<int64_t, SampleResult> by_id;
-  for (size_t i = 0; i < ps->logit_seq.size(); ++i) {
-    Sampler& s = samplers_.at(ps->logit_seq[i]);
-    SampleResult r;
-    if (dev_tokens[i] >= 0) {
+  std::vector<int32_t> sampled, counts;
+  std::vector<std::pair<int64_t, SampleResult>> emitted;
+  for (size_t i = 0; i < rows;) {
+    const int64_t id = ps->logit_seq[i];
+    size_t n = 1;  // this sequence's rows: 1 + its drafts
+    while (i + n < rows && ps->logit_seq[i + n] == id) ++n;
+    Sampler& s = samplers_.at(id);
+    std::vector<SampleResult> got;
+    if (n > 1) {
+      std::vector<int32_t> drafts(n - 1);
+      for (size_t j = 0; j + 1 < n; ++j) drafts[j] = ps->token_ids[ps->logit_rows[i + j] + 1];
+      got = verify_drafts(s, drafts, [&](size_t j) { return logits_.data() + (i + j) * vocab; });
+    } else if (dev_tokens[i] >= 0) {
       auto d = s.device_draw(dev_tokens[i], dev_logprobs[i]);
       if (!d) return d.error();
-      r = std::move(*d);
+      s.accept(d->token);
+      got.push_back(std::move(*d));
     } else {
-      r = s.sample(logits_.data() + i * vocab);
+      got.push_back(s.sample(logits_.data() + i * vocab));
+      s.accept(got.back().token);
     }
-    s.accept(r.token);
-    sampled.push_back(r.token);
-    by_id[ps->logit_seq[i]] = r;
+    counts.push_back(static_cast<int32_t>(got.size()));
+    for (auto& r : got) {
+      sampled.push_back(r.token);
+      emitted.emplace_back(id, std::move(r));
+    }
+    i += n;
   }
   auto stop = [&](int64_t id, int32_t t) {
     const SeqRequest& r = sched_->state(id)->req;  // (still scheduled while update() asks)
     if (!r.ignore_eos && is_stop_ && is_stop_(t)) return true;
     return std::find(r.stop_token_ids.begin(), r.stop_token_ids.end(), t) != r.stop_token_ids.end();
   };
-  auto finished = sched_->update(plan, sampled, stop);
-  for (int64_t id : ps->logit_seq) {
+  auto finished = sched_->update(plan, sampled, stop, &counts);
+  // One event per token the scheduler kept: a sequence that finished inside a run of
+  // accepted drafts ends at its stop token or length, the tokens after it are dropped.
+  std::map<int64_t, size_t> left;  // tokens each finished sequence still emits
+  for (const auto& f : finished) left[f.id] = static_cast<size_t>(f.step_tokens);
+  for (auto& [id, r] : emitted) {
     EngineEvent ev;
     ev.id = id;
-    ev.token = by_id[id].token;
-    ev.logprob = by_id[id].logprob;
-    for (const auto& f : finished)
-      if (f.id == id) {
+    ev.token = r.token;
+    ev.logprob = r.logprob;
+    if (auto lf = left.find(id); lf != left.end()) {
+      if (lf->second == 0) continue;  // past the end of a finished sequence
+      if (--lf->second == 0) {
         ev.finished = true;
-        ev.hit_stop = f.hit_stop;
+        for (const auto& f : finished)
+          if (f.id == id) ev.hit_stop = f.hit_stop;
+        samplers_.erase(id);
       }
-    if (ev.finished) samplers_.erase(id);
+    }
     events.push_back(ev);
   }
   return events;

@@ -55,6 +55,12 @@ class Engine {
   Result<std::vector<EngineEvent>> step();
   const KvBlockManager& kv() const { return *kv_; }
   const Scheduler& scheduler() const { return *sched_; }
+  // Speculative decoding: drafts from `d` (EngineConfig::scheduler.num_speculative_tokens at
+  // most), verified in the same step; the tokens are those decoding without drafts gives.
+  void set_draft_source(std::unique_ptr<DraftSource> d) {
+    draft_ = std::move(d);
+    sched_->set_draft_source(draft_.get());
+  }
   // The plan the last step() ran (empty when it had nothing to do): what `troupe sim
   // calibrate` prices against the step's measured time.
   const StepPlan& last_plan() const { return last_plan_; }
@@ -63,6 +69,7 @@ class Engine {
   Model* model_ = nullptr;
   std::unique_ptr<KvCache> cache_;
   std::unique_ptr<KvBlockManager> kv_;
+  std::unique_ptr<DraftSource> draft_;  // (before sched_, which points at it)
   std::unique_ptr<Scheduler> sched_;
   std::function<bool(int32_t)> is_stop_;
   std::map<int64_t, Sampler> samplers_;

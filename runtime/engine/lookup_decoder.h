@@ -20,14 +20,9 @@
 
 #include "runtime/sample/sampler.h"
 #include "runtime/engine/sequence_runner.h"
+#include "runtime/spec/ngram_draft.h"  // propose_lookup_drafts
 
 namespace troupe {
-
-// Drafts for `history`: for n from max_ngram down to min_ngram, the tokens (at most
-// max_drafts) that followed the latest earlier occurrence of its last n tokens; empty when
-// none occurs. O(history x max_ngram).
-std::vector<int32_t> propose_lookup_drafts(const std::vector<int32_t>& history, int max_ngram, int min_ngram,
-                                           int max_drafts);
 
 struct LookupStats {
   int64_t steps = 0;     // forward steps taken after the prompt
@@ -54,7 +49,7 @@ class LookupDecoder {
   // The tokens in the cache that stay there: the runner's length less the drafts fed and
   // not (yet) accepted.
   int32_t kept_length() const { return verifying_ ? base_ + static_cast<int32_t>(row_) + 1 : runner_.length(); }
-  static constexpr int kMaxNgram = 4, kMinNgram = 3;
+  static constexpr int kMaxNgram = NgramDraft::kMaxNgram, kMinNgram = NgramDraft::kMinNgram;
 
  private:
   SequenceRunner& runner_;

@@ -40,6 +40,9 @@ Status SeqRequest::validate(int32_t vocab, int64_t max_context) const {
     if (t < 0 || t >= vocab) return make_error("stop token " + std::to_string(t) + " is outside the vocabulary");
   if (static_cast<int64_t>(prompt.size()) + max_new_tokens > max_context)
     return make_error("prompt plus max_new_tokens exceeds the context of " + std::to_string(max_context));
+  if (num_speculative_tokens < -1 || num_speculative_tokens > kMaxSpeculativeTokens)
+    return make_error("num_speculative_tokens " + std::to_string(num_speculative_tokens) + " is out of range (-1.." +
+                      std::to_string(kMaxSpeculativeTokens) + ")");
   return sampling.validate(vocab);
 }
 

@@ -34,6 +34,9 @@ struct SamplingParams {
   Status validate(int32_t vocab_size) const;
 };
 
+// The most draft tokens a step may verify for one sequence (server flag and request field).
+constexpr int32_t kMaxSpeculativeTokens = 16;
+
 struct SeqRequest {
   int64_t id = 0;
   std::vector<int32_t> prompt;
@@ -42,6 +45,9 @@ struct SeqRequest {
   SamplingParams sampling;
   std::vector<int32_t> stop_token_ids;  // besides the model's end-of-generation tokens
   bool ignore_eos = false;              // the model's end-of-generation tokens do not stop it
+  // Speculative decoding for this request: -1 the server's setting, 0 none, else at most
+  // this many draft tokens a step (never more than the server's --num-speculative-tokens).
+  int32_t num_speculative_tokens = -1;
 
   // A non-empty prompt and stop tokens inside the vocabulary, at least one new token, prompt
   // plus new tokens within `max_context`, sampling parameters in range (the error names what).

@@ -69,6 +69,8 @@ class KvBlocks {
   virtual bool reserve(int64_t seq, int32_t num_tokens, const std::vector<int32_t>& tokens,
                        std::vector<BlockCopy>* copies) = 0;
   virtual void free_sequence(int64_t seq) = 0;
+  // Keeps the first n tokens' blocks (speculative rollback: drafts the target rejected).
+  virtual void truncate(int64_t seq, int32_t n) = 0;
 };
 
 class KvBlockManager : public KvBlocks {
@@ -100,7 +102,7 @@ class KvBlockManager : public KvBlocks {
   // The child shares all of the parent's blocks; the first write into a shared block copies it.
   bool fork(int64_t parent, int64_t child);
   // Keeps the first n tokens (speculative rollback); frees blocks past them.
-  void truncate(int64_t seq, int32_t n);
+  void truncate(int64_t seq, int32_t n) override;
   // Forgets the content of every cached block in the free list (a stage's KV was lost: a
   // stage node restarted); blocks held by sequences keep theirs. Returns how many.
   int32_t drop_cached_free();

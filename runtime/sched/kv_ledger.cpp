@@ -73,6 +73,10 @@ KvOpsReply apply_kv_ops(KvBlockManager& kv, const KvOpsRequest& req) {
         kv.free_sequence(op.seq);
         r.ok = true;
         break;
+      case KvOp::Kind::Truncate:
+        kv.truncate(op.seq, op.num_tokens);
+        r.ok = kv.block_table(op.seq) != nullptr;
+        break;
     }
     out.results.push_back(r);
   }
@@ -167,6 +171,21 @@ void KvLedger::free_sequence(int64_t seq) {
   KvOp op;
   op.kind = KvOp::Kind::Free;
   op.seq = seq;
+  ops_.push_back(std::move(op));
+}
+
+void KvLedger::truncate(int64_t seq, int32_t n) {
+  auto h = held_.find(seq);
+  if (h == held_.end() || n < 0) return;
+  const int32_t released = std::max(0, h->second.held - blocks_needed(n));
+  const int32_t exclusive_gone = std::min(released, h->second.exclusive);
+  h->second.held -= released;
+  h->second.exclusive -= exclusive_gone;
+  free_ += exclusive_gone;
+  KvOp op;
+  op.kind = KvOp::Kind::Truncate;
+  op.seq = seq;
+  op.num_tokens = n;
   ops_.push_back(std::move(op));
 }
 

@@ -28,12 +28,13 @@
 namespace troupe {
 
 struct KvOp {
-  enum class Kind : uint8_t { Admit = 0, Reserve = 1, Free = 2 };
+  enum class Kind : uint8_t { Admit = 0, Reserve = 1, Free = 2, Truncate = 3 };
   Kind kind = Kind::Free;
   int64_t seq = 0;
   // Admit: the prompt tokens the plan takes from the prefix cache (the hint it used).
   int32_t cached = 0;
   // Admit: tokens the plan computes after them this step. Reserve: tokens to hold in all.
+  // Truncate: tokens to keep.
   int32_t num_tokens = 0;
   // Admit: free blocks the plan counted for the admission (the most it may take).
   int32_t allowance = 0;
@@ -107,6 +108,9 @@ class KvLedger : public KvBlocks {
   bool reserve(int64_t seq, int32_t num_tokens, const std::vector<int32_t>& tokens,
                std::vector<BlockCopy>* copies) override;
   void free_sequence(int64_t seq) override;
+  // Returns the blocks past n tokens: counted free only as far as the sequence held them
+  // alone (conservative; the next snapshot has the exact count).
+  void truncate(int64_t seq, int32_t n) override;
 
   // Operations to send, or an admission that waits for a prefix-cache hint. Without a hint
   // an admission counts no cached tokens: fine when the whole prompt fits the step (the

@@ -59,6 +59,7 @@ void Scheduler::abort(int64_t id) {
   auto it = states_.find(id);
   if (it == states_.end()) return;
   kv_.free_sequence(id);
+  if (draft_) draft_->release(id);
   waiting_.erase(id);  // (before the state its order reads goes)
   running_.erase(std::remove(running_.begin(), running_.end(), id), running_.end());
   states_.erase(it);
@@ -124,10 +125,70 @@ void Scheduler::observe_step(const StepPlan& plan, double seconds) {
   StepShape shape;
   shape.tokens = plan.num_tokens;
   for (const ScheduledSeq& q : plan.seqs) {
-    shape.rows += q.samples ? 1 : 0;
+    shape.rows += q.logit_rows();
     shape.pairs += q.num_new * (q.num_computed + (q.num_new + 1) / 2.0);
   }
   step_time_.observe(shape, seconds);
+}
+
+// Drafts for the plan's decoding sequences (those that were running before this step), in
+// plan order, from the budget and blocks the plan left. How many a sequence feeds: its
+// acceptance rate so far, alpha = (accepted + 4) / (drafted + 5), makes the i-th draft land
+// with probability alpha^i (it needs every draft before it); a draft is fed while that
+// chance is worth what it adds to the step -- more expected tokens per second for the whole
+// step, E / T (E the tokens the step is expected to emit, T its predicted time, both with
+// the drafts added so far): alpha^i / (its marginal time) > E / T. Alone on a machine a
+// step's fixed cost dominates and drafts are cheap; under load a step already emits many
+// tokens, each draft costs its share of the compute, and speculation turns itself off.
+// Until the step-time model is fitted, a sequence feeds what its limit allows. The prior
+// (4 of 5 accepted) is optimistic on purpose: a sequence that never fed a draft would
+// never learn its rate, and an n-gram match of 3-4 tokens is usually followed by its copy.
+int32_t Scheduler::plan_drafts(StepPlan& plan, int32_t budget, const std::set<int64_t>& admitted) {
+  StepShape shape;
+  for (const ScheduledSeq& q : plan.seqs) {
+    shape.tokens += q.num_new;
+    shape.rows += q.logit_rows();
+    shape.pairs += q.num_new * (q.num_computed + (q.num_new + 1) / 2.0);
+  }
+  double expected = std::max(1.0, shape.rows);  // tokens the step emits (one per sampled row, so far)
+  double seconds = step_time_.ready() ? step_time_.predict(shape) : 0;
+  for (ScheduledSeq& q : plan.seqs) {
+    if (budget <= 0) break;
+    if (!q.samples || q.num_new != 1 || admitted.count(q.id)) continue;
+    SchedState& s = states_.at(q.id);
+    if (q.num_computed + 1 != static_cast<int32_t>(s.tokens.size())) continue;
+    int32_t cap = cfg_.num_speculative_tokens;
+    if (s.req.num_speculative_tokens >= 0) cap = std::min(cap, s.req.num_speculative_tokens);
+    // (the last token the request may take needs no draft after it)
+    cap = std::min({cap, budget, s.req.max_new_tokens - s.num_generated - 1});
+    if (cap <= 0) continue;
+    int32_t k = cap;
+    if (step_time_.ready() && seconds > 0) {
+      const double alpha = (s.accepted + kPriorAccepted) / (s.drafted + kPriorDrafted);
+      double chance = 1;
+      k = 0;
+      while (k < cap) {
+        chance *= alpha;
+        const double ctx = q.num_computed + 1.0 + k;  // the draft's attention pairs
+        const double cost =
+            step_time_.seconds_per_token() + step_time_.seconds_per_row() + step_time_.seconds_per_pair() * ctx;
+        if (!(chance * seconds > cost * expected)) break;
+        ++k;
+        expected += chance;
+        seconds += cost;
+      }
+      if (k == 0) continue;
+    }
+    std::vector<int32_t> drafts = draft_->propose(q.id, s.tokens, k);
+    if (drafts.size() > static_cast<size_t>(k)) drafts.resize(static_cast<size_t>(k));  // (a source that overshoots)
+    if (drafts.empty()) continue;
+    const int32_t n = static_cast<int32_t>(drafts.size());
+    if (!kv_.reserve(q.id, q.num_computed + 1 + n, s.tokens, &plan.copies)) continue;  // no room: no drafts
+    q.num_new += n;
+    q.drafts = std::move(drafts);
+    budget -= n;
+  }
+  return budget;
 }
 
 StepPlan Scheduler::schedule(const std::set<int64_t>* busy) {
@@ -185,6 +246,7 @@ StepPlan Scheduler::schedule(const std::set<int64_t>* busy) {
     if (victim == id) continue;  // i now points at the next request
   }
   // Then waiting requests while budget, the running cap and the pool allow.
+  std::set<int64_t> admitted;
   while (!waiting_.empty() && budget > 0 && static_cast<int32_t>(running_.size()) < cfg_.max_running) {
     const int64_t id = *waiting_.begin();
     SchedState& s = states_.at(id);
@@ -200,9 +262,11 @@ StepPlan Scheduler::schedule(const std::set<int64_t>* busy) {
     }
     waiting_.erase(waiting_.begin());
     running_.push_back(id);
+    admitted.insert(id);
     plan.seqs.push_back({id, s.num_computed, n, s.num_computed + n == static_cast<int32_t>(s.tokens.size())});
     budget -= n;
   }
+  if (draft_ && cfg_.num_speculative_tokens > 0 && budget > 0) budget = plan_drafts(plan, budget, admitted);
   plan.num_tokens = step_budget0 - budget;
   if (capped && !plan.seqs.empty()) ++capped_steps_;
   return plan;
@@ -258,31 +322,66 @@ Status Scheduler::settle(StepPlan& plan, const std::vector<KvOp>& ops, const std
 }
 
 std::vector<FinishedRequest> Scheduler::update(const StepPlan& plan, const std::vector<int32_t>& sampled,
-                                               const std::function<bool(int64_t, int32_t)>& is_stop) {
+                                               const std::function<bool(int64_t, int32_t)>& is_stop,
+                                               const std::vector<int32_t>* counts) {
   std::vector<FinishedRequest> done;
-  size_t k = 0;
+  size_t k = 0, entry = 0;
   for (const ScheduledSeq& p : plan.seqs) {
-    auto it = states_.find(p.id);
-    if (it == states_.end()) {
-      if (p.samples) ++k;
-      continue;
-    }  // aborted meanwhile
-    SchedState& s = it->second;
-    s.num_computed = p.num_computed + p.num_new;
-    if (!p.samples) continue;
-    if (k >= sampled.size()) break;
-    const int32_t tok = sampled[k++];
-    s.tokens.push_back(tok);
-    ++s.num_generated;
-    const bool stop = is_stop && is_stop(p.id, tok);
-    if (stop || s.num_generated >= s.req.max_new_tokens) {
-      FinishedRequest f;
-      f.id = p.id;
-      f.output.assign(s.tokens.end() - s.num_generated, s.tokens.end());
-      f.hit_stop = stop;
-      done.push_back(std::move(f));
-      abort(p.id);
+    // The tokens of this entry: sampled[k, k + n).
+    size_t n = 0;
+    if (p.samples) {
+      n = counts ? (entry < counts->size() ? static_cast<size_t>(std::max(0, (*counts)[entry])) : 0) : 1;
+      n = std::min({n, p.drafts.size() + 1, sampled.size() - std::min(k, sampled.size())});
+      ++entry;
     }
+    const size_t first = k;
+    k += n;
+    auto it = states_.find(p.id);
+    if (it == states_.end()) continue;  // aborted meanwhile
+    SchedState& s = it->second;
+    if (!p.samples) {
+      s.num_computed = p.num_computed + p.num_new;
+      continue;
+    }
+    if (n == 0) {  // (no token came back for it: what the step computed before its drafts stays)
+      s.num_computed = p.num_computed + p.num_new - static_cast<int32_t>(p.drafts.size()) - 1;
+      if (!p.drafts.empty()) kv_.truncate(p.id, s.num_computed + 1);
+      continue;
+    }
+    // The drafts accepted: each token that equals the draft fed after it keeps that draft's
+    // KV (the next token came from its row).
+    size_t accepted = 0;
+    while (accepted + 1 < n && sampled[first + accepted] == p.drafts[accepted]) ++accepted;
+    n = accepted + 1;
+    if (!p.drafts.empty()) {
+      ++spec_.num_drafts;
+      spec_.num_draft_tokens += p.drafts.size();
+      spec_.num_accepted_tokens += accepted;
+      if (spec_.accepted_per_pos.size() < p.drafts.size()) spec_.accepted_per_pos.resize(p.drafts.size(), 0);
+      for (size_t i = 0; i < accepted; ++i) ++spec_.accepted_per_pos[i];
+      s.drafted += static_cast<int64_t>(p.drafts.size());
+      s.accepted += static_cast<int64_t>(accepted);
+    }
+    // The last known token and the accepted drafts are in the cache now.
+    s.num_computed = p.num_computed + p.num_new - static_cast<int32_t>(p.drafts.size() - accepted);
+    bool finished = false;
+    for (size_t i = 0; i < n && !finished; ++i) {
+      const int32_t tok = sampled[first + i];
+      s.tokens.push_back(tok);
+      ++s.num_generated;
+      const bool stop = is_stop && is_stop(p.id, tok);
+      if (stop || s.num_generated >= s.req.max_new_tokens) {
+        FinishedRequest f;
+        f.id = p.id;
+        f.output.assign(s.tokens.end() - s.num_generated, s.tokens.end());
+        f.hit_stop = stop;
+        f.step_tokens = static_cast<int32_t>(i + 1);
+        done.push_back(std::move(f));
+        abort(p.id);
+        finished = true;
+      }
+    }
+    if (!finished && accepted < p.drafts.size()) kv_.truncate(p.id, s.num_computed);  // rejected drafts' blocks
   }
   return done;
 }

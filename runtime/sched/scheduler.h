@@ -20,6 +20,7 @@
 #include "runtime/request/seq_request.h"
 #include "runtime/sched/kv_ledger.h"
 #include "runtime/sched/step_time.h"
+#include "runtime/spec/draft_source.h"
 
 namespace troupe {
 
@@ -36,6 +37,20 @@ struct SchedulerConfig {
   // decoding sequences alone): prefill goes on in smaller chunks beside the decodes instead
   // of stalling them, and always gets at least two thirds of such a step.
   double itl_target_s = 0;
+  // Speculative decoding: the most draft tokens one decoding sequence feeds in a step (0:
+  // off; drafts come from the source set with set_draft_source). Drafts take only the
+  // budget and free blocks the step leaves after every running sequence and admission, so
+  // they never preempt, delay a prefill or cut a decode; how many a sequence gets follows
+  // its acceptance so far and the step-time model (plan_drafts in scheduler.cpp).
+  int32_t num_speculative_tokens = 0;
+};
+
+// Speculative decoding counters (vLLM's spec_decode metrics).
+struct SpecStats {
+  uint64_t num_drafts = 0;                 // sequence steps that fed drafts
+  uint64_t num_draft_tokens = 0;           // draft tokens fed
+  uint64_t num_accepted_tokens = 0;        // drafts the target's own tokens matched
+  std::vector<uint64_t> accepted_per_pos;  // [i]: drafts at position i (0-based) accepted
 };
 
 // Per-request state the policies look at.
@@ -46,7 +61,8 @@ struct SchedState {
   int32_t num_computed = 0;     // tokens whose KV is in the cache
   int32_t num_generated = 0;
   int32_t num_preemptions = 0;
-  int64_t queue_rank = 0;  // tie-break in the waiting queue (the order a stable sort keeps)
+  int64_t queue_rank = 0;             // tie-break in the waiting queue (the order a stable sort keeps)
+  int64_t drafted = 0, accepted = 0;  // speculative drafts fed for it and accepted so far
 };
 
 // Policies are strategy objects: `before(a, b)` orders queues and running requests; the
@@ -63,6 +79,10 @@ struct ScheduledSeq {
   int32_t num_computed = 0;  // tokens already in the cache before this step
   int32_t num_new = 0;       // tokens computed this step
   bool samples = false;      // the step reaches the end of the known tokens: sample one
+  // Speculative drafts fed after the last known token (counted in num_new): the step has a
+  // logit row for that token and for each draft, and the target's tokens verify them.
+  std::vector<int32_t> drafts;
+  int32_t logit_rows() const { return samples ? 1 + static_cast<int32_t>(drafts.size()) : 0; }
 };
 
 struct StepPlan {
@@ -76,6 +96,9 @@ struct FinishedRequest {
   int64_t id = 0;
   std::vector<int32_t> output;
   bool hit_stop = false;  // stop token (else length)
+  // Tokens of the finishing step it kept: with drafts, the run can end inside the step
+  // (at a stop token or the length), and the step's later tokens are dropped.
+  int32_t step_tokens = 1;
 };
 
 class Scheduler;
@@ -107,10 +130,17 @@ class Scheduler {
   // results that do not match the plan, or a refusal the ledger's counts rule out (a
   // reservation, or a chunked admission not behind an earlier refused one).
   Status settle(StepPlan& plan, const std::vector<KvOp>& ops, const std::vector<KvOpResult>& results);
-  // Applies one sampled token per `samples` entry of the plan, in plan order;
-  // is_stop(id, token) says whether a token ends its request.
+  // Applies the sampled tokens of each `samples` entry of the plan, in plan order: one per
+  // entry, or `counts[i]` for the i-th sampling entry (1 + the drafts the target's tokens
+  // accepted, for one with drafts); is_stop(id, token) says whether a token ends its
+  // request. Rejected drafts' blocks go back (KvBlocks::truncate); a token that does not
+  // match the draft it follows ends the accepted run there whatever `counts` says.
   std::vector<FinishedRequest> update(const StepPlan& plan, const std::vector<int32_t>& sampled,
-                                      const std::function<bool(int64_t, int32_t)>& is_stop);
+                                      const std::function<bool(int64_t, int32_t)>& is_stop,
+                                      const std::vector<int32_t>* counts = nullptr);
+  // Where drafts come from (null: none); not owned. Told when a sequence goes.
+  void set_draft_source(DraftSource* d) { draft_ = d; }
+  const SpecStats& spec_stats() const { return spec_; }
   size_t num_waiting() const { return waiting_.size(); }
   const WaitingQueue& waiting() const { return waiting_; }  // in policy order
   size_t num_running() const { return running_.size(); }
@@ -131,6 +161,8 @@ class Scheduler {
   void preempt(int64_t id);
   bool may_split(int32_t left, int32_t n) const;
   int32_t step_budget(const std::set<int64_t>* busy) const;
+  int32_t plan_drafts(StepPlan& plan, int32_t budget, const std::set<int64_t>& admitted);
+  static constexpr double kPriorAccepted = 4, kPriorDrafted = 5;  // plan_drafts' prior acceptance
 
   SchedulerConfig cfg_;
   KvBlocks& kv_;
@@ -143,6 +175,8 @@ class Scheduler {
   uint64_t preemptions_ = 0;
   StepTimeModel step_time_;
   uint64_t capped_steps_ = 0;
+  DraftSource* draft_ = nullptr;
+  SpecStats spec_;
 };
 
 }  // namespace troupe

@@ -138,16 +138,20 @@ TEST_CASE("matmul results do not depend on the other tokens in the call", "[kern
     auto w = test::random_weight(type, rows, cols, rng);
     auto packed = pack_weight(type, rows, cols, w.data());
     REQUIRE(packed.ok());
-    const int64_t n = 11;
-    auto x = test::random_floats(static_cast<size_t>(n * cols), rng);
-    ThreadPool pool(2);
-    for (Isa isa : available_isas()) {
-      MatmulScratch s;
-      std::vector<float> all(static_cast<size_t>(n * rows)), one(static_cast<size_t>(rows));
-      matmul(*packed, x.data(), n, all.data(), pool, s, isa);
-      for (int64_t t = 0; t < n; ++t) {
-        matmul(*packed, x.data() + t * cols, 1, one.data(), pool, s, isa);
-        REQUIRE(std::memcmp(one.data(), all.data() + t * rows, rows * sizeof(float)) == 0);
+    // 5-16 tokens take the streaming kernel (up to 8 tokens a tile on AVX-512), 20 the
+    // cache-blocked one (4 a tile): every token gets the bits it gets alone.
+    for (int64_t n : {5, 8, 11, 20}) {
+      auto x = test::random_floats(static_cast<size_t>(n * cols), rng);
+      ThreadPool pool(2);
+      INFO("type " << dtype_traits(type).name << " tokens " << n);
+      for (Isa isa : available_isas()) {
+        MatmulScratch s;
+        std::vector<float> all(static_cast<size_t>(n * rows)), one(static_cast<size_t>(rows));
+        matmul(*packed, x.data(), n, all.data(), pool, s, isa);
+        for (int64_t t = 0; t < n; ++t) {
+          matmul(*packed, x.data() + t * cols, 1, one.data(), pool, s, isa);
+          REQUIRE(std::memcmp(one.data(), all.data() + t * rows, rows * sizeof(float)) == 0);
+        }
       }
     }
   }
