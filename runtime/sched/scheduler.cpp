@@ -152,6 +152,8 @@ int32_t Scheduler::plan_drafts(StepPlan& plan, int32_t budget, const std::set<in
   }
   double expected = std::max(1.0, shape.rows);  // tokens the step emits (one per sampled row, so far)
   double seconds = step_time_.ready() ? step_time_.predict(shape) : 0;
+  bool explore = plans_without_drafts_ >= kExploreEvery;
+  bool fed = false;
   for (ScheduledSeq& q : plan.seqs) {
     if (budget <= 0) break;
     if (!q.samples || q.num_new != 1 || admitted.count(q.id)) continue;
@@ -177,7 +179,11 @@ int32_t Scheduler::plan_drafts(StepPlan& plan, int32_t budget, const std::set<in
         expected += chance;
         seconds += cost;
       }
-      if (k == 0) continue;
+      // Exploration: the step-time model learns what a draft costs only from steps that
+      // fed drafts (a decode's own row and fixed cost are otherwise inseparable), so after
+      // kExploreEvery plans without any, one sequence feeds one draft.
+      if (k == 0 && !explore) continue;
+      if (k == 0) k = 1;
     }
     std::vector<int32_t> drafts = draft_->propose(q.id, s.tokens, k);
     if (drafts.size() > static_cast<size_t>(k)) drafts.resize(static_cast<size_t>(k));  // (a source that overshoots)
@@ -187,7 +193,10 @@ int32_t Scheduler::plan_drafts(StepPlan& plan, int32_t budget, const std::set<in
     q.num_new += n;
     q.drafts = std::move(drafts);
     budget -= n;
+    fed = true;
+    explore = false;
   }
+  plans_without_drafts_ = fed ? 0 : plans_without_drafts_ + 1;
   return budget;
 }
 

@@ -163,6 +163,7 @@ class Scheduler {
   int32_t step_budget(const std::set<int64_t>* busy) const;
   int32_t plan_drafts(StepPlan& plan, int32_t budget, const std::set<int64_t>& admitted);
   static constexpr double kPriorAccepted = 4, kPriorDrafted = 5;  // plan_drafts' prior acceptance
+  static constexpr int kExploreEvery = 64;  // plans without drafts before one feeds a draft anyway
 
   SchedulerConfig cfg_;
   KvBlocks& kv_;
@@ -176,6 +177,7 @@ class Scheduler {
   StepTimeModel step_time_;
   uint64_t capped_steps_ = 0;
   DraftSource* draft_ = nullptr;
+  int plans_without_drafts_ = 0;
   SpecStats spec_;
 };
 

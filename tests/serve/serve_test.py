@@ -27,6 +27,9 @@ Checks:
                     admitted run as fast as at capacity alone, memory bounded
   connections       --max-connections: one connection over the cap gets a 503 and is closed; a low
                     open-file limit lowers the cap instead of exhausting descriptors; no busy loop
+  speculative       --speculative ngram: greedy and seeded outputs (tokens, logprobs) equal a plain
+                    server's alone, concurrent and streamed; drafts accepted (metrics, usage); KV back
+                    to baseline; bad num_speculative_tokens and flags refused
   json_mode         response_format json_object: outputs that end are one JSON object (greedy,
                     sampled, streamed), a prose prompt's unconstrained answer is not; json_schema,
                     unknown types and ignore_eos with it are refused with 400
@@ -1903,6 +1906,72 @@ def t_json_mode():
         check(st == 400 and b"ignore_eos" in data, f"json_object with ignore_eos: {st} {data[:200]!r}")
     return (f"{objects} of {len(runs)} answers ended as JSON objects (the rest hit max_tokens), the streamed one "
             f"too; the unconstrained answer is not JSON; 5 bad response_formats refused with 400")
+
+
+SPEC_PASSAGE = ("The committee approved the budget for the new library on Monday, and construction will start in "
+                "the spring. The library will hold forty thousand books, a children's room and a small cafe.")
+
+
+@register("speculative")
+def t_speculative():
+    """--speculative ngram (docs/serving.md, "Speculative decoding"): greedy and seeded outputs,
+    tokens and log-probabilities, equal those of a server without it, alone and concurrent;
+    drafts are accepted on a copy prompt (metrics and usage say how many); KV back to baseline;
+    bad num_speculative_tokens refused with 400; bad flags refused at start-up."""
+    copy = [f"Repeat this text exactly.\nText: {SPEC_PASSAGE}\nRepeat: {SPEC_PASSAGE}\nText: {SPEC_PASSAGE}\nRepeat:",
+            f"Here is a list: apples, pears, plums, apples, pears, plums, apples, pears, plums, apples,"]
+    prompts = copy + bi_prompts()[:6]
+    seeded = {"temperature": 0.8, "top_p": 0.95, "seed": 11, "frequency_penalty": 0.3}
+    runs = [(p, {}) for p in prompts] + [(p, seeded) for p in prompts[:4]]
+    with Server(name="plain") as a:
+        ref = [outcome_lp(complete(a.port, p, 48, **x)) for p, x in runs]
+        st, _, data = request(a.port, "POST", "/v1/completions", {"prompt": "hi", "max_tokens": 2,
+                                                                   "num_speculative_tokens": 2})
+        check(st == 400 and b"--speculative" in data, f"plain server, num_speculative_tokens 2: {st} {data[:200]!r}")
+        r = complete(a.port, "hi", 2, num_speculative_tokens=0)
+        check("completion_tokens_details" not in r["usage"], f"plain server usage {r['usage']}")
+    with Server("--speculative", "ngram", "--num-speculative-tokens", 6, name="ngram") as b:
+        m0 = metrics(b.port)
+        solo = [complete(b.port, p, 48, **x) for p, x in runs]
+        bad = [i for i, r in enumerate(solo) if outcome_lp(r) != ref[i]]
+        check(not bad, f"runs {bad} differ from the plain server: {[outcome(solo[i]) for i in bad[:2]]} vs "
+                       f"{[ref[i] for i in bad[:2]]}")
+        details = solo[0]["usage"].get("completion_tokens_details") or {}
+        check(details.get("accepted_prediction_tokens", 0) > 0, f"copy prompt: usage {solo[0]['usage']}")
+        conc = run_threads([lambda p=p, x=x: complete(b.port, p, 48, **x) for p, x in runs])
+        bad = [i for i, r in enumerate(conc) if isinstance(r, BaseException) or outcome_lp(r) != ref[i]]
+        check(not bad, f"concurrent runs {bad} differ from the plain server")
+        # streamed: the deltas add up to the same text
+        st, events, done = sse_stream(b.port, "/v1/completions", {"prompt": copy[0], "max_tokens": 48,
+                                                                   "temperature": 0, "ignore_eos": True,
+                                                                   "stream": True})
+        text = "".join(e["choices"][0]["text"] for e in events if e.get("choices"))
+        check(st == 200 and done and text == ref[0][0][0], f"streamed: {text!r} vs {ref[0][0][0]!r}")
+        for v, words in [(-1, "num_speculative_tokens"), (7, "num_speculative_tokens"), ("x", "integer")]:
+            st, _, data = request(b.port, "POST", "/v1/completions", {"prompt": "hi", "max_tokens": 2,
+                                                                       "num_speculative_tokens": v})
+            e = error_shape(data)
+            check(st == 400 and not isinstance(e, str) and words in e["message"] and
+                  e.get("param") == "num_speculative_tokens", f"num_speculative_tokens {v!r}: {st} {data[:200]!r}")
+        r = complete(b.port, copy[0], 24, num_speculative_tokens=0)
+        d0 = r["usage"].get("completion_tokens_details") or {}
+        check(d0.get("accepted_prediction_tokens") == 0 and d0.get("rejected_prediction_tokens") == 0,
+              f"num_speculative_tokens 0: usage {r['usage']}")
+        m, _ = wait_idle(b.port)
+        drafted = m["troupe:spec_decode_num_draft_tokens_total"]
+        accepted = m["troupe:spec_decode_num_accepted_tokens_total"]
+        check(0 < accepted <= drafted, f"metrics: {accepted:.0f} accepted of {drafted:.0f} drafted")
+        check(m["troupe:spec_decode_num_drafts_total"] > 0, "no draft steps counted")
+        check(m["troupe:kv_cache_free_blocks"] == m0["troupe:kv_cache_free_blocks"],
+              f"{m['troupe:kv_cache_free_blocks']:.0f} free blocks after, {m0['troupe:kv_cache_free_blocks']:.0f} before")
+        gen = m["troupe:generation_tokens_total"]
+    for flags, words in [(["--speculative", "medusa"], "unknown speculative method"),
+                         (["--speculative", "ngram", "--num-speculative-tokens", "0"], "--num-speculative-tokens")]:
+        p = subprocess.run([TROUPE, "serve", "--port", "0"] + flags, capture_output=True, text=True, timeout=60)
+        check(p.returncode == 2 and words in p.stdout + p.stderr, f"{flags}: exit {p.returncode}: {p.stderr[-300:]!r}")
+    return (f"{len(runs)} runs (greedy and seeded) equal the plain server's tokens and logprobs alone and "
+            f"concurrent, and streamed; {accepted:.0f} of {drafted:.0f} drafts accepted over {gen:.0f} tokens; "
+            f"bad values and flags refused")
 
 
 class Node:
