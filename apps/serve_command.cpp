@@ -53,7 +53,7 @@ struct ServeFlags {
   ExpertFlags experts;
   std::string step_log;     // --step-log FILE
   std::string speculative;  // --speculative METHOD ("": off)
-  int num_speculative_tokens = 4;
+  int num_speculative_tokens = 7;  // 1 + 7 tokens: one streaming tile of the AVX-512 matmul
   api::Limits limits;
 };
 
