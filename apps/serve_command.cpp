@@ -51,8 +51,8 @@ struct ServeFlags {
   std::string node_key_file;
   double node_timeout = 30;
   ExpertFlags experts;
-  std::string step_log;     // --step-log FILE
-  std::string speculative;  // --speculative METHOD ("": off)
+  std::string step_log;            // --step-log FILE
+  std::string speculative;         // --speculative METHOD ("": off)
   int num_speculative_tokens = 7;  // 1 + 7 tokens: one streaming tile of the AVX-512 matmul
   api::Limits limits;
 };
@@ -226,7 +226,8 @@ int serve(ServeFlags f) {
     no.scheduler.on_step = [log](const StepPlan& plan, double seconds, double compute) {
       std::vector<sim::SeqShape> seqs;
       seqs.reserve(plan.seqs.size());
-      for (const auto& q : plan.seqs) seqs.push_back({q.num_computed, q.num_new, q.samples});
+      for (const auto& q : plan.seqs)
+        seqs.push_back({q.num_computed, q.num_new, q.samples, static_cast<int32_t>(q.drafts.size())});
       *log << sim::step_log_line(seqs, seconds, compute) << std::flush;
     };
   }

@@ -233,7 +233,7 @@ int calibrate_served(const CalibrateFlags& f, const sim::HardwareProfile& base) 
       int64_t tokens = 0, rows = 0, ctx = 0;
       for (const auto& q : smp.seqs) {
         tokens += q.num_new;
-        rows += q.samples;
+        rows += q.rows();
         ctx += q.num_computed + q.num_new;
       }
       char line[192];
@@ -307,7 +307,8 @@ int calibrate(CalibrateFlags f) {
       const StepPlan& plan = (*eng)->last_plan();
       if (!keep || plan.seqs.empty()) continue;
       sim::StepSample smp;
-      for (const auto& q : plan.seqs) smp.seqs.push_back({q.num_computed, q.num_new, q.samples});
+      for (const auto& q : plan.seqs)
+        smp.seqs.push_back({q.num_computed, q.num_new, q.samples, static_cast<int32_t>(q.drafts.size())});
       smp.seconds = dt;
       samples.push_back(std::move(smp));
       labels.push_back(s.what);
@@ -363,7 +364,7 @@ int calibrate(CalibrateFlags f) {
       int64_t tokens = 0, rows = 0, ctx = 0;
       for (const auto& q : samples[i].seqs) {
         tokens += q.num_new;
-        rows += q.samples;
+        rows += q.rows();
         ctx += q.num_computed + q.num_new;
       }
       char line[256];

@@ -31,7 +31,9 @@ struct SimFlags {
   std::string hardware = sim_source_path("sim/profiles/cpu-local.json");
   int max_num_batched_tokens = 512, max_num_seqs = 64, kv_cache_tokens = 32768, block_size = 16;
   bool no_prefix_caching = false, no_chunked_prefill = false, log_decisions = false;
-  double itl_target_ms = 100;   // as troupe serve (0: off)
+  double itl_target_ms = 100;  // as troupe serve (0: off)
+  int speculative_tokens = 0;  // as troupe serve --num-speculative-tokens (0: no speculation)
+  double spec_acceptance = 0.7, spec_match = 1.0;
   std::string param;            // sweep: a scheduler flag to vary
   std::vector<double> values;   // sweep: its values
   std::string metric = "ttft";  // sweep: ttft | itl | e2el
@@ -44,6 +46,9 @@ struct SimFlags {
 Result<sim::SimResult> run_workload(const std::vector<sim::SimRequest>& reqs, const sim::SimConfig& sc,
                                     const sim::CostModel& cost, const sim::ClusterConfig& cc) {
   if (cc.instances == 1 && cc.prefill_instances == 0) return sim::simulate(reqs, sc, cost);
+  if (sc.scheduler.num_speculative_tokens > 0)
+    return make_error(
+        "--speculative-tokens is simulated on one instance only (not with --instances or disaggregation)");
   return sim::simulate_cluster(reqs, sc, cost, cc);
 }
 
@@ -60,6 +65,10 @@ Result<Prepared> prepare(const SimFlags& f) {
     return make_error(
         "--max-num-batched-tokens, --max-num-seqs and --block-size must be >= 1, --kv-cache-tokens >= --block-size");
   if (!(f.itl_target_ms >= 0 && f.itl_target_ms <= 600000)) return make_error("--itl-target-ms must be 0..600000");
+  if (f.speculative_tokens < 0 || f.speculative_tokens > kMaxSpeculativeTokens)
+    return make_error("--speculative-tokens must be 0.." + std::to_string(kMaxSpeculativeTokens));
+  if (!(f.spec_acceptance >= 0 && f.spec_acceptance <= 1) || !(f.spec_match >= 0 && f.spec_match <= 1))
+    return make_error("--spec-acceptance and --spec-match must be within 0..1");
   const bool gguf = f.model_config.size() > 5 && f.model_config.compare(f.model_config.size() - 5, 5, ".gguf") == 0;
   Result<ModelConfig> cfg = make_error("");
   if (gguf) {  // its header's config (the weights stay mapped, unread)
@@ -132,6 +141,9 @@ sim::SimConfig sim_config(const SimFlags& f, const std::string& policy) {
   sc.kv = kv_config_for_tokens(f.kv_cache_tokens, f.block_size, !f.no_prefix_caching);
   sc.policy = policy;
   sc.log_decisions = f.log_decisions;
+  sc.scheduler.num_speculative_tokens = f.speculative_tokens;
+  sc.spec_acceptance = f.spec_acceptance;
+  sc.spec_match = f.spec_match;
   return sc;
 }
 
@@ -199,7 +211,8 @@ const char* kSweepParams[] = {"max-num-batched-tokens",
                               "instances",
                               "prefill-instances",
                               "decode-instances",
-                              "itl-target-ms"};
+                              "itl-target-ms",
+                              "speculative-tokens"};
 
 Status set_param(SimFlags& f, const std::string& name, double v) {
   if (!(v >= 0 && v <= 1e9)) return make_error("--values for " + name + " must be 0..1000000000");
@@ -229,6 +242,8 @@ Status set_param(SimFlags& f, const std::string& name, double v) {
     f.cluster.decode_instances = i;
   else if (name == "itl-target-ms")
     f.itl_target_ms = i;
+  else if (name == "speculative-tokens")
+    f.speculative_tokens = i;
   else if (name == "chunked-prefill" || name == "prefix-caching") {
     if (i != 0 && i != 1) return make_error("--values for " + name + " must be 0 (off) or 1 (on)");
     (name == "chunked-prefill" ? f.no_chunked_prefill : f.no_prefix_caching) = i == 0;
@@ -400,6 +415,17 @@ void add_common(CLI::App* cmd, SimFlags& f) {
          "--itl-target-ms", f.itl_target_ms,
          "inter-token latency target: cap a step with streaming requests so that its time, as learned from "
          "the simulated steps, stays within this or three times the decodes' own step (as troupe serve; 0: off)")
+      ->capture_default_str();
+  cmd->add_option("--speculative-tokens", f.speculative_tokens,
+                  "speculative decoding as troupe serve --speculative with --num-speculative-tokens N: the "
+                  "production scheduler plans up to N drafts per decoding sequence, accepted at --spec-acceptance "
+                  "(0: off)")
+      ->capture_default_str();
+  cmd->add_option("--spec-acceptance", f.spec_acceptance,
+                  "speculation: probability that a draft is accepted once the one before it was (0..1)")
+      ->capture_default_str();
+  cmd->add_option("--spec-match", f.spec_match,
+                  "speculation: probability that a decoding sequence finds drafts in a step (an n-gram match; 0..1)")
       ->capture_default_str();
   cmd->add_option("--pipeline-stages", f.layout.pipeline_stages,
                   "layout: pipeline stages the layers are split over (cost model; one device per stage)")

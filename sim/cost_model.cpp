@@ -168,7 +168,7 @@ double CostModel::matmul_flops(const std::vector<SeqShape>& seqs) const {
   double tokens = 0, logits = 0;
   for (const auto& s : seqs) {
     tokens += s.num_new;
-    logits += s.samples ? 1 : 0;
+    logits += s.rows();
   }
   return 2 * layer_params_ * cfg_.num_layers * tokens + 2 * output_params_ * logits;
 }
@@ -215,7 +215,7 @@ double CostModel::moe_device_seconds(const std::vector<SeqShape>& seqs) const {
   double tokens = 0, rows = 0;
   for (const auto& s : seqs) {
     tokens += s.num_new;
-    rows += s.samples ? 1 : 0;
+    rows += s.rows();
   }
   const double routed = std::min(tokens * l.experts_per_token, tokens * l.experts_per_token / D * l.expert_imbalance);
   const double flops = 2 * attn_params_ * L * tokens / D + 2 * expert_params_ * L * routed +
@@ -245,7 +245,7 @@ double CostModel::expert_workers_seconds(const std::vector<SeqShape>& seqs) cons
   double tokens = 0, rows = 0;
   for (const auto& s : seqs) {
     tokens += s.num_new;
-    rows += s.samples ? 1 : 0;
+    rows += s.rows();
   }
   auto device = [&](double compute, double memory) {
     return hw_.overlap ? std::max(compute, memory) : compute + memory;
@@ -275,7 +275,7 @@ double CostModel::expert_workers_seconds(const std::vector<SeqShape>& seqs) cons
 
 double CostModel::step_seconds(const std::vector<SeqShape>& seqs) const {
   double rows = 0;
-  for (const auto& s : seqs) rows += s.samples ? 1 : 0;
+  for (const auto& s : seqs) rows += s.rows();
   const double fixed = hw_.step_overhead_s + hw_.sample_overhead_s * rows;
   const Layout& l = layout_;
   if (l.num_experts > 0 && l.expert_workers > 0) return fixed + expert_workers_seconds(seqs);

@@ -91,6 +91,8 @@ struct SeqShape {
   int32_t num_computed = 0;
   int32_t num_new = 0;
   bool samples = false;  // needs a logits row
+  int32_t drafts = 0;    // speculative drafts among num_new: a logits row each besides
+  int32_t rows() const { return samples ? 1 + drafts : 0; }
 };
 
 class CostModel {

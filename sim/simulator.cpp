@@ -63,6 +63,21 @@ Result<std::map<int64_t, size_t>> init_records(const std::vector<SimRequest>& re
   return index;
 }
 
+// Drafts of the simulated speculation: tokens the verification below accepts or not by
+// the configured rates (their ids never matter to the cost model).
+struct SimDraft : DraftSource {
+  double match = 1;
+  std::string name() const override { return "sim"; }
+  std::vector<int32_t> propose(int64_t seq, const std::vector<int32_t>& tokens, int32_t max) override {
+    const double u = token_hash(0xD2AF7 + static_cast<uint64_t>(seq), tokens.size()) / 32000.0;
+    if (u >= match) return {};
+    std::vector<int32_t> d(static_cast<size_t>(std::max(0, max)));
+    for (size_t i = 0; i < d.size(); ++i)
+      d[i] = static_cast<int32_t>(token_hash(0xD4AF7 + static_cast<uint64_t>(seq), tokens.size() * 64 + i));
+    return d;
+  }
+};
+
 Result<SimResult> simulate(const std::vector<SimRequest>& reqs, const SimConfig& cfg, const CostModel& cost) {
   if (cfg.policy != "fcfs" && cfg.policy != "priority") return make_error("--policy must be fcfs or priority");
   if (cfg.kv.num_blocks <= 0 || cfg.kv.block_size <= 0) return make_error("the KV pool needs at least one block");
@@ -72,6 +87,11 @@ Result<SimResult> simulate(const std::vector<SimRequest>& reqs, const SimConfig&
                            cfg.policy == "priority" ? SchedulingPolicy::priority() : SchedulingPolicy::fcfs());
   Scheduler& sched = serving.sched();
   const KvBlockManager& kv = serving.kv();
+  if (!(cfg.spec_acceptance >= 0 && cfg.spec_acceptance <= 1) || !(cfg.spec_match >= 0 && cfg.spec_match <= 1))
+    return make_error("speculative acceptance and match rates must be within 0..1");
+  SimDraft draft;
+  draft.match = cfg.spec_match;
+  if (cfg.scheduler.num_speculative_tokens > 0) sched.set_draft_source(&draft);
   SimResult out;
   auto index_or = init_records(reqs, out);
   if (!index_or) return index_or.error();
@@ -80,7 +100,7 @@ Result<SimResult> simulate(const std::vector<SimRequest>& reqs, const SimConfig&
   double now = 0, usage_time = 0;
   size_t next = 0;
   std::vector<SeqShape> shapes;
-  std::vector<int32_t> sampled;
+  std::vector<int32_t> sampled, counts;
   auto arrivals = [&] {
     while (next < reqs.size() && reqs[next].arrival_s <= now) {
       const SimRequest& q = reqs[next];
@@ -104,10 +124,21 @@ Result<SimResult> simulate(const std::vector<SimRequest>& reqs, const SimConfig&
     }
     shapes.clear();
     sampled.clear();
+    counts.clear();
     for (const auto& s : plan.seqs) {
-      shapes.push_back({s.num_computed, s.num_new, s.samples});
-      if (s.samples)
-        sampled.push_back(static_cast<int32_t>(token_hash(0xC0FFEE + static_cast<uint64_t>(s.id), s.num_computed)));
+      shapes.push_back({s.num_computed, s.num_new, s.samples, static_cast<int32_t>(s.drafts.size())});
+      if (!s.samples) continue;
+      // The accepted drafts (each with probability spec_acceptance, in a row), then a token of
+      // the target's own (one that differs from the next draft).
+      size_t accepted = 0;
+      while (accepted < s.drafts.size() &&
+             token_hash(0xACCE97 + static_cast<uint64_t>(s.id), s.num_computed * 64 + accepted) / 32000.0 <
+                 cfg.spec_acceptance)
+        sampled.push_back(s.drafts[accepted++]);
+      int32_t own = static_cast<int32_t>(token_hash(0xC0FFEE + static_cast<uint64_t>(s.id), s.num_computed));
+      if (accepted < s.drafts.size() && own == s.drafts[accepted]) own = (own + 1) % 32000;
+      sampled.push_back(own);
+      counts.push_back(static_cast<int32_t>(accepted + 1));
     }
     for (int64_t id : plan.preempted) {
       ++out.requests[index.at(id)].preemptions;
@@ -116,7 +147,9 @@ Result<SimResult> simulate(const std::vector<SimRequest>& reqs, const SimConfig&
     if (cfg.log_decisions) {
       std::ostringstream line;
       line << out.steps << ":";
-      for (const auto& s : plan.seqs) line << " " << s.id << "+" << s.num_new << (s.samples ? "*" : "");
+      for (const auto& s : plan.seqs)
+        line << " " << s.id << "+" << s.num_new << (s.samples ? "*" : "")
+             << (s.drafts.empty() ? "" : std::to_string(s.drafts.size()));
       for (int64_t id : plan.preempted) line << " preempt " << id;
       out.decisions.push_back(line.str());
     }
@@ -128,16 +161,29 @@ Result<SimResult> simulate(const std::vector<SimRequest>& reqs, const SimConfig&
     out.peak_kv_usage = std::max(out.peak_kv_usage, usage);
     now += dt;
     ++out.steps;
+    std::map<int64_t, int32_t> emitted;  // tokens each sampling sequence emits this step
+    {
+      size_t e = 0;
+      for (const auto& s : plan.seqs)
+        if (s.samples) emitted[s.id] = counts[e++];
+    }
+    arrivals();  // (those that came during the step: serve fetches their hints meanwhile)
+    TROUPE_TRY(serving.fetch_hints());
+    for (const auto& f : sched.update(plan, sampled, never_stop, &counts)) {
+      out.requests[index.at(f.id)].finish = now;
+      emitted[f.id] = f.step_tokens;  // (it ended inside its run of drafts)
+    }
     for (const auto& s : plan.seqs) {
       if (!s.samples) continue;
       RequestRecord& r = out.requests[index.at(s.id)];
       if (r.first_token < 0) r.first_token = now;
-      r.token_times.push_back(now);
-      ++r.generated;
+      for (int32_t i = 0; i < emitted[s.id]; ++i) r.token_times.push_back(now);
+      r.generated += emitted[s.id];
+      if (!s.drafts.empty()) {
+        out.spec_draft_tokens += s.drafts.size();
+        out.spec_accepted_tokens += static_cast<uint64_t>(emitted[s.id] - 1);
+      }
     }
-    arrivals();  // (those that came during the step: serve fetches their hints meanwhile)
-    TROUPE_TRY(serving.fetch_hints());
-    for (const auto& f : sched.update(plan, sampled, never_stop)) out.requests[index.at(f.id)].finish = now;
   }
   const KvBlockStats st = kv.stats();
   out.prefix_queries = st.prefix_queries;
@@ -195,6 +241,8 @@ std::string summary_json(const SimResult& r, const Slo& slo) {
       {"kv_usage_peak", r.peak_kv_usage},
       {"prefix_cache_queries", r.prefix_queries},
       {"prefix_cache_hits", r.prefix_hits},
+      {"spec_draft_tokens", r.spec_draft_tokens},
+      {"spec_accepted_tokens", r.spec_accepted_tokens},
   };
   return j.dump(2) + "\n";
 }

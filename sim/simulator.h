@@ -19,6 +19,11 @@ struct SimConfig {
   KvBlockConfig kv;
   std::string policy = "fcfs";  // fcfs | priority
   bool log_decisions = false;
+  // Speculative decoding (scheduler.num_speculative_tokens > 0): a decoding sequence finds
+  // drafts in a step with probability spec_match (an n-gram match), and each draft is
+  // accepted with probability spec_acceptance once the one before it was (seeded by the
+  // request and position, so a run is reproducible). The production scheduler plans them.
+  double spec_acceptance = 0.7, spec_match = 1.0;
 };
 
 struct RequestRecord {
@@ -32,6 +37,7 @@ struct RequestRecord {
 struct SimResult {
   std::vector<RequestRecord> requests;
   uint64_t steps = 0, preemptions = 0, prefix_queries = 0, prefix_hits = 0;
+  uint64_t spec_draft_tokens = 0, spec_accepted_tokens = 0;  // speculative drafts fed and accepted
   double duration_s = 0;
   double mean_kv_usage = 0;  // time-weighted
   double peak_kv_usage = 0;

@@ -15,6 +15,7 @@ std::string step_log_line(const std::vector<SeqShape>& seqs, double seconds, dou
     if (i) line += ' ';
     line += std::to_string(seqs[i].num_computed) + "+" + std::to_string(seqs[i].num_new);
     if (seqs[i].samples) line += '*';
+    if (seqs[i].samples && seqs[i].drafts > 0) line += std::to_string(seqs[i].drafts);  // (speculative drafts)
   }
   return line + "\n";
 }
@@ -43,9 +44,19 @@ Result<std::vector<LoggedStep>> read_step_log(const std::string& path) {
     std::string tok;
     while (seqs >> tok) {
       SeqShape q;
-      if (!tok.empty() && tok.back() == '*') {
+      // computed+new, '*' when sampled, then the speculative drafts among `new` if any
+      if (const size_t star = tok.find('*'); star != std::string::npos) {
         q.samples = true;
-        tok.pop_back();
+        const std::string d = tok.substr(star + 1);
+        tok.resize(star);
+        if (!d.empty()) {
+          long long n = -1;
+          int used = 0;
+          if (std::sscanf(d.c_str(), "%lld%n", &n, &used) != 1 || used != static_cast<int>(d.size()) || n < 1 ||
+              n > 1024)
+            return bad("bad draft count '" + d + "' (expected computed+new*drafts)");
+          q.drafts = static_cast<int32_t>(n);
+        }
       }
       long long a = -1, b = -1;
       int used = 0;
@@ -54,6 +65,7 @@ Result<std::vector<LoggedStep>> read_step_log(const std::string& path) {
         return bad("bad sequence '" + tok + "' (expected computed+new, new >= 1)");
       q.num_computed = static_cast<int32_t>(a);
       q.num_new = static_cast<int32_t>(b);
+      if (q.drafts >= q.num_new) return bad("sequence '" + tok + "' has more drafts than new tokens");
       s.sample.seqs.push_back(q);
     }
     if (s.sample.seqs.empty()) return bad("a step with no sequences");

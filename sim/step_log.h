@@ -5,7 +5,8 @@
 //   seconds,compute_seconds,seqs
 //   0.012345,0.011002,0+512* 31+1* 40+1*
 //
-// `seqs` lists the step's sequences as computed+new tokens, '*' when the step samples it.
+// `seqs` lists the step's sequences as computed+new tokens, '*' when the step samples it, then
+// the speculative drafts among the new tokens when it fed any (`700+8*7`).
 #pragma once
 #include <string>
 #include <vector>

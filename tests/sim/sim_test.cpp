@@ -146,6 +146,45 @@ TEST_CASE("sim: the latency target caps streaming steps (the production schedule
   for (const auto& q : b->requests) CHECK(q.generated == q.output_tokens);
 }
 
+TEST_CASE("sim: speculation through the production scheduler, priced by its logit rows", "[sim][spec]") {
+  // A few requests at a low rate (decode-bound, as one client): drafts accepted almost
+  // always take fewer steps and less time per token; drafts never accepted turn themselves
+  // off (the goodput rule) and cost little; every request still gets exactly its tokens.
+  const auto reqs = workload(9, 6, 0.2);
+  const CostModel cost(smollm2(), profile("cpu-avx512"));
+  SimConfig off = config(512, 32768), good = off, bad = off;
+  good.scheduler.num_speculative_tokens = bad.scheduler.num_speculative_tokens = 7;
+  good.spec_acceptance = 0.95;
+  bad.spec_acceptance = 0;
+  auto a = simulate(reqs, off, cost), g = simulate(reqs, good, cost), b = simulate(reqs, bad, cost);
+  REQUIRE(a.ok());
+  REQUIRE(g.ok());
+  REQUIRE(b.ok());
+  auto again = simulate(reqs, good, cost);
+  REQUIRE(again.ok());
+  CHECK(again->decisions == g->decisions);  // seeded: reproducible
+  for (const auto* r : {&*a, &*g, &*b})
+    for (const auto& q : r->requests) CHECK(q.generated == q.output_tokens);
+  const auto ja = nlohmann::json::parse(summary_json(*a, {})), jg = nlohmann::json::parse(summary_json(*g, {})),
+             jb = nlohmann::json::parse(summary_json(*b, {}));
+  const double tpot_off = ja["tpot_ms"]["p50"], tpot_good = jg["tpot_ms"]["p50"], tpot_bad = jb["tpot_ms"]["p50"];
+  INFO("TPOT p50: off " << tpot_off << " ms, acceptance 0.95 " << tpot_good << " ms, acceptance 0 " << tpot_bad
+                        << " ms; steps " << a->steps << " / " << g->steps << " / " << b->steps);
+  CHECK(g->spec_accepted_tokens > 0);
+  CHECK(g->spec_accepted_tokens <= g->spec_draft_tokens);
+  CHECK(g->steps < a->steps / 2);
+  CHECK(tpot_good < 0.75 * tpot_off);
+  CHECK(b->spec_accepted_tokens == 0);
+  CHECK(b->spec_draft_tokens < 200);  // off after a few tries (and an exploring draft now and then)
+  CHECK(tpot_bad < 1.1 * tpot_off);
+  // A speculative step's logit rows are priced: the same tokens with drafts cost more.
+  const double plain = cost.step_seconds({{300, 8, true, 0}}), drafted = cost.step_seconds({{300, 8, true, 7}});
+  CHECK(drafted > plain);
+  SimConfig wrong = good;
+  wrong.spec_acceptance = 1.5;
+  CHECK_FALSE(simulate(reqs, wrong, cost).ok());
+}
+
 TEST_CASE("sim: the same inputs and seed give byte-identical outputs", "[sim]") {
   const CostModel cost(smollm2(), profile("cpu-local"));
   auto a = simulate(workload(7), config(256, 8192), cost);
@@ -557,20 +596,23 @@ TEST_CASE("sim step log: troupe serve's lines read back, bad lines named", "[sim
   {
     std::ofstream f(path);
     f << kStepLogHeader << step_log_line({{0, 512, true}}, 0.25, 0.2)
-      << step_log_line({{31, 1, true}, {40, 1, true}, {7, 9, false}}, 0.0125, 0.0121);
+      << step_log_line({{31, 1, true}, {40, 1, true}, {7, 9, false}, {90, 5, true, 4}}, 0.0125, 0.0121);
   }
   auto log = read_step_log(path);
   REQUIRE(log.ok());
   REQUIRE(log->size() == 2);
   CHECK((*log)[0].sample.seconds == 0.25);
   CHECK((*log)[0].compute_seconds == 0.2);
-  REQUIRE((*log)[1].sample.seqs.size() == 3);
+  REQUIRE((*log)[1].sample.seqs.size() == 4);
+  CHECK((*log)[1].sample.seqs[3].drafts == 4);  // "90+5*4": a speculative step's drafts
+  CHECK((*log)[1].sample.seqs[3].rows() == 5);
+  CHECK((*log)[1].sample.seqs[0].drafts == 0);
   CHECK((*log)[1].sample.seqs[2].num_computed == 7);
   CHECK((*log)[1].sample.seqs[2].num_new == 9);
   CHECK_FALSE((*log)[1].sample.seqs[2].samples);
   CHECK((*log)[1].sample.seqs[0].samples);
-  for (const char* bad :
-       {"0.1,0.1,", "x,0.1,0+1*", "0.1,0.1,0+0", "0.1,0.1,5", "0.1,0.1,1+2+3", "-1,0,0+1", "0.1,0.1,0+1** ", "0.1"}) {
+  for (const char* bad : {"0.1,0.1,", "x,0.1,0+1*", "0.1,0.1,0+0", "0.1,0.1,5", "0.1,0.1,1+2+3", "-1,0,0+1",
+                          "0.1,0.1,0+1** ", "0.1", "0.1,0.1,5+3*3", "0.1,0.1,5+3*x", "0.1,0.1,5+3*0"}) {
     std::ofstream(path) << kStepLogHeader << bad << "\n";
     auto r = read_step_log(path);
     CHECK_FALSE(r.ok());
