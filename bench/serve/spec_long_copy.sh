@@ -4,6 +4,7 @@
 # by its token count from --step-log (what a draft costs).
 #
 #   TROUPE_PY=... bench/serve/spec_long_copy.sh [MODEL.gguf] [K]   (K: --num-speculative-tokens, 7)
+#   KEEP_DIR=DIR keeps both servers' step logs there (plain.csv, ngram.csv) for `troupe sim`.
 #
 # Prompt: "Repeat the following text exactly, word for word." and the first 1,500 characters
 # of docs/serving.md (607 tokens); 200 greedy tokens. Prints a markdown report on stdout.
@@ -49,6 +50,7 @@ echo "Steps of the speculating server at a context past 500 tokens, by tokens in
 echo
 echo "| tokens in step | steps | median step ms (plan to result) | median compute ms |"
 echo "|---:|---:|---:|---:|"
+if [ -n "${KEEP_DIR:-}" ]; then mkdir -p "$KEEP_DIR"; cp "$WORK/plain.csv" "$WORK/ngram.csv" "$KEEP_DIR/"; fi
 python3 - "$WORK/ngram.csv" <<'PY'
 import collections, sys
 d = collections.defaultdict(list)
