@@ -16,6 +16,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   lim.vocab_size = 49152;
   lim.max_context = 2048;
   lim.model_names = {"m"};
+  lim.num_speculative_tokens = (size & 1) ? 7 : 0;  // a speculating server and a plain one
   for (bool chat : {false, true}) {
     auto r = api::parse_generation(body, chat, lim);
     if (auto* e = std::get_if<api::ApiError>(&r)) {
@@ -26,6 +27,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     const auto& g = std::get<api::GenerationRequest>(r);
     if (g.n < 1 || g.n > lim.max_n || g.stop.size() > static_cast<size_t>(lim.max_stop)) std::abort();
     if (g.top_logprobs < 0 || g.top_logprobs > lim.max_top_logprobs) std::abort();
+    if (g.seq.num_speculative_tokens < -1 || g.seq.num_speculative_tokens > lim.num_speculative_tokens) std::abort();
     for (const auto& p : g.prompts)
       for (int32_t t : p.token_ids)
         if (t < 0 || t >= lim.vocab_size) std::abort();
