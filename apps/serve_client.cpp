@@ -82,6 +82,9 @@ Status ServerProcess::start(const ServeSpec& sp, const std::string& log_path, do
   if (sp.expert_threads > 0) args.insert(args.end(), {"--expert-threads", std::to_string(sp.expert_threads)});
   if (!sp.node_key_file.empty()) args.insert(args.end(), {"--node-key-file", sp.node_key_file});
   if (!sp.step_log.empty()) args.insert(args.end(), {"--step-log", sp.step_log});
+  if (!sp.speculative.empty())
+    args.insert(args.end(), {"--speculative", sp.speculative, "--num-speculative-tokens",
+                             std::to_string(sp.num_speculative_tokens)});
   std::vector<char*> argv;
   for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
   argv.push_back(nullptr);

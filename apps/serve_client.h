@@ -23,6 +23,8 @@ struct ServeSpec {
   int expert_parallel = 0, expert_threads = 0;
   std::string expert_placement, node_key_file;
   std::string step_log;  // --step-log FILE
+  std::string speculative;  // --speculative METHOD ("": off)
+  int num_speculative_tokens = 7;
 };
 
 class ServerProcess {

@@ -37,7 +37,40 @@ struct ValidateFlags {
   std::string policy = "fcfs";
   std::string out;
   ExpertFlags experts;  // the real server's expert workers; the simulator's layout follows
+  std::string speculative;  // the real server's --speculative; the simulator takes its measured rates
+  int num_speculative_tokens = 7;
 };
+
+// Speculation rates of a real run, for the simulator: the decode steps that fed drafts
+// (match), and the drafts accepted per draft fed, from the step log (drafts fed) and the
+// tokens the requests received (each decode step emits 1 + its accepted drafts).
+struct SpecRates {
+  double match = 0, acceptance = 0;
+  int64_t decode_steps = 0, draft_steps = 0, fed = 0, accepted = 0;
+};
+SpecRates spec_rates(const std::vector<sim::LoggedStep>& steps, const sim::SimResult& real) {
+  SpecRates r;
+  int64_t first_tokens = 0;
+  for (const auto& st : steps)
+    for (const auto& q : st.sample.seqs) {
+      if (!q.samples) continue;
+      if (q.num_new - q.drafts != 1 || q.num_computed == 0) {
+        ++first_tokens;  // a prompt's last chunk: the request's first token
+        continue;
+      }
+      ++r.decode_steps;
+      if (q.drafts > 0) {
+        ++r.draft_steps;
+        r.fed += q.drafts;
+      }
+    }
+  int64_t generated = 0;
+  for (const auto& q : real.requests) generated += q.generated;
+  r.accepted = std::clamp<int64_t>(generated - first_tokens - r.decode_steps, 0, r.fed);
+  r.match = r.decode_steps ? double(r.draft_steps) / r.decode_steps : 0;
+  r.acceptance = r.fed ? double(r.accepted) / r.fed : 0;
+  return r;
+}
 
 // ---- comparison ----
 
@@ -110,6 +143,13 @@ int validate(ValidateFlags f) {
                   !f.no_chunked_prefill, f.itl_target_ms / 1000};
   sc.kv = kv_config_for_tokens(f.kv_cache_tokens, f.block_size, !f.no_prefix_caching);
   sc.policy = f.policy;
+  if (!f.speculative.empty()) {
+    if (f.num_speculative_tokens < 1 || f.num_speculative_tokens > kMaxSpeculativeTokens) {
+      spdlog::error("--num-speculative-tokens must be 1..{}", kMaxSpeculativeTokens);
+      return 2;
+    }
+    sc.scheduler.num_speculative_tokens = f.num_speculative_tokens;
+  }
   auto lay = expert_layout(f.experts, mc);
   if (!lay) {
     spdlog::error("{}", lay.error().message);
@@ -154,12 +194,6 @@ int validate(ValidateFlags f) {
     const double rate = rates[li];
     const std::string tag = "level" + std::to_string(li + 1);
     const auto reqs = scaled(rate);
-    auto simr = sim::simulate(reqs, sc, cost);
-    if (!simr) {
-      spdlog::error("{}", simr.error().message);
-      return 1;
-    }
-    const json simj = json::parse(sim::summary_json(*simr, {}));
     // The real server, fresh for each level (an empty prefix cache, as in the simulator).
     ServeSpec spec;
     spec.model = f.model;
@@ -174,6 +208,8 @@ int validate(ValidateFlags f) {
     spec.policy = f.policy;
     spec.max_queue = static_cast<int>(reqs.size());
     set_serve_experts(f.experts, spec);
+    spec.speculative = f.speculative;
+    spec.num_speculative_tokens = f.num_speculative_tokens;
     spec.step_log = f.out + "/" + tag + "-steps.csv";
     ServerProcess server;
     const std::string log = f.out + "/serve-" + tag + ".log";
@@ -196,6 +232,26 @@ int validate(ValidateFlags f) {
     for (const auto& r : real.requests) last = std::max(last, r.finish);
     real.duration_s = last - reqs.front().arrival_s;
     const json realj = json::parse(sim::summary_json(real, {}));
+    auto steps = sim::read_step_log(spec.step_log);
+    // The simulator, after the real run: with speculation it takes that run's rates.
+    sim::SimConfig level_sc = sc;
+    json spec_json;
+    if (!f.speculative.empty() && steps) {
+      const SpecRates sr = spec_rates(*steps, real);
+      level_sc.spec_match = sr.match;
+      level_sc.spec_acceptance = sr.acceptance;
+      spec_json = {{"decode_steps", sr.decode_steps}, {"draft_steps", sr.draft_steps}, {"drafts_fed", sr.fed},
+                   {"drafts_accepted", sr.accepted},  {"match", sr.match},           {"acceptance", sr.acceptance}};
+      spdlog::info("{}: the real run fed drafts in {} of {} decode steps, {} of {} accepted: simulating with match "
+                   "{:.3f}, acceptance {:.3f}",
+                   tag, sr.draft_steps, sr.decode_steps, sr.accepted, sr.fed, sr.match, sr.acceptance);
+    }
+    auto simr = sim::simulate(reqs, level_sc, cost);
+    if (!simr) {
+      spdlog::error("{}", simr.error().message);
+      return 1;
+    }
+    const json simj = json::parse(sim::summary_json(*simr, {}));
     std::ofstream(f.out + "/" + tag + "-real.json") << realj.dump(2) << "\n";
     std::ofstream(f.out + "/" + tag + "-sim.json") << simj.dump(2) << "\n";
     std::ofstream(f.out + "/" + tag + "-real-requests.csv") << sim::requests_csv(real);
@@ -203,8 +259,8 @@ int validate(ValidateFlags f) {
     const char* names[] = {"light", "near capacity", "overloaded"};
     const std::string load = f.rates.empty() && rates.size() == 3 ? names[li] : tag;
     json lv = {{"level", load}, {"rate_req_s", rate}, {"real", realj}, {"sim", simj}, {"metrics", json::array()}};
+    if (!spec_json.is_null()) lv["speculation"] = spec_json;
     std::vector<Metric> metrics = compare(realj, simj);
-    auto steps = sim::read_step_log(spec.step_log);
     if (!steps) {
       spdlog::error("{}: {}", tag, steps.error().message);
       all_ok = false;
@@ -269,6 +325,10 @@ void add_sim_validate(CLI::App& sim) {
   cmd->add_option("--itl-target-ms", f->itl_target_ms, "as troupe serve (0: off)")->capture_default_str();
   cmd->add_option("--scheduling-policy", f->policy, "fcfs or priority (as troupe serve)")->capture_default_str();
   f->experts.add_to(*cmd, true);
+  cmd->add_option("--speculative", f->speculative,
+                  "the real server speculates (as troupe serve --speculative); the simulator then runs each level with "
+                  "the match and acceptance rates that level's real run measured");
+  cmd->add_option("--num-speculative-tokens", f->num_speculative_tokens, "as troupe serve")->capture_default_str();
   cmd->add_option("--out", f->out, "output folder: validation.md, validation.json, per-level summaries and logs")
       ->required();
   cmd->callback([f] { set_exit_code(validate(*f)); });
