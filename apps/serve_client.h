@@ -22,7 +22,7 @@ struct ServeSpec {
   // Expert parallelism (as troupe serve's flags; 0 / empty: off) and the step log.
   int expert_parallel = 0, expert_threads = 0;
   std::string expert_placement, node_key_file;
-  std::string step_log;  // --step-log FILE
+  std::string step_log;     // --step-log FILE
   std::string speculative;  // --speculative METHOD ("": off)
   int num_speculative_tokens = 7;
 };

@@ -69,6 +69,9 @@ Result<Prepared> prepare(const SimFlags& f) {
     return make_error("--speculative-tokens must be 0.." + std::to_string(kMaxSpeculativeTokens));
   if (!(f.spec_acceptance >= 0 && f.spec_acceptance <= 1) || !(f.spec_match >= 0 && f.spec_match <= 1))
     return make_error("--spec-acceptance and --spec-match must be within 0..1");
+  if (f.speculative_tokens > 0 && (f.cluster.instances > 1 || f.cluster.prefill_instances > 0))
+    return make_error(
+        "--speculative-tokens is simulated on one instance only (not with --instances or disaggregation)");
   const bool gguf = f.model_config.size() > 5 && f.model_config.compare(f.model_config.size() - 5, 5, ".gguf") == 0;
   Result<ModelConfig> cfg = make_error("");
   if (gguf) {  // its header's config (the weights stay mapped, unread)

@@ -36,7 +36,7 @@ struct ValidateFlags {
   double itl_target_ms = 100;
   std::string policy = "fcfs";
   std::string out;
-  ExpertFlags experts;  // the real server's expert workers; the simulator's layout follows
+  ExpertFlags experts;      // the real server's expert workers; the simulator's layout follows
   std::string speculative;  // the real server's --speculative; the simulator takes its measured rates
   int num_speculative_tokens = 7;
 };
@@ -240,11 +240,16 @@ int validate(ValidateFlags f) {
       const SpecRates sr = spec_rates(*steps, real);
       level_sc.spec_match = sr.match;
       level_sc.spec_acceptance = sr.acceptance;
-      spec_json = {{"decode_steps", sr.decode_steps}, {"draft_steps", sr.draft_steps}, {"drafts_fed", sr.fed},
-                   {"drafts_accepted", sr.accepted},  {"match", sr.match},           {"acceptance", sr.acceptance}};
-      spdlog::info("{}: the real run fed drafts in {} of {} decode steps, {} of {} accepted: simulating with match "
-                   "{:.3f}, acceptance {:.3f}",
-                   tag, sr.draft_steps, sr.decode_steps, sr.accepted, sr.fed, sr.match, sr.acceptance);
+      spec_json = {{"decode_steps", sr.decode_steps},
+                   {"draft_steps", sr.draft_steps},
+                   {"drafts_fed", sr.fed},
+                   {"drafts_accepted", sr.accepted},
+                   {"match", sr.match},
+                   {"acceptance", sr.acceptance}};
+      spdlog::info(
+          "{}: the real run fed drafts in {} of {} decode steps, {} of {} accepted: simulating with match "
+          "{:.3f}, acceptance {:.3f}",
+          tag, sr.draft_steps, sr.decode_steps, sr.accepted, sr.fed, sr.match, sr.acceptance);
     }
     auto simr = sim::simulate(reqs, level_sc, cost);
     if (!simr) {

@@ -139,6 +139,13 @@ grep -q '"step_overhead_s"' "$TMP/cal.json" || { echo "FAIL calibrate wrote no p
 printf 'arrival_s,prompt_tokens,output_tokens,prefix_group,prefix_tokens\n0,40,12,0,32\n0.3,60,8,-1,0\n0.5,36,16,0,32\n0.9,80,10,-1,0\n1.2,20,12,-1,0\n1.4,50,6,-1,0\n' > "$TMP/mini.csv"
 EXPECT_TIMEOUT=600 expect "sim validate" 0 "TTFT p50 .*%" -- sim validate -m "$MODEL" --trace "$TMP/mini.csv" --hardware "$TMP/cal.json" --rates 2 --out "$TMP/val"
 grep -q '"real"' "$TMP/val/validation.json" || { echo "FAIL validate wrote no JSON"; fails=$((fails + 1)); }
+# Speculation: the real server speculates, the simulator takes the rates it measured.
+EXPECT_TIMEOUT=600 expect "sim validate speculative" 0 "step time, mean .*%" -- sim validate -m "$MODEL" --trace "$TMP/mini.csv" --hardware "$TMP/cal.json" --speculative ngram --rates 2 --out "$TMP/val-spec"
+grep -q '"acceptance"' "$TMP/val-spec/validation.json" || { echo "FAIL validate --speculative wrote no rates"; fails=$((fails + 1)); }
+expect "sim speculative" 0 "simulated 20 requests" -- sim --requests 20 --speculative-tokens 4 --spec-acceptance 0.8 --out "$TMP/spec"
+expect "sim speculative bad rate" 2 "within 0..1" -- sim --requests 5 --speculative-tokens 4 --spec-acceptance 1.5 --out "$TMP/spec2"
+expect "sim speculative cluster" 2 "one instance" -- sim --requests 5 --speculative-tokens 4 --instances 2 --out "$TMP/spec3"
+expect "serve speculative unknown" 2 "unknown speculative method" -- serve -m "$MODEL" --port 0 --speculative medusa
 # Expert workers: the hand-off fitted through a real troupe serve --expert-parallel 2 (its
 # --step-log), then the simulator with that layout, on the GGUF's own config.
 EXPECT_TIMEOUT=600 expect "sim calibrate experts" 0 "expert hand-off: .* ms per MoE layer" -- sim calibrate -m "$TMP/moe.gguf" --hardware "$TMP/cal.json" --expert-parallel 2 --out "$TMP/cal-ep.json"
