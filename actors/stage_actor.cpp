@@ -27,7 +27,7 @@ void prepare_sampling(StageState& st, StageStep& s) {
     const int64_t id = s.logit_seq[i];
     // A sequence verifying drafts has several rows, drawn in turn on the host (each draw
     // depends on the token before it being accepted).
-    if ((i > 0 && s.logit_seq[i - 1] == id) || (i + 1 < s.logit_seq.size() && s.logit_seq[i + 1] == id)) {
+    if (verifies_drafts(s.logit_seq, i)) {
       s.sampling.push_back(DeviceSampleParams{});
       continue;
     }
@@ -71,17 +71,11 @@ Result<StepDone> sample_rows(StageState& st, const LayersDone& d) {
   for (size_t i = 0; i < rows; ++i) {
     const int64_t id = s.logit_seq[i];
     Sampler& smp = st.samplers.at(id);
-    size_t n = 1;
-    while (i + n < rows && s.logit_seq[i + n] == id) ++n;
+    const size_t n = sequence_rows(s.logit_seq, i);
     if (n > 1) {
-      std::vector<int32_t> drafts(n - 1);
-      for (size_t j = 0; j + 1 < n; ++j) {
-        const int32_t next = s.logit_rows[i + j] + 1;  // the draft fed after row i + j
-        if (next < 0 || static_cast<size_t>(next) >= s.token_ids.size() || s.logit_rows[i + j + 1] != next)
-          return make_error("step verifies drafts of sequence " + std::to_string(id) + " out of order");
-        drafts[j] = s.token_ids[static_cast<size_t>(next)];
-      }
-      for (auto& r : verify_drafts(smp, drafts, [&](size_t j) { return d.logits.data() + (i + j) * st.vocab; }))
+      auto drafts = drafts_after_rows(s.logit_rows, s.token_ids, i, n);
+      if (!drafts) return make_error("sequence " + std::to_string(id) + ": " + drafts.error().message);
+      for (auto& r : verify_drafts(smp, *drafts, [&](size_t j) { return d.logits.data() + (i + j) * st.vocab; }))
         done.sampled.push_back({id, std::move(r)});
       i += n - 1;
       continue;

@@ -82,7 +82,7 @@ def metrics(port):
         if line.startswith("#") or not line.strip():
             continue
         m = re.match(r"([a-zA-Z_:]+)(\{[^}]*\})?\s+([-0-9.e+]+)", line)
-        if m and not m.group(2) or (m and "position" not in (m.group(2) or "")):
+        if m and "position=" not in (m.group(2) or ""):  # (totals only, not per draft position)
             out[m.group(1)] = out.get(m.group(1), 0.0) + float(m.group(3))
     return out
 

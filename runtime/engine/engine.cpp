@@ -113,11 +113,9 @@ Result<std::vector<EngineEvent>> Engine::step() {
   DeviceSampling ds;
   if (model_->samples_on_device()) {
     // (a sequence verifying drafts has several rows: its sampler draws them in turn, here)
-    for (size_t i = 0; i < rows; ++i) {
-      const bool several = (i > 0 && ps->logit_seq[i - 1] == ps->logit_seq[i]) ||
-                           (i + 1 < rows && ps->logit_seq[i + 1] == ps->logit_seq[i]);
-      dev_params.push_back(several ? DeviceSampleParams{} : samplers_.at(ps->logit_seq[i]).device_params());
-    }
+    for (size_t i = 0; i < rows; ++i)
+      dev_params.push_back(verifies_drafts(ps->logit_seq, i) ? DeviceSampleParams{}
+                                                             : samplers_.at(ps->logit_seq[i]).device_params());
     ds = DeviceSampling{dev_params.data(), dev_tokens.data(), dev_logprobs.data()};
   }
   TROUPE_TRY(model_->forward(ps->inputs(), *cache_, ps->logit_rows.data(), static_cast<int32_t>(rows), logits_.data(),
@@ -126,14 +124,13 @@ Result<std::vector<EngineEvent>> Engine::step() {
   std::vector<std::pair<int64_t, SampleResult>> emitted;
   for (size_t i = 0; i < rows;) {
     const int64_t id = ps->logit_seq[i];
-    size_t n = 1;  // this sequence's rows: 1 + its drafts
-    while (i + n < rows && ps->logit_seq[i + n] == id) ++n;
+    const size_t n = sequence_rows(ps->logit_seq, i);  // this sequence's rows: 1 + its drafts
     Sampler& s = samplers_.at(id);
     std::vector<SampleResult> got;
     if (n > 1) {
-      std::vector<int32_t> drafts(n - 1);
-      for (size_t j = 0; j + 1 < n; ++j) drafts[j] = ps->token_ids[ps->logit_rows[i + j] + 1];
-      got = verify_drafts(s, drafts, [&](size_t j) { return logits_.data() + (i + j) * vocab; });
+      auto drafts = drafts_after_rows(ps->logit_rows, ps->token_ids, i, n);
+      if (!drafts) return drafts.error();
+      got = verify_drafts(s, *drafts, [&](size_t j) { return logits_.data() + (i + j) * vocab; });
     } else if (dev_tokens[i] >= 0) {
       auto d = s.device_draw(dev_tokens[i], dev_logprobs[i]);
       if (!d) return d.error();

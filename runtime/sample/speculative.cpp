@@ -18,6 +18,29 @@ std::vector<SampleResult> verify_drafts(Sampler& s, const std::vector<int32_t>& 
   return out;
 }
 
+size_t sequence_rows(const std::vector<int64_t>& logit_seq, size_t first) {
+  size_t n = 1;
+  while (first + n < logit_seq.size() && logit_seq[first + n] == logit_seq[first]) ++n;
+  return n;
+}
+
+bool verifies_drafts(const std::vector<int64_t>& logit_seq, size_t i) {
+  return (i > 0 && logit_seq[i - 1] == logit_seq[i]) || (i + 1 < logit_seq.size() && logit_seq[i + 1] == logit_seq[i]);
+}
+
+Result<std::vector<int32_t>> drafts_after_rows(const std::vector<int32_t>& logit_rows,
+                                               const std::vector<int32_t>& token_ids, size_t first, size_t n) {
+  std::vector<int32_t> drafts(n > 0 ? n - 1 : 0);
+  for (size_t j = 0; j + 1 < n; ++j) {
+    const int32_t next = logit_rows[first + j] + 1;
+    if (next < 0 || static_cast<size_t>(next) >= token_ids.size() || logit_rows[first + j + 1] != next)
+      return make_error("a step verifies drafts out of order (rows " + std::to_string(first) + ".." +
+                        std::to_string(first + n - 1) + ")");
+    drafts[j] = token_ids[static_cast<size_t>(next)];
+  }
+  return drafts;
+}
+
 RejectionDraw rejection_sample(const float* p, const float* q, int32_t vocab, int32_t draft, double u_accept,
                                double u_resample) {
   RejectionDraw d;

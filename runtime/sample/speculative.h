@@ -32,6 +32,19 @@ namespace troupe {
 std::vector<SampleResult> verify_drafts(Sampler& s, const std::vector<int32_t>& drafts,
                                         const std::function<const float*(size_t)>& row);
 
+// A step's logit rows, as the step planner lays them out: a sequence verifying drafts has
+// consecutive rows (its last known token's, then one per draft); the draft fed after row r
+// is the step's token r + 1.
+// The number of consecutive rows of row `first`'s sequence (1: no drafts).
+size_t sequence_rows(const std::vector<int64_t>& logit_seq, size_t first);
+// Whether row i belongs to a sequence with several rows (its draws follow each other on the
+// host: none of them can be drawn on the device).
+bool verifies_drafts(const std::vector<int64_t>& logit_seq, size_t i);
+// The drafts fed after rows first .. first + n - 2 (n - 1 of them); an error when the rows
+// are not consecutive positions of the step's tokens.
+Result<std::vector<int32_t>> drafts_after_rows(const std::vector<int32_t>& logit_rows,
+                                               const std::vector<int32_t>& token_ids, size_t first, size_t n);
+
 struct RejectionDraw {
   int32_t token = -1;
   bool accepted = false;  // the draft itself

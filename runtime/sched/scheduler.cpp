@@ -121,15 +121,21 @@ int32_t Scheduler::step_budget(const std::set<int64_t>* busy) const {
   return std::clamp(d + lo, std::min(2 * d, cfg_.max_batched_tokens), cfg_.max_batched_tokens);
 }
 
-void Scheduler::observe_step(const StepPlan& plan, double seconds) {
+namespace {
+// A plan's shape as the step-time model prices it (tokens are the plan's num_tokens once
+// settled; summed here so that a plan being built has its shape too).
+StepShape shape_of(const StepPlan& plan) {
   StepShape shape;
-  shape.tokens = plan.num_tokens;
   for (const ScheduledSeq& q : plan.seqs) {
+    shape.tokens += q.num_new;
     shape.rows += q.logit_rows();
     shape.pairs += q.num_new * (q.num_computed + (q.num_new + 1) / 2.0);
   }
-  step_time_.observe(shape, seconds);
+  return shape;
 }
+}  // namespace
+
+void Scheduler::observe_step(const StepPlan& plan, double seconds) { step_time_.observe(shape_of(plan), seconds); }
 
 // Drafts for the plan's decoding sequences (those that were running before this step), in
 // plan order, from the budget and blocks the plan left. How many a sequence feeds: its
@@ -144,12 +150,7 @@ void Scheduler::observe_step(const StepPlan& plan, double seconds) {
 // (4 of 5 accepted) is optimistic on purpose: a sequence that never fed a draft would
 // never learn its rate, and an n-gram match of 3-4 tokens is usually followed by its copy.
 int32_t Scheduler::plan_drafts(StepPlan& plan, int32_t budget, const std::set<int64_t>& admitted) {
-  StepShape shape;
-  for (const ScheduledSeq& q : plan.seqs) {
-    shape.tokens += q.num_new;
-    shape.rows += q.logit_rows();
-    shape.pairs += q.num_new * (q.num_computed + (q.num_new + 1) / 2.0);
-  }
+  const StepShape shape = shape_of(plan);
   double expected = std::max(1.0, shape.rows);  // tokens the step emits (one per sampled row, so far)
   double seconds = step_time_.ready() ? step_time_.predict(shape) : 0;
   bool explore = plans_without_drafts_ >= kExploreEvery;
