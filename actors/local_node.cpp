@@ -41,6 +41,15 @@ Result<LocalNode> spawn_local_node(caf::actor_system& sys, const ModelFiles& fil
                         " (stage 0 embeds the tokens here)");
   if (opt.remote_stages.count(opt.num_stages - 1) && (opt.fail_step != 0 || opt.hang_step != 0))
     return make_error("fault injection needs the last stage on this node");
+  // Speculative decoding: the draft source checked against the model; a self-draft runs
+  // inside the one worker that holds every layer, its LM head and all the KV.
+  const int32_t self_draft = opt.scheduler.draft ? opt.scheduler.draft->self_draft_layers() : 0;
+  if (opt.scheduler.draft)
+    if (auto ok = opt.scheduler.draft->bind(draft_target(c)); !ok)
+      return make_error("--speculative " + ok.error().message);
+  if (self_draft > 0 && opt.num_stages != 1)
+    return make_error("--speculative " + opt.scheduler.draft->name() +
+                      ": a self-draft needs the whole model in one stage (not with --pipeline-stages)");
   const bool ep = opt.experts.has_value();
   if (ep && !c.moe.enabled()) return make_error("expert parallelism needs a mixture-of-experts model");
   if (ep && !opt.remote_stages.empty())
@@ -147,6 +156,7 @@ Result<LocalNode> spawn_local_node(caf::actor_system& sys, const ModelFiles& fil
       d->model->set_expert_dispatcher(d->dispatcher.get());
     }
   }
+  if (self_draft > 0) devices.front()->self_draft_layers = self_draft;
   if (opt.fail_step != 0) devices.back()->fail_step = opt.fail_step;
   if (opt.hang_step != 0) devices.back()->hang_step = opt.hang_step;
   // Remote stages: connect, authenticate and have each node build its stage (before any

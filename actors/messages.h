@@ -72,6 +72,7 @@ struct LayersDone {
   StageStep step;
   std::vector<float> logits;  // [logit rows, vocab], last stage only
   double compute_seconds = 0;
+  double draft_seconds = 0;  // of compute_seconds, the self-draft rounds (--speculative self:L)
   std::string error;
   // Rows the backend sampled (one per logit row, -1 where the host samples); empty when
   // none was. logits is empty when every row was sampled on the device.
@@ -90,6 +91,7 @@ struct StepDone {
   // consecutive (the accepted drafts, then the target's next token).
   std::vector<SampledToken> sampled;
   double compute_seconds = 0;  // summed over the stages
+  double draft_seconds = 0;    // of it, the self-draft rounds
 };
 
 // Node links (actors/node_link.h): the head's first message to a stage node after both

@@ -174,7 +174,7 @@ void on_step_done(self_ptr self, StepDone& done) {
   if (auto sit = st.sent.find(done.step_no); sit != st.sent.end()) {
     const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - sit->second).count();
     st.stats.step_seconds += seconds;
-    st.sched->observe_step(plan, seconds);  // the latency target's step-time model
+    st.sched->observe_step(plan, seconds, done.draft_seconds);  // the latency target's step-time model
     if (spdlog::should_log(spdlog::level::debug)) {
       size_t rows = 0;
       for (const auto& q : plan.seqs) rows += q.samples ? 1 : 0;

@@ -126,6 +126,7 @@ stage_actor::behavior_type stage_fn(stage_actor::stateful_pointer<StageState> se
                     self->send(sink, StepFailed{step_no, done.error().message});
                     return;
                   }
+                  done->draft_seconds = d.draft_seconds;
                   done->compute_seconds = d.step.compute_seconds + d.compute_seconds +
                                           std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
                   self->send(sink, std::move(*done));

@@ -58,9 +58,17 @@ StepInputs inputs_of(const StageStep& s) {
 // last stage, the logits of the logit rows into done.logits -- or, for the rows the stage
 // actor marked and when the backend samples on the device, their tokens into
 // done.device_tokens (logits stay empty when every row was sampled there).
-Status run_layers(WorkerState& st, const StageStep& s, LayersDone& done) {
+Status run_layers(WorkerState& st, StageStep& s, LayersDone& done) {
   Model& m = *st.device->model;
   TROUPE_TRY(check_step_shape(s, m.config().hidden, !m.is_first_stage()));
+  if (SelfDrafter::wants_drafts(inputs_of(s))) {
+    // (the drafts go into the step's tokens: the last stage's verifier reads them there)
+    if (st.device->self_draft_layers <= 0)
+      return make_error("the step carries self-draft placeholders but this worker does not self-draft");
+    const auto t0 = std::chrono::steady_clock::now();
+    TROUPE_TRY(st.drafter.fill(m, *st.device->cache, st.device->self_draft_layers, inputs_of(s), s.token_ids.data()));
+    done.draft_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  }
   const float* in = s.hidden.empty() ? nullptr : s.hidden.data();
   if (m.is_last_stage()) {
     const int32_t rows = static_cast<int32_t>(s.logit_rows.size());

@@ -10,6 +10,7 @@
 
 #include "actors/messages.h"
 #include "kernels/backend.h"
+#include "runtime/engine/self_draft.h"
 #include "runtime/sched/kv_block_manager.h"
 #include "runtime/model/model.h"
 
@@ -28,6 +29,9 @@ struct StageWorker {
   // Fault injection (`--debug-hang-step`): the step with this number hangs, as a hung device
   // would, until release_injected_hangs() (shutdown), then fails.
   uint64_t hang_step = 0;
+  // Self-drafting (`--speculative self:L`, a whole-model stage only): a step's kWorkerDraft
+  // tokens are drafted by the first `self_draft_layers` layers before it runs (0: refused).
+  int32_t self_draft_layers = 0;
   // Makes the stage's KV cache (its layers only) for the block pool the scheduler manages.
   static Result<std::shared_ptr<StageWorker>> create(std::unique_ptr<Backend> backend, std::unique_ptr<Model> model,
                                                      const KvBlockConfig& kv);
@@ -37,6 +41,7 @@ struct WorkerState {
   WorkerState() = default;  // not an aggregate: CAF would try to build it from the actor pointer
   std::shared_ptr<StageWorker> device;
   std::vector<float> out;  // this stage's activations [num_tokens, hidden] (swapped into the reply)
+  SelfDrafter drafter;
   static inline const char* name = "worker";
 };
 

@@ -319,8 +319,10 @@ void add_serve_command(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--speculative", f->speculative,
                   "speculative decoding: 'ngram' (prompt lookup: tokens that followed the sequence's last 3-4 "
-                  "tokens earlier in it are fed as drafts and verified in the same step; output unchanged); off "
-                  "when not given");
+                  "tokens earlier in it are fed as drafts and verified in the same step), or 'self:L' (the "
+                  "model's own first L layers, final norm and LM head draft, in rounds inside the step, over the "
+                  "KV those layers already hold; one pipeline stage only); output unchanged either way; off when "
+                  "not given");
   cmd->add_option("--num-speculative-tokens", f->num_speculative_tokens,
                   "most draft tokens one sequence feeds a step (each request may ask for fewer with "
                   "'num_speculative_tokens'); fewer are fed when their acceptance so far and the step time say "

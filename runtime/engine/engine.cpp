@@ -103,6 +103,8 @@ Result<std::vector<EngineEvent>> Engine::step() {
   if (!plan.copies.empty()) return make_error("block copies are not supported by this engine yet");
   auto ps = plan_step(plan, *sched_, *kv_);
   if (!ps) return ps.error();
+  if (draft_ && draft_->self_draft_layers() > 0 && SelfDrafter::wants_drafts(ps->inputs()))
+    TROUPE_TRY(drafter_.fill(*model_, *cache_, draft_->self_draft_layers(), ps->inputs(), ps->token_ids.data()));
   const int32_t vocab = model_->config().vocab;
   const size_t rows = ps->logit_rows.size();
   logits_.resize(rows * static_cast<size_t>(vocab));

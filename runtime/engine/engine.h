@@ -8,6 +8,7 @@
 #include <memory>
 #include <vector>
 
+#include "runtime/engine/self_draft.h"
 #include "runtime/sched/kv_block_manager.h"
 #include "runtime/model/model.h"
 #include "runtime/sample/sampler.h"
@@ -57,9 +58,12 @@ class Engine {
   const Scheduler& scheduler() const { return *sched_; }
   // Speculative decoding: drafts from `d` (EngineConfig::scheduler.num_speculative_tokens at
   // most), verified in the same step; the tokens are those decoding without drafts gives.
-  void set_draft_source(std::unique_ptr<DraftSource> d) {
+  // The source is checked against the model first (DraftSource::bind).
+  Status set_draft_source(std::unique_ptr<DraftSource> d) {
+    TROUPE_TRY(d->bind(draft_target(model_->config())));
     draft_ = std::move(d);
     sched_->set_draft_source(draft_.get());
+    return {};
   }
   // The plan the last step() ran (empty when it had nothing to do): what `troupe sim
   // calibrate` prices against the step's measured time.
@@ -74,6 +78,7 @@ class Engine {
   std::function<bool(int32_t)> is_stop_;
   std::map<int64_t, Sampler> samplers_;
   std::vector<float> logits_;
+  SelfDrafter drafter_;  // (--speculative self:L)
   StepPlan last_plan_;
 };
 

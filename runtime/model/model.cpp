@@ -403,6 +403,21 @@ Status Model::forward(const StepInputs& s, KvCache& cache, const int32_t* rows, 
 
 Status Model::forward_stage(const StepInputs& s, KvCache& cache, const float* hidden_in, float* hidden_out,
                             const int32_t* rows, int32_t num_logits, float* logits, const DeviceSampling* sampling) {
+  return run(s, cache, hidden_in, hidden_out, rows, num_logits, logits, sampling, num_stage_layers());
+}
+
+Status Model::forward_draft(const StepInputs& s, KvCache& cache, int32_t layers, const int32_t* rows,
+                            int32_t num_logits, float* logits) {
+  if (!is_first_stage() || !is_last_stage()) return make_error("a self-draft needs the whole model in one stage");
+  if (layers < 1 || layers > num_stage_layers())
+    return make_error("a self-draft runs 1.." + std::to_string(num_stage_layers()) + " layers, not " +
+                      std::to_string(layers));
+  if (num_logits > 0 && !logits) return make_error("forward_draft(): a logits buffer is needed");
+  return run(s, cache, nullptr, nullptr, rows, num_logits, logits, nullptr, layers);
+}
+
+Status Model::run(const StepInputs& s, KvCache& cache, const float* hidden_in, float* hidden_out, const int32_t* rows,
+                  int32_t num_logits, float* logits, const DeviceSampling* sampling, int32_t num_layers) {
   TROUPE_TRY(validate_step(s, cache, rows, num_logits));
   const bool dev_sample =
       sampling && sampling->params && sampling->tokens && sampling->logprobs && backend_->can_sample();
@@ -439,7 +454,7 @@ Status Model::forward_stage(const StepInputs& s, KvCache& cache, const float* hi
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
   // Each residual add is fused into the norm that follows it; h_ holds the previous
   // layer's FFN output until the next layer's attention norm (or the end) adds it.
-  for (int32_t l = 0; l < num_stage_layers(); ++l) {
+  for (int32_t l = 0; l < num_layers; ++l) {
     Layer& L = layers_[l];
     // (each norm names the matmul that reads its output next: see Backend::rms_norm)
     const Weight* attn_in = L.qkv ? L.qkv.get() : L.q.get();
@@ -479,7 +494,7 @@ Status Model::forward_stage(const StepInputs& s, KvCache& cache, const float* hi
       run_ffn(L.ffn, h_, n, cfg_.ffn, h_);
     }
   }
-  if (num_stage_layers() > 0) be.add(x_, h_, n * H);
+  if (num_layers > 0) be.add(x_, h_, n * H);
   if (!is_last_stage()) {
     be.copy_out(hidden_out, x_, static_cast<size_t>(n * H));
     return be.sync();

@@ -61,6 +61,11 @@ class Model {
   Status forward_stage(const StepInputs& step, KvCache& cache, const float* hidden_in, float* hidden_out,
                        const int32_t* logit_rows, int32_t num_logits, float* logits,
                        const DeviceSampling* sampling = nullptr);
+  // Self-drafting (speculative decoding): the first `layers` layers, then the final norm and
+  // the LM head, over a step; writes those layers' KV as forward() would. A whole-model
+  // Model only; 1 <= layers <= num_layers.
+  Status forward_draft(const StepInputs& step, KvCache& cache, int32_t layers, const int32_t* logit_rows,
+                       int32_t num_logits, float* logits);
   // Expert parallelism: every MoE layer's routed experts run through `d` (not owned; it must
   // outlive the model's steps) instead of on this backend. Needed when built without them.
   void set_expert_dispatcher(ExpertDispatcher* d);
@@ -90,6 +95,10 @@ class Model {
   void run_ffn(const Ffn& f, const float* x, int64_t n, int64_t ffn, float* y);
   // h_ (normed input) -> h_ (the layer's FFN output); `layer`: the model's layer index.
   Status run_moe(const MoeLayer& m, int32_t layer, int64_t n);
+  // forward_stage over this stage's first `layers` layers (all of them but in a self-draft).
+  Status run(const StepInputs& step, KvCache& cache, const float* hidden_in, float* hidden_out,
+             const int32_t* logit_rows, int32_t num_logits, float* logits, const DeviceSampling* sampling,
+             int32_t layers);
   Status validate_step(const StepInputs& step, const KvCache& cache, const int32_t* rows, int32_t n) const;
 
   ModelConfig cfg_;

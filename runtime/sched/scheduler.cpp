@@ -1,6 +1,7 @@
 #include "runtime/sched/scheduler.h"
 
 #include <algorithm>
+#include <cmath>
 
 namespace troupe {
 
@@ -135,7 +136,19 @@ StepShape shape_of(const StepPlan& plan) {
 }
 }  // namespace
 
-void Scheduler::observe_step(const StepPlan& plan, double seconds) { step_time_.observe(shape_of(plan), seconds); }
+void Scheduler::observe_step(const StepPlan& plan, double seconds, double draft_seconds) {
+  if (draft_seconds > 0 && draft_seconds < seconds && std::isfinite(draft_seconds)) {
+    size_t rounds = 0;
+    for (const ScheduledSeq& q : plan.seqs)
+      if (!q.drafts.empty() && q.drafts[0] == kWorkerDraft) rounds = std::max(rounds, q.drafts.size());
+    if (rounds > 0) {
+      const double r = draft_seconds / static_cast<double>(rounds);
+      round_seconds_ = round_seconds_ > 0 ? 0.9 * round_seconds_ + 0.1 * r : r;
+    }
+    seconds -= draft_seconds;
+  }
+  step_time_.observe(shape_of(plan), seconds);
+}
 
 // Drafts for the plan's decoding sequences (those that were running before this step), in
 // plan order, from the budget and blocks the plan left. How many a sequence feeds: its
@@ -155,6 +168,10 @@ int32_t Scheduler::plan_drafts(StepPlan& plan, int32_t budget, const std::set<in
   double seconds = step_time_.ready() ? step_time_.predict(shape) : 0;
   bool explore = plans_without_drafts_ >= kExploreEvery;
   bool fed = false;
+  // Self-drafting: each draft position is a round of the target's first layers, run for
+  // every sequence drafting that far at once; the first sequence to reach a round pays it.
+  size_t rounds = 0;
+  const bool self_draft = draft_->self_draft_layers() > 0;
   for (ScheduledSeq& q : plan.seqs) {
     if (budget <= 0) break;
     if (!q.samples || q.num_new != 1 || admitted.count(q.id)) continue;
@@ -173,8 +190,10 @@ int32_t Scheduler::plan_drafts(StepPlan& plan, int32_t budget, const std::set<in
       while (k < cap) {
         chance *= alpha;
         const double ctx = q.num_computed + 1.0 + k;  // the draft's attention pairs
-        const double cost =
+        double cost =
             step_time_.seconds_per_token() + step_time_.seconds_per_row() + step_time_.seconds_per_pair() * ctx;
+        if (self_draft && static_cast<size_t>(k) >= rounds)
+          cost += round_seconds_ > 0 ? round_seconds_ : draft_->round_cost_estimate() * step_time_.predict({1, 1, ctx});
         if (!(chance * seconds > cost * expected)) break;
         ++k;
         expected += chance;
@@ -193,6 +212,7 @@ int32_t Scheduler::plan_drafts(StepPlan& plan, int32_t budget, const std::set<in
     if (!kv_.reserve(q.id, q.num_computed + 1 + n, s.tokens, &plan.copies)) continue;  // no room: no drafts
     q.num_new += n;
     q.drafts = std::move(drafts);
+    rounds = std::max(rounds, static_cast<size_t>(n));
     budget -= n;
     fed = true;
     explore = false;
@@ -361,7 +381,9 @@ std::vector<FinishedRequest> Scheduler::update(const StepPlan& plan, const std::
     // The drafts accepted: each token that equals the draft fed after it keeps that draft's
     // KV (the next token came from its row).
     size_t accepted = 0;
-    while (accepted + 1 < n && sampled[first + accepted] == p.drafts[accepted]) ++accepted;
+    // (a worker-filled draft is known only to the verifier, whose count says how many held)
+    while (accepted + 1 < n && (sampled[first + accepted] == p.drafts[accepted] || p.drafts[accepted] == kWorkerDraft))
+      ++accepted;
     n = accepted + 1;
     if (!p.drafts.empty()) {
       ++spec_.num_drafts;

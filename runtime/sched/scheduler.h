@@ -147,8 +147,11 @@ class Scheduler {
   const SchedState* state(int64_t id) const;
   uint64_t num_preemptions() const { return preemptions_; }
   // A step planned as `plan` took `seconds` (wall time in serving, the cost model's in the
-  // simulator); teaches the step-time model behind the latency target.
-  void observe_step(const StepPlan& plan, double seconds);
+  // simulator); teaches the step-time model behind the latency target. draft_seconds: the
+  // part of it the worker spent in self-draft rounds (SelfDraft), learned apart as the
+  // price of a round, so the step-time model prices the step's own pass.
+  void observe_step(const StepPlan& plan, double seconds, double draft_seconds = 0);
+  double draft_round_seconds() const { return round_seconds_; }  // (0: none measured yet)
   const StepTimeModel& step_time() const { return step_time_; }
   // Plans whose token budget the latency target lowered.
   uint64_t num_capped_steps() const { return capped_steps_; }
@@ -178,6 +181,7 @@ class Scheduler {
   uint64_t capped_steps_ = 0;
   DraftSource* draft_ = nullptr;
   int plans_without_drafts_ = 0;
+  double round_seconds_ = 0;  // a self-draft round, measured (decayed mean)
   SpecStats spec_;
 };
 

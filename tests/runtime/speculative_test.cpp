@@ -269,7 +269,8 @@ TEST_CASE("scheduler: no draft past max_new_tokens, none for a request that asks
   CHECK(p2.seqs[0].num_new == 3);
 }
 
-TEST_CASE("engine on the default model: n-gram drafts change no token, alone or batched", "[spec][default_model]") {
+TEST_CASE("engine on the default model: n-gram and self-drafts change no token, alone or batched",
+          "[spec][default_model]") {
   const std::string path = test::default_model_path();
   if (!test::file_exists(path)) FAIL(test::model_missing_message(path));
   auto files = open_gguf(path);
@@ -296,14 +297,20 @@ TEST_CASE("engine on the default model: n-gram drafts change no token, alone or 
   seeded.repetition_penalty = 1.1f;
   seeded.seed = 77;
   auto is_eog = [&](int32_t t) { return tok.is_eog(t); };
-  auto run = [&](const std::vector<size_t>& which, const SamplingParams& sp, int32_t drafts, uint64_t* accepted) {
+  SpecStats spec;  // the last run's
+  auto run = [&](const std::vector<size_t>& which, const SamplingParams& sp, int32_t drafts, uint64_t* accepted,
+                 const std::string& method = "ngram") {
     EngineConfig cfg;
     cfg.scheduler = {64, 8};
     cfg.scheduler.num_speculative_tokens = drafts;
     cfg.kv = {64, 16, true};
     auto e = Engine::create(**model, *backend, cfg, SchedulingPolicy::fcfs(), is_eog);
     REQUIRE(e.ok());
-    if (drafts > 0) (*e)->set_draft_source(std::make_unique<NgramDraft>());
+    if (drafts > 0) {
+      auto d = make_draft_source(method);
+      REQUIRE(d.ok());
+      REQUIRE((*e)->set_draft_source(std::move(*d)).ok());
+    }
     for (size_t i : which) {
       SeqRequest r;
       r.id = static_cast<int64_t>(i);
@@ -322,7 +329,8 @@ TEST_CASE("engine on the default model: n-gram drafts change no token, alone or 
       if (!st.ok()) FAIL(st.error().message);
     }
     REQUIRE((*e)->kv().num_free_blocks() == 64);
-    *accepted = (*e)->scheduler().spec_stats().num_accepted_tokens;
+    spec = (*e)->scheduler().spec_stats();
+    *accepted = spec.num_accepted_tokens;
     return out;
   };
   for (const SamplingParams& sp : {greedy, seeded}) {
@@ -339,6 +347,39 @@ TEST_CASE("engine on the default model: n-gram drafts change no token, alone or 
       uint64_t batch_accepted = 0;
       auto batched = run({0, 1, 2}, sp, drafts, &batch_accepted);
       CHECK(batched == solo);
+      // Self-drafting from the first 8 of 30 layers: drafts from the model's own KV, in
+      // rounds before the verifying pass; the same tokens alone and batched.
+      uint64_t self_accepted = 0;
+      CHECK(run({0}, sp, drafts, &self_accepted, "self:8")[0] == solo[0]);
+      CHECK(spec.num_draft_tokens > 0);
+      CHECK(run({0, 1, 2}, sp, drafts, &self_accepted, "self:8") == solo);
     }
   }
+  // The whole model as its own draft: a greedy draft is the token the target picks next
+  // (the draft rounds' one-token passes give the bits of the verifying pass: the kernels'
+  // batch invariance), so every draft lands but those past a sequence's end.
+  const int32_t n = files->config.num_layers;
+  uint64_t acc = 0;
+  std::map<int64_t, std::vector<int32_t>> solo;
+  for (size_t i = 0; i < prompts.size(); ++i) solo[static_cast<int64_t>(i)] = run({i}, greedy, 0, &acc)[i];
+  CHECK(run({0, 1, 2}, greedy, 6, &acc, "self:" + std::to_string(n)) == solo);
+  INFO("drafted " << spec.num_draft_tokens << ", accepted " << spec.num_accepted_tokens);
+  CHECK(spec.num_draft_tokens > 30);
+  CHECK(spec.num_accepted_tokens + 3 * 6 >= spec.num_draft_tokens);
+}
+
+TEST_CASE("self-draft methods: names, layer counts checked against the model", "[spec]") {
+  for (const char* bad : {"self:", "self:0", "self:x", "self:-2", "self:12345", "eagle"}) {
+    INFO(bad);
+    CHECK_FALSE(make_draft_source(bad).ok());
+  }
+  auto d = make_draft_source("self:8");
+  REQUIRE(d.ok());
+  CHECK((*d)->name() == "self:8");
+  CHECK((*d)->self_draft_layers() == 8);
+  CHECK((*d)->propose(1, {1, 2, 3}, 3) == std::vector<int32_t>{kWorkerDraft, kWorkerDraft, kWorkerDraft});
+  CHECK_FALSE((*d)->bind({4, 1.0}).ok());  // more draft layers than the model has
+  REQUIRE((*d)->bind({30, 6.0}).ok());
+  CHECK((*d)->round_cost_estimate() == Approx(14.0 / 36.0));
+  CHECK((*d)->bind({8, 0.0}).ok());  // the whole model as its draft (a check, never faster)
 }

@@ -27,9 +27,9 @@ Checks:
                     admitted run as fast as at capacity alone, memory bounded
   connections       --max-connections: one connection over the cap gets a 503 and is closed; a low
                     open-file limit lowers the cap instead of exhausting descriptors; no busy loop
-  speculative       --speculative ngram: greedy and seeded outputs (tokens, logprobs) equal a plain
-                    server's alone, concurrent and streamed; drafts accepted (metrics, usage); KV back
-                    to baseline; bad num_speculative_tokens and flags refused
+  speculative       --speculative ngram and self:20: greedy and seeded outputs (tokens, logprobs)
+                    equal a plain server's alone, concurrent and streamed; drafts accepted (metrics,
+                    usage); KV back to baseline; bad num_speculative_tokens and flags refused
   json_mode         response_format json_object: outputs that end are one JSON object (greedy,
                     sampled, streamed), a prose prompt's unconstrained answer is not; json_schema,
                     unknown types and ignore_eos with it are refused with 400
@@ -1914,7 +1914,7 @@ SPEC_PASSAGE = ("The committee approved the budget for the new library on Monday
 
 @register("speculative")
 def t_speculative():
-    """--speculative ngram (docs/serving.md, "Speculative decoding"): greedy and seeded outputs,
+    """--speculative ngram and self:20 (docs/serving.md, "Speculative decoding"): greedy and seeded outputs,
     tokens and log-probabilities, equal those of a server without it, alone and concurrent;
     drafts are accepted on a copy prompt (metrics and usage say how many); KV back to baseline;
     bad num_speculative_tokens refused with 400; bad flags refused at start-up."""
@@ -1965,13 +1965,34 @@ def t_speculative():
         check(m["troupe:kv_cache_free_blocks"] == m0["troupe:kv_cache_free_blocks"],
               f"{m['troupe:kv_cache_free_blocks']:.0f} free blocks after, {m0['troupe:kv_cache_free_blocks']:.0f} before")
         gen = m["troupe:generation_tokens_total"]
-    for flags, words in [(["--speculative", "medusa"], "unknown speculative method"),
-                         (["--speculative", "ngram", "--num-speculative-tokens", "0"], "--num-speculative-tokens")]:
+    # Self-drafting: the first 20 of 30 layers draft in rounds inside the worker's step.
+    with Server("--speculative", "self:20", name="self20") as c:
+        m0 = metrics(c.port)
+        solo = [complete(c.port, p, 48, **x) for p, x in runs]
+        bad = [i for i, r in enumerate(solo) if outcome_lp(r) != ref[i]]
+        check(not bad, f"self:20: runs {bad} differ from the plain server")
+        conc = run_threads([lambda p=p, x=x: complete(c.port, p, 48, **x) for p, x in runs])
+        bad = [i for i, r in enumerate(conc) if isinstance(r, BaseException) or outcome_lp(r) != ref[i]]
+        check(not bad, f"self:20: concurrent runs {bad} differ from the plain server")
+        m, _ = wait_idle(c.port)
+        self_drafted = m["troupe:spec_decode_num_draft_tokens_total"]
+        self_accepted = m["troupe:spec_decode_num_accepted_tokens_total"]
+        check(0 < self_drafted and self_accepted <= self_drafted,
+              f"self:20 metrics: {self_accepted:.0f} accepted of {self_drafted:.0f} drafted")
+        check(m["troupe:kv_cache_free_blocks"] == m0["troupe:kv_cache_free_blocks"],
+              f"self:20: {m['troupe:kv_cache_free_blocks']:.0f} free blocks after, "
+              f"{m0['troupe:kv_cache_free_blocks']:.0f} before")
+    for flags, words, code in [(["--speculative", "medusa"], "unknown speculative method", 2),
+                               (["--speculative", "ngram", "--num-speculative-tokens", "0"], "--num-speculative-tokens", 2),
+                               (["--speculative", "self:0"], "layer count", 2),
+                               (["--speculative", "self:31"], "must be 1..30", 1),
+                               (["--speculative", "self:8", "--pipeline-stages", "2"], "one stage", 1)]:
         p = subprocess.run([TROUPE, "serve", "--port", "0"] + flags, capture_output=True, text=True, timeout=60)
-        check(p.returncode == 2 and words in p.stdout + p.stderr, f"{flags}: exit {p.returncode}: {p.stderr[-300:]!r}")
+        check(p.returncode == code and words in p.stdout + p.stderr,
+              f"{flags}: exit {p.returncode}: {p.stderr[-300:]!r}")
     return (f"{len(runs)} runs (greedy and seeded) equal the plain server's tokens and logprobs alone and "
-            f"concurrent, and streamed; {accepted:.0f} of {drafted:.0f} drafts accepted over {gen:.0f} tokens; "
-            f"bad values and flags refused")
+            f"concurrent, and streamed; ngram: {accepted:.0f} of {drafted:.0f} drafts accepted over {gen:.0f} tokens; "
+            f"self:20: {self_accepted:.0f} of {self_drafted:.0f}; bad values and flags refused")
 
 
 class Node:
