@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cmath>
 #include <functional>
+#include <map>
 #include <numeric>
 #include <set>
 #include <cstdlib>
@@ -26,7 +27,9 @@
 #include "kernels/cuda/step_pack.h"
 #include "runtime/model/model.h"
 #include "runtime/model/model_files.h"
+#include "runtime/engine/engine.h"
 #include "runtime/engine/sequence_runner.h"
+#include "runtime/spec/draft_source.h"
 #include "tests/hostrun/runtime.h"
 #include "tests/kernels/cuda_test_util.h"
 #include "tests/kernels/kernel_test_util.h"
@@ -715,3 +718,55 @@ namespace {
   return true;
 }();
 }  // namespace
+
+TEST_CASE("host-run: speculative decoding on the CUDA backend (n-gram and self-drafts) changes no token",
+          "[hostrun][model]") {
+  // Composition only: the verifying pass is an ordinary packed step, a self-draft round is
+  // the first layers, the final norm and the LM head through the same kernels.
+  auto files = tiny("q8_0", 4);
+  REQUIRE(files.ok());
+  auto be = hostrun_backend();
+  auto model = Model::build(files->config, *files->weights, *be, 64);
+  REQUIRE(model.ok());
+  std::vector<std::vector<int32_t>> prompts = {kPrompt, {5, 6, 7, 8, 5, 6, 7, 8, 5, 6, 7}, {400, 3, 3, 3, 3, 3}};
+  auto run = [&](const std::string& method, SpecStats* spec) {
+    EngineConfig cfg;
+    cfg.scheduler = {64, 8};
+    cfg.scheduler.num_speculative_tokens = method.empty() ? 0 : 4;
+    cfg.kv = {32, 16, true};
+    auto e = Engine::create(**model, *be, cfg, SchedulingPolicy::fcfs(), [](int32_t) { return false; });
+    REQUIRE(e.ok());
+    if (!method.empty()) {
+      auto d = make_draft_source(method);
+      REQUIRE(d.ok());
+      REQUIRE((*e)->set_draft_source(std::move(*d)).ok());
+    }
+    for (size_t i = 0; i < prompts.size(); ++i) {
+      SeqRequest r;
+      r.id = static_cast<int64_t>(i);
+      r.prompt = prompts[i];
+      r.max_new_tokens = 20;
+      r.sampling.temperature = 0;
+      REQUIRE((*e)->add(r).ok());
+    }
+    std::map<int64_t, std::vector<int32_t>> out;
+    for (int guard = 0; (*e)->has_work() && guard < 1000; ++guard) {
+      auto ev = (*e)->step();
+      if (!ev) FAIL(ev.error().message);
+      for (const auto& x : *ev) out[x.id].push_back(x.token);
+    }
+    CHECK((*e)->kv().num_free_blocks() == 32);
+    if (spec) *spec = (*e)->scheduler().spec_stats();
+    return out;
+  };
+  const auto plain = run("", nullptr);
+  for (const std::string method : {"ngram", "self:2", "self:4"}) {
+    INFO(method);
+    SpecStats spec;
+    CHECK(run(method, &spec) == plain);
+    if (method != "ngram") CHECK(spec.num_draft_tokens > 0);
+    // (the whole model as its draft: batch-invariant kernels land every greedy draft)
+    if (method == "self:4") CHECK(spec.num_accepted_tokens + 3 * 4 >= spec.num_draft_tokens);
+  }
+  CHECK(cudaGetLastError() == cudaSuccess);
+}
