@@ -11,6 +11,7 @@ tokens, greedy, ignore_eos, streamed):
 Servers, each started fresh per (workload, C) with C slots and 2 threads:
   troupe             troupe serve M -t 2 --max-num-seqs C
   troupe-ngram       ... --speculative ngram (--num-speculative-tokens 7)
+  troupe-self:L      ... --speculative self:L (--num-speculative-tokens 7), when named in --servers
   llama-server       llama-server -m M -t 2 -np C -c C*1536 -fa on -cb
   llama-server-ngram ... --spec-type ngram-simple --spec-draft-n-max 7
 Writes PREFIX.json and PREFIX.md (default bench/results/serve-spec-smollm2-q4_1) with output
@@ -98,6 +99,8 @@ def server_cmd(name, model, c, port):
            "-t", "2", "--max-num-seqs", str(c)]
     if name.endswith("ngram"):
         cmd += ["--speculative", "ngram", "--num-speculative-tokens", "7"]
+    if name.startswith("troupe-self:"):  # troupe-self:L
+        cmd += ["--speculative", name[len("troupe-"):], "--num-speculative-tokens", "7"]
     return cmd
 
 
@@ -108,7 +111,12 @@ def main():
     ap.add_argument("--servers", default="troupe,troupe-ngram,llama-server,llama-server-ngram")
     ap.add_argument("--workloads", default="copy,chat")
     ap.add_argument("--out", default=os.path.join(ROOT, "bench/results/serve-spec-smollm2-q4_1"))
+    ap.add_argument("--tables-from", default="", help="rewrite PREFIX.md from an earlier run's JSON (no servers run)")
     a = ap.parse_args()
+    if a.tables_from:
+        saved = json.load(open(a.tables_from))
+        tables(a, saved["meta"], saved["results"])
+        return
     work = tempfile.mkdtemp(prefix="spec_bench_")
     datasets = {"copy": os.path.join(work, "copy.json"), "chat": os.path.join(work, "chat.json")}
     ncopy = copy_dataset(datasets["copy"])
@@ -177,16 +185,22 @@ def main():
     meta = {"date": time.strftime("%Y-%m-%d"), "cpu": cpu, "cores": os.cpu_count(), "commit": commit,
             "model": os.path.basename(a.model), "platform": platform.platform()}
     json.dump({"meta": meta, "results": results}, open(a.out + ".json", "w"), indent=1)
+    tables(a, meta, results)
+
+
+def tables(a, meta, results):
+    cpu, commit = meta["cpu"], meta["commit"]
     by = {(r["server"], r["workload"], r["concurrency"]): r for r in results}
     L = [f"# Speculative decoding in serving ({meta['date']})", "",
          f"Machine: {cpu}, {os.cpu_count()} vCPUs. Model: {meta['model']}. troupe commit {commit}; llama-server "
-         f"from llama-cpp-python 0.3.36. Command: `$TROUPE_PY bench/serve/spec_bench.py` (one run; every cell a "
-         "fresh server, the servers in turn within each row).", "",
+         f"from llama-cpp-python 0.3.36. Command: `$TROUPE_PY bench/serve/spec_bench.py --servers {a.servers}` "
+         "(one run; every cell a fresh server, the servers in turn within each row).", "",
          "Output tok/s (bench_serve.py, /v1/chat/completions, 128 greedy tokens per request, ignore_eos, "
-         "N = max(16, 4C) requests); ratio = with speculation / without, same server; drafts = accepted of fed.", "",
-         "| workload | C | troupe | troupe ngram | ratio | drafts | llama-server | llama-server ngram | ratio | drafts "
-         "| troupe ngram / llama-server ngram |",
-         "|---|---:|---:|---:|---:|---|---:|---:|---:|---|---:|"]
+         "N = max(16, 4C) requests); ratio = with speculation / without, same server; drafts = accepted of fed."]
+    ngram_table = any(x in a.servers.split(",") for x in ("troupe-ngram", "llama-server", "llama-server-ngram"))
+    if ngram_table:
+        L += ["", "| workload | C | troupe | troupe ngram | ratio | drafts | llama-server | llama-server ngram | ratio "
+              "| drafts | troupe ngram / llama-server ngram |", "|---|---:|---:|---:|---:|---|---:|---:|---:|---|---:|"]
 
     def tp(k):
         r = by.get(k)
@@ -198,12 +212,30 @@ def main():
 
     f = lambda v: f"{v:.1f}" if v else "n/a"  # noqa: E731
     ratio = lambda x, y: f"{x / y:.2f}" if x and y else "n/a"  # noqa: E731
-    for wl in a.workloads.split(","):
+    for wl in a.workloads.split(",") if ngram_table else []:
         for c in [int(x) for x in a.concurrency.split(",")]:
             t0, t1 = tp(("troupe", wl, c)), tp(("troupe-ngram", wl, c))
             l0, l1 = tp(("llama-server", wl, c)), tp(("llama-server-ngram", wl, c))
             L.append(f"| {wl} | {c} | {f(t0)} | {f(t1)} | {ratio(t1, t0)} | {dr(('troupe-ngram', wl, c))} | {f(l0)} | "
                      f"{f(l1)} | {ratio(l1, l0)} | {dr(('llama-server-ngram', wl, c))} | {ratio(t1, l1)} |")
+    selfs = [x for x in a.servers.split(",") if x.startswith("troupe-self:")]
+    if selfs:  # self-drafting (--speculative self:L) against the same run's plain troupe
+        L += ["", "Self-drafting (`--speculative self:L`: the model's first L of 30 layers, final norm and LM head "
+              "draft in rounds inside the step); ratio = with / without, same run.", "",
+              "| workload | C | troupe | " + " | ".join(f"{x[7:]} | ratio | drafts" for x in selfs) + " |",
+              "|---|---:|---:|" + "---:|---:|---|" * len(selfs)]
+        for wl in a.workloads.split(","):
+            for c in [int(x) for x in a.concurrency.split(",")]:
+                t0 = tp(("troupe", wl, c))
+                cells = [f"{f(tp((x, wl, c)))} | {ratio(tp((x, wl, c)), t0)} | {dr((x, wl, c))}" for x in selfs]
+                plain = [r["output_throughput"] for r in results if r["server"] == "troupe" and r["workload"] == wl
+                         and r["concurrency"] == c and "error" not in r]
+                if len(plain) > 1:  # (troupe named twice in --servers: before and after, their mean)
+                    t0 = sum(plain) / len(plain)
+                    cells = [f"{f(tp((x, wl, c)))} | {ratio(tp((x, wl, c)), t0)} | {dr((x, wl, c))}" for x in selfs]
+                    L.append(f"| {wl} | {c} | {f(t0)} ({' / '.join(f(v) for v in plain)}) | " + " | ".join(cells) + " |")
+                    continue
+                L.append(f"| {wl} | {c} | {f(t0)} | " + " | ".join(cells) + " |")
     open(a.out + ".md", "w").write("\n".join(L) + "\n")
     print("\n".join(L))
 
