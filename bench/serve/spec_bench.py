@@ -88,6 +88,9 @@ def metrics(port):
     return out
 
 
+SPEC_TOKENS = 7  # troupe's --num-speculative-tokens (--spec-tokens)
+
+
 def server_cmd(name, model, c, port):
     if name.startswith("llama-server"):
         cmd = [f"{PEER_BIN}/llama-server", "-m", model, "--host", "127.0.0.1", "--port", str(port), "-t", "2",
@@ -98,9 +101,9 @@ def server_cmd(name, model, c, port):
     cmd = [os.path.join(ROOT, "build/bin/troupe"), "serve", model, "--host", "127.0.0.1", "--port", str(port),
            "-t", "2", "--max-num-seqs", str(c)]
     if name.endswith("ngram"):
-        cmd += ["--speculative", "ngram", "--num-speculative-tokens", "7"]
+        cmd += ["--speculative", "ngram", "--num-speculative-tokens", str(SPEC_TOKENS)]
     if name.startswith("troupe-self:"):  # troupe-self:L
-        cmd += ["--speculative", name[len("troupe-"):], "--num-speculative-tokens", "7"]
+        cmd += ["--speculative", name[len("troupe-"):], "--num-speculative-tokens", str(SPEC_TOKENS)]
     return cmd
 
 
@@ -112,7 +115,10 @@ def main():
     ap.add_argument("--workloads", default="copy,chat")
     ap.add_argument("--out", default=os.path.join(ROOT, "bench/results/serve-spec-smollm2-q4_1"))
     ap.add_argument("--tables-from", default="", help="rewrite PREFIX.md from an earlier run's JSON (no servers run)")
+    ap.add_argument("--spec-tokens", type=int, default=7, help="troupe --num-speculative-tokens (llama-server: 7)")
     a = ap.parse_args()
+    global SPEC_TOKENS
+    SPEC_TOKENS = a.spec_tokens
     if a.tables_from:
         saved = json.load(open(a.tables_from))
         tables(a, saved["meta"], saved["results"])
