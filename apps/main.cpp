@@ -19,6 +19,7 @@ int main(int argc, char** argv) {
   troupe::app::add_serve_command(app);
   troupe::app::add_node_command(app);
   troupe::app::add_sim_command(app);
+  troupe::app::add_pipeline_command(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) { return app.exit(e); }

@@ -142,6 +142,16 @@ grep -q '"real"' "$TMP/val/validation.json" || { echo "FAIL validate wrote no JS
 # Speculation: the real server speculates, the simulator takes the rates it measured.
 EXPECT_TIMEOUT=600 expect "sim validate speculative" 0 "step time, mean .*%" -- sim validate -m "$MODEL" --trace "$TMP/mini.csv" --hardware "$TMP/cal.json" --speculative ngram --rates 2 --out "$TMP/val-spec"
 grep -q '"acceptance"' "$TMP/val-spec/validation.json" || { echo "FAIL validate --speculative wrote no rates"; fails=$((fails + 1)); }
+# Agent pipelines (docs/pipelines.md): the examples check, the calculator one runs on the
+# default model (its tool result is the expression's value), bad specs and inputs refused.
+expect "pipeline check" 0 "4 nodes, in order: answers majority exact report" -- pipeline check "$SRC/docs/pipelines/vote.json"
+expect "pipeline run tool" 0 '"tool_result".*"tool":"calculator"' -- pipeline run -m "$MODEL" -t 2 --events "$SRC/docs/pipelines/calculator.json" -i "question=What is 12 plus 7?"
+expect "pipeline missing input" 2 "needs --input question" -- pipeline run -m "$MODEL" "$SRC/docs/pipelines/vote.json"
+printf '{"name":"c","nodes":[{"id":"a","type":"generate","prompt":"{{b}}"},{"id":"b","type":"generate","prompt":"{{a}}"}]}' >"$TMP/cycle.json"
+expect "pipeline cycle" 2 "is on a cycle" -- pipeline check "$TMP/cycle.json"
+printf '{"name":"c","nodes":[{"id":"t","type":"tool","tool":"shell","input":"ls"}]}' >"$TMP/shell.json"
+expect "pipeline tool not allowed" 2 "node 't': tool 'shell' is not allowed" -- pipeline check "$TMP/shell.json"
+expect "pipeline not json" 2 "not valid JSON" -- pipeline check "$SRC/README.md"
 expect "sim speculative" 0 "simulated 20 requests" -- sim --requests 20 --speculative-tokens 4 --spec-acceptance 0.8 --out "$TMP/spec"
 expect "sim speculative bad rate" 2 "within 0..1" -- sim --requests 5 --speculative-tokens 4 --spec-acceptance 1.5 --out "$TMP/spec2"
 expect "sim speculative cluster" 2 "one instance" -- sim --requests 5 --speculative-tokens 4 --instances 2 --out "$TMP/spec3"
