@@ -56,6 +56,7 @@ void write_sampling(schema::SamplingParams::Builder s, const SamplingParams& sp)
   s.setLogprobs(sp.logprobs);
   s.setReportLogprob(sp.report_logprob);
   s.setJsonObject(sp.json_object);
+  s.setGrammar(sp.grammar);
   // In token order: the map's own order depends on its history, and the same parameters
   // must always encode to the same bytes.
   std::vector<std::pair<int32_t, float>> bias(sp.logit_bias.begin(), sp.logit_bias.end());
@@ -80,6 +81,7 @@ SamplingParams read_sampling(schema::SamplingParams::Reader s) {
   sp.logprobs = s.getLogprobs();
   sp.report_logprob = s.getReportLogprob();
   sp.json_object = s.getJsonObject();
+  sp.grammar = s.getGrammar();
   for (auto e : s.getLogitBias()) sp.logit_bias[e.getToken()] = e.getBias();
   return sp;
 }

@@ -1,5 +1,7 @@
 #include "actors/stage_actor.h"
 
+#include <spdlog/spdlog.h>
+
 #include <chrono>
 
 #include "runtime/sample/speculative.h"
@@ -16,6 +18,16 @@ void prepare_sampling(StageState& st, StageStep& s) {
     Sampler smp(ns.sampling, st.vocab);
     smp.add_prompt(ns.prompt);
     smp.set_token_bytes(st.token_bytes);
+    if (!ns.sampling.grammar.empty() && st.grammars) {
+      // The server compiled the same text before admitting the request; a failure here
+      // means another build sent it, and the sequence is then held to ending at once.
+      auto table = st.grammars->get(ns.sampling.grammar);
+      if (!table) {
+        spdlog::error("stage: sequence {}: its grammar does not compile here: {}", ns.seq_id, table.error().message);
+        table = st.grammars->get("root ::= \"\"");
+      }
+      if (table) smp.set_grammar(*table);
+    }
     if (st.samplers.count(ns.seq_id))  // a reused id: the old one's release is still on its way
       st.pending.insert_or_assign(ns.seq_id, std::make_pair(s.step_no, std::move(smp)));
     else
@@ -100,6 +112,7 @@ stage_actor::behavior_type stage_fn(stage_actor::stateful_pointer<StageState> se
                                     stage_actor next, int32_t vocab, std::shared_ptr<const TokenBytes> token_bytes) {
   self->state.worker = std::move(worker);
   self->state.token_bytes = std::move(token_bytes);
+  if (self->state.token_bytes) self->state.grammars = std::make_unique<GrammarCache>(self->state.token_bytes);
   self->state.is_last = !next;
   self->state.next = std::move(next);
   self->state.vocab = vocab;

@@ -21,6 +21,7 @@ struct StageState {
   bool is_last = true;
   int32_t vocab = 0;                              // last stage: the logits' row length
   std::shared_ptr<const TokenBytes> token_bytes;  // last stage: for JSON mode (null: none)
+  std::unique_ptr<GrammarCache> grammars;         // last stage: structured output's compiled grammars
   std::map<int64_t, Sampler> samplers;            // last stage only
   // A new sequence whose id still has a sampler (the id was released in a step whose
   // answer has not come back): its sampler waits here, with the step that brought it,

@@ -20,6 +20,7 @@ struct SamplingParams {
   logitBias @9 :List(LogitBias);
   reportLogprob @10 :Bool = true;   # the chosen token's log-probability (off: skipped, reported as 0)
   jsonObject @11 :Bool;             # JSON mode: the output is one JSON object
+  grammar @12 :Text;                # structured output: a GBNF grammar the output matches ("": none)
   struct LogitBias {
     token @0 :Int32;
     bias @1 :Float32;

@@ -44,10 +44,11 @@ build() {
 fetch_model() { "$ROOT/scripts/fetch-model"; }
 
 # Python venv for the serving bench and the OpenAI-client test (bench/serve, tests/serve):
-# $TROUPE_HOME/venv with pinned openai + aiohttp; exports TROUPE_PY. Needs python3-venv.
+# $TROUPE_HOME/venv with pinned openai + aiohttp (+ jsonschema, the structured-output test's
+# independent validator); exports TROUPE_PY. Needs python3-venv.
 python_env() {
   local venv="$TROUPE_HOME/venv"
-  local reqs=(openai==1.109.1 aiohttp==3.12.15)
+  local reqs=(openai==1.109.1 aiohttp==3.12.15 jsonschema==4.25.1)
   if [ ! -x "$venv/bin/python" ]; then
     log "creating python venv in $venv"
     python3 -m venv "$venv"

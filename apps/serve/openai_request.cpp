@@ -6,6 +6,7 @@
 // and error_json() replaces any invalid byte anyway.
 #include "apps/serve/openai_request.h"
 
+#include "runtime/grammar/structured_output.h"
 #include "runtime/request/context_fit.h"
 
 #include <algorithm>
@@ -401,8 +402,9 @@ void parse_speculative(const json& o, GenerationRequest& r, const Limits& lim) {
       static_cast<int32_t>(*opt_int(o, "num_speculative_tokens", 0, lim.num_speculative_tokens));
 }
 
-// {"type": "text"} (the default) or {"type": "json_object"} (JSON mode: the output is one
-// JSON object, runtime/sample/json_constraint.h). json_schema is refused by name, not ignored.
+// {"type": "text"} (the default), {"type": "json_object"} (JSON mode: the output is one
+// JSON object, runtime/sample/json_constraint.h) or {"type": "json_schema", ...}
+// (parse_structured_output).
 void parse_response_format(const json& o, GenerationRequest& r) {
   const json* v = field(o, "response_format");
   if (!v || v->is_null()) return;
@@ -411,14 +413,25 @@ void parse_response_format(const json& o, GenerationRequest& r) {
   if (!t || !t->is_string()) reject("response_format", "'response_format.type' must be a string");
   const std::string type = t->get<std::string>();
   if (type == "text") return;
-  if (type == "json_schema")
-    reject("response_format",
-           "'response_format' type 'json_schema' is not supported (json_object is: the output is one "
-           "JSON object)");
+  if (type == "json_schema") return;  // parse_structured_output
   if (type != "json_object")
-    reject("response_format", "'response_format.type' must be 'text' or 'json_object', got '" + clip(type) + "'");
+    reject("response_format",
+           "'response_format.type' must be 'text', 'json_object' or 'json_schema', got '" + clip(type) + "'");
   if (r.seq.ignore_eos) reject("response_format", "'ignore_eos' cannot be combined with a json_object response_format");
   r.seq.sampling.json_object = true;
+}
+
+// json_schema, guided_* and structured_outputs (runtime/grammar/structured_output.h): the
+// body is read again keeping key order, so properties come in the schema's order.
+void parse_structured_output(std::string_view body, const json& o, GenerationRequest& r) {
+  if (!has_structured_output(o)) return;
+  const StructuredOutput so = structured_output(nlohmann::ordered_json::parse(body.begin(), body.end()));
+  if (!so.ok()) reject(so.param, so.error);
+  if (so.grammar.empty()) return;
+  if (r.seq.sampling.json_object)
+    reject(so.param, "a json_object response_format cannot be combined with '" + so.param + "'");
+  if (r.seq.ignore_eos) reject(so.param, "'ignore_eos' cannot be combined with structured output");
+  r.seq.sampling.grammar = so.grammar;
 }
 
 // The sampler's own checks, as a 400 naming the parameter (its message starts with it).
@@ -468,6 +481,7 @@ std::variant<GenerationRequest, ApiError> parse_generation(std::string_view body
     parse_misc(o, r);
     parse_speculative(o, r, lim);
     parse_response_format(o, r);
+    parse_structured_output(body, o, r);
     validate_sampling(r, lim);
     return r;
   });

@@ -28,6 +28,9 @@ Status SamplingParams::validate(int32_t vocab) const {
     if (!std::isfinite(b) || std::fabs(b) > 100)
       return make_error("logit_bias value for token " + std::to_string(tok) + " must be finite and within -100..100");
   }
+  if (grammar.size() > kMaxGrammarBytes)
+    return make_error("grammar is over " + std::to_string(kMaxGrammarBytes) + " bytes");
+  if (!grammar.empty() && json_object) return make_error("grammar and JSON mode cannot be combined");
   return {};
 }
 

@@ -5,6 +5,7 @@
 // a new field touches.
 #pragma once
 #include <cstdint>
+#include <string>
 #include <unordered_map>
 #include <vector>
 
@@ -29,6 +30,12 @@ struct SamplingParams {
   // JSON mode: only tokens that keep the output one JSON object (runtime/sample/json_constraint.h);
   // takes effect once the sampler has the tokens' bytes (Sampler::set_token_bytes).
   bool json_object = false;
+  // Structured output: a GBNF grammar (runtime/grammar/grammar.h) the output must match --
+  // what json_schema, guided_regex, guided_choice and guided_grammar become
+  // (runtime/grammar/json_schema.h); empty: none. Takes effect once the sampler has the
+  // grammar's table (Sampler::set_grammar).
+  std::string grammar;
+  static constexpr size_t kMaxGrammarBytes = 1u << 20;
 
   // Range, NaN and vocabulary checks; the error names the parameter.
   Status validate(int32_t vocab_size) const;

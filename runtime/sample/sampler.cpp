@@ -22,9 +22,15 @@ void Sampler::set_token_bytes(std::shared_ptr<const TokenBytes> tokens) {
     json_.emplace(std::move(tokens));
 }
 
+void Sampler::set_grammar(std::shared_ptr<GrammarTable> table) {
+  if (!p_.grammar.empty() && table && static_cast<int32_t>(table->tokens().bytes.size()) == vocab_)
+    grammar_.emplace(std::move(table));
+}
+
 void Sampler::accept(int32_t token) {
   if (token < 0 || token >= vocab_) return;
   if (json_) json_->accept(token);
+  if (grammar_) grammar_->accept(token);
   seen_[token] = 1;
   ++generated_counts_[token];
 }
@@ -59,6 +65,7 @@ SampleResult Sampler::sample(const float* logits) {
   for (const auto& [tok, b] : p_.logit_bias)
     if (tok >= 0 && tok < n) work_[tok] += b;
   if (json_) json_->mask(work_.data(), n);  // after the bias: a bias cannot bring back a banned token
+  if (grammar_) grammar_->mask(work_.data(), n);
 
   int32_t chosen = 0;
   if (p_.temperature == 0.0f) {
@@ -171,7 +178,7 @@ SampleResult Sampler::sample(const float* logits) {
 
 bool Sampler::device_eligible() const {
   return p_.repetition_penalty == 1.0f && p_.presence_penalty == 0.0f && p_.frequency_penalty == 0.0f &&
-         p_.logit_bias.empty() && p_.logprobs == 0 && !p_.json_object;
+         p_.logit_bias.empty() && p_.logprobs == 0 && !p_.json_object && p_.grammar.empty();
 }
 
 DeviceSampleParams Sampler::device_params() const {

@@ -15,6 +15,7 @@
 #include "common/result.h"
 #include "kernels/sample_params.h"
 #include "runtime/request/seq_request.h"  // SamplingParams
+#include "runtime/sample/grammar_constraint.h"
 #include "runtime/sample/json_constraint.h"
 
 namespace troupe {
@@ -35,6 +36,8 @@ class Sampler {
   Sampler(SamplingParams params, int32_t vocab_size);
   // The vocabulary's bytes, for JSON mode (params.json_object); without them it is off.
   void set_token_bytes(std::shared_ptr<const TokenBytes> tokens);
+  // The compiled table of params.grammar (runtime/sample/grammar_constraint.h).
+  void set_grammar(std::shared_ptr<GrammarTable> table);
   // Tokens that count for penalties (the prompt for repetition, generated for all).
   void add_prompt(const std::vector<int32_t>& tokens);
   void accept(int32_t token);
@@ -59,7 +62,8 @@ class Sampler {
   std::vector<uint8_t> seen_;  // prompt or generated, for the repetition penalty
   std::vector<float> work_;
   std::vector<int32_t> idx_;
-  std::optional<JsonConstraint> json_;  // JSON mode's state
+  std::optional<JsonConstraint> json_;        // JSON mode's state
+  std::optional<GrammarConstraint> grammar_;  // structured output's state
 };
 
 }  // namespace troupe

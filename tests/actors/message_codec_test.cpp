@@ -27,8 +27,9 @@ SamplingParams sampling() {
   sp.frequency_penalty = 0.25f;
   sp.seed = 0xfedcba9876543210ull;
   sp.logprobs = 3;
-  sp.report_logprob = false;  // not the default: the round trip must carry it
-  sp.json_object = true;      // nor is this
+  sp.report_logprob = false;               // not the default: the round trip must carry it
+  sp.json_object = true;                   // nor is this
+  sp.grammar = "root ::= \"a\" [0-9]+\n";  // (both at once never passes validate(); the codec carries both)
   sp.logit_bias = {{5, -100.0f}, {77, 2.5f}};
   return sp;
 }
@@ -37,7 +38,8 @@ bool same(const SamplingParams& a, const SamplingParams& b) {
   return a.temperature == b.temperature && a.top_k == b.top_k && a.top_p == b.top_p && a.min_p == b.min_p &&
          a.repetition_penalty == b.repetition_penalty && a.presence_penalty == b.presence_penalty &&
          a.frequency_penalty == b.frequency_penalty && a.seed == b.seed && a.logprobs == b.logprobs &&
-         a.report_logprob == b.report_logprob && a.logit_bias == b.logit_bias && a.json_object == b.json_object;
+         a.report_logprob == b.report_logprob && a.logit_bias == b.logit_bias && a.json_object == b.json_object &&
+         a.grammar == b.grammar;
 }
 
 bool same(const std::vector<TokenLogprob>& a, const std::vector<TokenLogprob>& b) {

@@ -6,6 +6,8 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
+#include "runtime/grammar/grammar.h"
+
 using namespace troupe::api;
 using nlohmann::json;
 
@@ -324,12 +326,47 @@ TEST_CASE("response_format", "[api]") {
   CHECK_FALSE(ok(comp(R"("response_format":{"type":"text"})")).seq.sampling.json_object);
   CHECK_FALSE(ok(comp(R"("response_format":null)")).seq.sampling.json_object);
   CHECK(ok(comp(R"("response_format":{"type":"json_object"})")).seq.sampling.json_object);
-  bad(comp(R"("response_format":{"type":"json_schema","json_schema":{"name":"x","schema":{}}})"), "response_format");
   bad(comp(R"("response_format":{"type":"yaml"})"), "response_format");
   bad(comp(R"("response_format":{"type":1})"), "response_format");
   bad(comp(R"("response_format":{})"), "response_format");
   bad(comp(R"("response_format":"json_object")"), "response_format");
   bad(comp(R"("response_format":{"type":"json_object"},"ignore_eos":true)"), "response_format");
+}
+
+TEST_CASE("structured output fields become one grammar", "[api]") {
+  const auto schema = ok(comp(R"("response_format":{"type":"json_schema","json_schema":{"name":"x","strict":true,
+      "schema":{"type":"object","properties":{"z":{"type":"integer"},"a":{"type":"string"}},"required":["z","a"]}}})"));
+  CHECK_FALSE(schema.seq.sampling.json_object);
+  const std::string& g = schema.seq.sampling.grammar;
+  REQUIRE_FALSE(g.empty());
+  auto compiled = troupe::Grammar::compile(g);
+  REQUIRE(compiled.ok());
+  troupe::GrammarState in_order(**compiled), sorted(**compiled);  // properties in the schema's order, not sorted
+  CHECK((in_order.feed(R"({"z":1,"a":"x"})") && in_order.accepting()));
+  CHECK_FALSE(sorted.feed(R"({"a":"x","z":1})"));
+  CHECK(ok(comp(R"("guided_json":{"type":"boolean"})")).seq.sampling.grammar.find("boolean") != std::string::npos);
+  CHECK_FALSE(ok(comp(R"("guided_json":"{\"type\":\"null\"}")")).seq.sampling.grammar.empty());
+  CHECK_FALSE(ok(comp(R"("guided_regex":"[a-z]+")")).seq.sampling.grammar.empty());
+  CHECK(ok(comp(R"("guided_choice":["yes","no"])")).seq.sampling.grammar == "root ::= \"yes\" | \"no\"\n");
+  CHECK(ok(comp(R"("guided_grammar":"root ::= [0-9]+")")).seq.sampling.grammar == "root ::= [0-9]+");
+  CHECK_FALSE(ok(comp(R"("structured_outputs":{"regex":"x+"})")).seq.sampling.grammar.empty());
+  CHECK(ok(comp(R"("guided_regex":null)")).seq.sampling.grammar.empty());
+  bad(comp(R"("response_format":{"type":"json_schema"})"), "response_format");
+  bad(comp(
+          R"("response_format":{"type":"json_schema","json_schema":{"name":"x","schema":{"type":"string","format":"email"}}})"),
+      "response_format");
+  bad(comp(R"("guided_json":{"type":"string","maxLenght":3})"), "guided_json");
+  bad(comp(R"("guided_json":"{not json")"), "guided_json");
+  bad(comp(R"("guided_regex":"(a")"), "guided_regex");
+  bad(comp(R"("guided_regex":5)"), "guided_regex");
+  bad(comp(R"("guided_choice":[])"), "guided_choice");
+  bad(comp(R"("guided_choice":["a",1])"), "guided_choice");
+  bad(comp(R"("guided_grammar":"root ::= root")"), "guided_grammar");
+  bad(comp(R"("guided_grammar":"start ::= \"a\"")"), "guided_grammar");
+  bad(comp(R"("structured_outputs":{"yaml":"x"})"), "structured_outputs");
+  bad(comp(R"("guided_regex":"a","guided_choice":["a"])"), "guided_choice");
+  bad(comp(R"("response_format":{"type":"json_object"},"guided_regex":"a")"), "guided_regex");
+  bad(comp(R"("guided_regex":"a","ignore_eos":true)"), "guided_regex");
 }
 
 TEST_CASE("logit_bias", "[api]") {

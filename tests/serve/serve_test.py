@@ -31,8 +31,10 @@ Checks:
                     equal a plain server's alone, concurrent and streamed; drafts accepted (metrics,
                     usage); KV back to baseline; bad num_speculative_tokens and flags refused
   json_mode         response_format json_object: outputs that end are one JSON object (greedy,
-                    sampled, streamed), a prose prompt's unconstrained answer is not; json_schema,
-                    unknown types and ignore_eos with it are refused with 400
+                    sampled, streamed), a prose prompt's unconstrained answer is not; a json_schema
+                    without a schema, unknown types and ignore_eos with it are refused with 400
+                    (structured output: tests/serve/structured_output_test.py, ctest
+                    serve_structured_output)
   remote_stage      a pipeline stage in a `troupe node` process (--remote-stage): the same greedy
                     outputs as in one process; wrong keys and garbage refused before any decoding;
                     a killed node fails its requests with an error naming it, a restarted one
@@ -1893,8 +1895,8 @@ def t_json_mode():
                                             "temperature": 0, "stream": True, "response_format": fmt})
         text = "".join((e["choices"][0]["delta"].get("content") or "") for e in events if e.get("choices"))
         check(st == 200 and done_seen and isinstance(json.loads(text), dict), f"streamed JSON mode: {text!r}")
-        bad = [({"type": "json_schema", "json_schema": {"name": "x", "schema": {}}}, "json_schema"),
-               ({"type": "xml"}, "must be 'text' or 'json_object'"), ("json", "must be an object"),
+        bad = [({"type": "json_schema", "json_schema": {"name": "x"}}, "json_schema"),
+               ({"type": "xml"}, "must be 'text', 'json_object' or 'json_schema'"), ("json", "must be an object"),
                ({}, "must be a string")]
         for rf, words in bad:
             st, _, data = request(port, "POST", "/v1/completions", {"prompt": "hi", "max_tokens": 3, "response_format": rf})
