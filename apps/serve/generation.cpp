@@ -32,7 +32,21 @@ struct Choice {
   std::string text;
   std::vector<actors::TokenOut> tokens;
   std::string finish_reason;
+  size_t shown = 0;  // streaming with tools: bytes of text sent as content so far
 };
+
+// OpenAI's tool_calls array (index only in stream deltas).
+json tool_calls_json(const std::vector<ToolCall>& calls, bool with_index) {
+  json out = json::array();
+  for (size_t i = 0; i < calls.size(); ++i) {
+    json c = {{"id", calls[i].id},
+              {"type", "function"},
+              {"function", {{"name", calls[i].name}, {"arguments", calls[i].arguments}}}};
+    if (with_index) c["index"] = i;
+    out.push_back(std::move(c));
+  }
+  return out;
+}
 
 class Generation : public std::enable_shared_from_this<Generation> {
  public:
@@ -130,9 +144,36 @@ class Generation : public std::enable_shared_from_this<Generation> {
     return json{{"tokens", tokens}, {"token_logprobs", lps}, {"top_logprobs", tops}, {"text_offset", offs}};
   }
 
+  // The answer's tool calls (runtime/chat/tool_calls.h), each with a fresh id.
+  ParsedToolCalls tool_calls_of(const std::string& text) const {
+    ParsedToolCalls p = parse_tool_calls(text, req_.tools);
+    for (auto& c : p.calls) c.id = random_id("call_");
+    return p;
+  }
+
+  // Streaming with tools: content is sent only up to where a call might begin; the rest
+  // waits for the end of the answer (on_finished), which sends it or the calls.
+  void on_tool_delta(Choice& c, int32_t index) {
+    const bool forced = req_.tool_choice.kind != ToolChoice::Kind::Auto;
+    const size_t safe = forced ? 0 : tool_content_prefix(c.text);
+    if (safe <= c.shown) return;
+    json ch = chunk_base();
+    ch["choices"] = json::array({{{"index", index},
+                                  {"delta", {{"content", c.text.substr(c.shown, safe - c.shown)}}},
+                                  {"logprobs", nullptr},
+                                  {"finish_reason", nullptr}}});
+    send_event(ch);
+    c.shown = safe;
+  }
+
   void on_delta(RequestUpdate& u) {
     if (u.index < 0 || static_cast<size_t>(u.index) >= choices_.size()) return;
     Choice& c = choices_[u.index];
+    if (streaming_ && req_.tools_active()) {
+      c.text += u.text;
+      for (auto& t : u.tokens) c.tokens.push_back(std::move(t));
+      return on_tool_delta(c, u.index);
+    }
     const size_t offset = c.text.size();
     if (streaming_) {
       json ch = chunk_base();
@@ -150,10 +191,28 @@ class Generation : public std::enable_shared_from_this<Generation> {
 
   void on_finished(const RequestUpdate& u) {
     if (u.index < 0 || static_cast<size_t>(u.index) >= choices_.size()) return;
-    choices_[u.index].finish_reason = u.finish_reason;
+    Choice& fc = choices_[u.index];
+    fc.finish_reason = u.finish_reason;
     if (!streaming_) return;
+    if (req_.tools_active()) {  // the held tail: the calls, or content after all
+      ParsedToolCalls p = tool_calls_of(fc.text);
+      json delta;
+      if (!p.calls.empty()) {
+        delta = {{"tool_calls", tool_calls_json(p.calls, true)}};
+        fc.finish_reason = "tool_calls";
+      } else if (fc.shown < fc.text.size()) {
+        delta = {{"content", fc.text.substr(fc.shown)}};
+      }
+      fc.shown = fc.text.size();
+      if (!delta.is_null()) {
+        json ch = chunk_base();
+        ch["choices"] =
+            json::array({{{"index", u.index}, {"delta", delta}, {"logprobs", nullptr}, {"finish_reason", nullptr}}});
+        send_event(ch);
+      }
+    }
     json ch = chunk_base();
-    json choice = {{"index", u.index}, {"logprobs", nullptr}, {"finish_reason", u.finish_reason}};
+    json choice = {{"index", u.index}, {"logprobs", nullptr}, {"finish_reason", fc.finish_reason}};
     if (req_.is_chat)
       choice["delta"] = json::object();
     else
@@ -210,7 +269,14 @@ class Generation : public std::enable_shared_from_this<Generation> {
       const Choice& c = choices_[k];
       const size_t echo_len = req_.echo ? prompt_texts_[k / req_.n].size() : 0;
       json choice = {{"index", k}, {"logprobs", logprobs_json(c.tokens, echo_len)}, {"finish_reason", c.finish_reason}};
-      if (req_.is_chat)
+      ParsedToolCalls calls;
+      if (req_.tools_active()) calls = tool_calls_of(c.text);
+      if (!calls.calls.empty()) {
+        choice["message"] = {{"role", "assistant"},
+                             {"content", calls.content.empty() ? json(nullptr) : json(calls.content)},
+                             {"tool_calls", tool_calls_json(calls.calls, false)}};
+        choice["finish_reason"] = "tool_calls";
+      } else if (req_.is_chat)
         choice["message"] = {{"role", "assistant"}, {"content", c.text}};
       else
         choice["text"] = c.text;

@@ -6,6 +6,7 @@
 // and error_json() replaces any invalid byte anyway.
 #include "apps/serve/openai_request.h"
 
+#include "runtime/grammar/grammar.h"
 #include "runtime/grammar/structured_output.h"
 #include "runtime/request/context_fit.h"
 
@@ -256,6 +257,28 @@ ChatMessage one_message(const json& m, size_t i) {
     out.content = content_text(*content, where);
   else if (out.role != "assistant")
     reject("messages", where + ".content is required");
+  if (const json* calls = field(m, "tool_calls"); calls && out.role == "assistant") {
+    // An earlier turn's calls, written back as the model wrote them.
+    if (!calls->is_array()) reject("messages", where + ".tool_calls must be an array");
+    std::vector<ToolCall> tc;
+    for (size_t k = 0; k < calls->size(); ++k) {
+      const json& c = (*calls)[k];
+      const std::string at = where + ".tool_calls[" + std::to_string(k) + "]";
+      const json* fn = c.is_object() ? field(c, "function") : nullptr;
+      const json* name = fn && fn->is_object() ? field(*fn, "name") : nullptr;
+      if (!name || !name->is_string()) reject("messages", at + ".function.name must be a string");
+      const json* args = field(*fn, "arguments");
+      if (args && !args->is_string()) reject("messages", at + ".function.arguments must be a string");
+      tc.push_back({"", name->get<std::string>(), args ? args->get<std::string>() : "{}"});
+    }
+    const std::string text = render_tool_calls(tc);
+    out.content = out.content.empty() ? text : out.content + "\n" + text;
+  }
+  if (out.role == "tool") {  // a result: the next user turn carries it (Hermes / Qwen2.5)
+    out.role = "user";
+    out.content = render_tool_response(out.content);
+    out.is_tool_result = true;
+  }
   return out;
 }
 
@@ -269,8 +292,94 @@ std::vector<ChatMessage> parse_messages(const json& o, const Limits& lim) {
                            std::to_string(lim.max_messages) + " are allowed");
   std::vector<ChatMessage> out;
   out.reserve(v->size());
-  for (size_t i = 0; i < v->size(); ++i) out.push_back(one_message((*v)[i], i));
+  for (size_t i = 0; i < v->size(); ++i) {
+    ChatMessage m = one_message((*v)[i], i);
+    if (m.is_tool_result && !out.empty() && out.back().is_tool_result)  // results of parallel calls: one turn
+      out.back().content += "\n" + m.content;
+    else
+      out.push_back(std::move(m));
+  }
   return out;
+}
+
+// tools, tool_choice, parallel_tool_calls (chat only): the functions are checked and written
+// into the system message; "required" or a named function constrains the answer to calls.
+void parse_tools(const json& o, GenerationRequest& r) {
+  const json* tools = field(o, "tools");
+  const json* choice = field(o, "tool_choice");
+  if (!r.is_chat) {
+    if (tools || choice) reject(tools ? "tools" : "tool_choice", "tools are supported on /v1/chat/completions only");
+    return;
+  }
+  if (auto p = opt_bool(o, "parallel_tool_calls")) r.parallel_tool_calls = *p;
+  if (tools) {
+    if (!tools->is_array()) reject("tools", "'tools' must be an array");
+    if (tools->size() > 128) reject("tools", "'tools' has over 128 functions");
+    for (size_t k = 0; k < tools->size(); ++k) {
+      const json& t = (*tools)[k];
+      const std::string at = "tools[" + std::to_string(k) + "]";
+      const json* type = t.is_object() ? field(t, "type") : nullptr;
+      if (!type || !type->is_string() || type->get<std::string>() != "function")
+        reject("tools", at + ".type must be 'function'");
+      const json* fn = field(t, "function");
+      if (!fn || !fn->is_object()) reject("tools", at + ".function must be an object");
+      const json* name = field(*fn, "name");
+      if (!name || !name->is_string() || name->get<std::string>().empty() || name->get<std::string>().size() > 64)
+        reject("tools", at + ".function.name must be a string of 1 to 64 characters");
+      ToolFunction f;
+      f.name = name->get<std::string>();
+      for (const auto& g : r.tools)
+        if (g.name == f.name) reject("tools", at + ": function '" + f.name + "' is listed twice");
+      if (const json* d = field(*fn, "description")) {
+        if (!d->is_string()) reject("tools", at + ".function.description must be a string");
+        f.description = d->get<std::string>();
+      }
+      if (const json* p = field(*fn, "parameters")) {
+        if (!p->is_object()) reject("tools", at + ".function.parameters must be a JSON schema object");
+        f.parameters = nlohmann::ordered_json::parse(p->dump());
+      }
+      r.tools.push_back(std::move(f));
+    }
+  }
+  if (choice) {
+    if (choice->is_string()) {
+      const std::string c = choice->get<std::string>();
+      if (c == "auto")
+        r.tool_choice.kind = ToolChoice::Kind::Auto;
+      else if (c == "none")
+        r.tool_choice.kind = ToolChoice::Kind::None;
+      else if (c == "required")
+        r.tool_choice.kind = ToolChoice::Kind::Required;
+      else
+        reject("tool_choice", "'tool_choice' must be 'auto', 'none', 'required' or a function, got '" + clip(c) + "'");
+    } else if (choice->is_object()) {
+      const json* fn = field(*choice, "function");
+      const json* name = fn && fn->is_object() ? field(*fn, "name") : nullptr;
+      if (!name || !name->is_string())
+        reject("tool_choice", "'tool_choice' must be {\"type\": \"function\", \"function\": {\"name\": ...}}");
+      r.tool_choice = {ToolChoice::Kind::Named, name->get<std::string>()};
+    } else {
+      reject("tool_choice", "'tool_choice' must be a string or an object");
+    }
+    if (r.tool_choice.kind != ToolChoice::Kind::None && r.tool_choice.kind != ToolChoice::Kind::Auto && r.tools.empty())
+      reject("tool_choice", "'tool_choice' needs 'tools'");
+  }
+  if (r.tools.empty()) return;
+  // The functions go into the system message (a new first one if there is none) -- with
+  // tool_choice "none" too, as vLLM does: the model still sees what was called before.
+  const std::string section = tools_system_prompt(r.tools);
+  if (!r.messages.empty() && (r.messages[0].role == "system" || r.messages[0].role == "developer"))
+    r.messages[0].content += "\n\n" + section;
+  else
+    r.messages.insert(r.messages.begin(), ChatMessage{"system", section});
+  if (r.tool_choice.kind == ToolChoice::Kind::Auto || r.tool_choice.kind == ToolChoice::Kind::None) return;
+  if (r.seq.sampling.grammar.size() || r.seq.sampling.json_object)
+    reject("tool_choice", "a forced tool call cannot be combined with response_format or guided decoding");
+  auto g = tool_call_grammar(r.tools, r.tool_choice, r.parallel_tool_calls);
+  const char* param = r.tool_choice.kind == ToolChoice::Kind::Named ? "tool_choice" : "tools";
+  if (!g) reject(param, g.error().message);
+  if (auto c = Grammar::compile(*g); !c) reject(param, "tools: " + c.error().message);
+  r.seq.sampling.grammar = std::move(*g);
 }
 
 // ---- generation parameters -------------------------------------------------------------
@@ -482,6 +591,7 @@ std::variant<GenerationRequest, ApiError> parse_generation(std::string_view body
     parse_speculative(o, r, lim);
     parse_response_format(o, r);
     parse_structured_output(body, o, r);
+    parse_tools(o, r);
     validate_sampling(r, lim);
     return r;
   });

@@ -12,6 +12,7 @@
 
 #include <nlohmann/json_fwd.hpp>
 
+#include "runtime/chat/tool_calls.h"
 #include "runtime/sample/sampler.h"
 
 namespace troupe::api {
@@ -48,8 +49,9 @@ struct Limits {
 };
 
 struct ChatMessage {
-  std::string role;     // system | user | assistant | developer | tool
-  std::string content;  // string content, or the concatenation of the text parts
+  std::string role;             // system | user | assistant | developer | tool
+  std::string content;          // string content, or the concatenation of the text parts
+  bool is_tool_result = false;  // a "tool" message, now a user turn of <tool_response>s
 };
 
 // A prompt for /v1/completions: text or token ids.
@@ -76,6 +78,13 @@ struct GenerationRequest {
   bool stream = false;
   bool include_usage = false;  // stream_options.include_usage
   std::string user;            // accepted and ignored
+  // Chat tool calling (runtime/chat/tool_calls.h): the functions offered (already written
+  // into the system message), tool_choice and parallel_tool_calls. With Required or Named,
+  // seq.sampling.grammar makes the answer calls only.
+  std::vector<ToolFunction> tools;
+  ToolChoice tool_choice;
+  bool parallel_tool_calls = true;
+  bool tools_active() const { return is_chat && !tools.empty() && tool_choice.kind != ToolChoice::Kind::None; }
 };
 
 // Parses a /v1/completions (is_chat = false) or /v1/chat/completions body.

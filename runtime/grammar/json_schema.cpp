@@ -43,12 +43,13 @@ const std::set<std::string> kAnnotations = {"title",    "description", "default"
 
 class SchemaWriter {
  public:
-  SchemaWriter(const ojson& root, const SchemaLimits& lim) : root_(root), lim_(lim) {}
+  SchemaWriter(const ojson& root, const SchemaLimits& lim, std::string root_name)
+      : root_(root), lim_(lim), root_name_(std::move(root_name)) {}
 
   Result<std::string> run() {
     std::string body = visit(root_, "#", 0);
     if (!err_.empty()) return make_error(err_);
-    std::string out = "root ::= " + body + "\n";
+    std::string out = root_name_ + " ::= " + body + "\n";
     for (const auto& [name, text] : rules_) out += name + " ::= " + text + "\n";
     std::set<std::string> done;
     std::vector<std::string> todo(used_.begin(), used_.end());
@@ -169,8 +170,8 @@ class SchemaWriter {
     const std::string target = r.get<std::string>();
     if (auto it = refs_.find(target); it != refs_.end()) return it->second;
     if (target == "#") {
-      refs_[target] = "root";
-      return "root";
+      refs_[target] = root_name_;
+      return root_name_;
     }
     if (target.rfind("#/$defs/", 0) != 0 && target.rfind("#/definitions/", 0) != 0)
       return fail(where,
@@ -312,6 +313,7 @@ class SchemaWriter {
 
   const ojson& root_;
   SchemaLimits lim_;
+  std::string root_name_;
   std::string err_;
   std::vector<std::pair<std::string, std::string>> rules_;
   std::map<std::string, std::string> by_body_;
@@ -321,8 +323,9 @@ class SchemaWriter {
 
 }  // namespace
 
-Result<std::string> json_schema_to_gbnf(const nlohmann::ordered_json& schema, const SchemaLimits& lim) {
-  return SchemaWriter(schema, lim).run();
+Result<std::string> json_schema_to_gbnf(const nlohmann::ordered_json& schema, const SchemaLimits& lim,
+                                        const std::string& root_name) {
+  return SchemaWriter(schema, lim, root_name).run();
 }
 
 }  // namespace troupe

@@ -30,8 +30,10 @@ struct SchemaLimits {
   size_t max_grammar_bytes = 1u << 20;
 };
 
-// The schema's grammar: one JSON value valid against it, with bounded whitespace.
-Result<std::string> json_schema_to_gbnf(const nlohmann::ordered_json& schema, const SchemaLimits& lim = {});
+// The schema's grammar: one JSON value valid against it, with bounded whitespace. Its start
+// rule is `root_name` (another name lets a caller embed it in a grammar of its own).
+Result<std::string> json_schema_to_gbnf(const nlohmann::ordered_json& schema, const SchemaLimits& lim = {},
+                                        const std::string& root_name = "root");
 
 // The regex as GBNF matching exactly the strings it fully matches (Python's re.fullmatch).
 // Supported: literals, escapes (\d \w \s \D \W \S \t \n \r \xHH \uHHHH and escaped

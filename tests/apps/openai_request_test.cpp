@@ -179,7 +179,8 @@ TEST_CASE("chat messages", "[api]") {
   CHECK(r.messages[2].content == "a\nb");
   CHECK(r.messages[3].content.empty());
   CHECK(r.messages[4].role == "assistant");
-  CHECK(r.messages[5].content == "t");
+  CHECK(r.messages[5].role == "user");  // a tool result is the next user turn, wrapped
+  CHECK(r.messages[5].content == "<tool_response>\nt\n</tool_response>");
   CHECK(r.prompts.empty());
 
   bad(R"({"model":"m"})", "messages", true);
@@ -367,6 +368,47 @@ TEST_CASE("structured output fields become one grammar", "[api]") {
   bad(comp(R"("guided_regex":"a","guided_choice":["a"])"), "guided_choice");
   bad(comp(R"("response_format":{"type":"json_object"},"guided_regex":"a")"), "guided_regex");
   bad(comp(R"("guided_regex":"a","ignore_eos":true)"), "guided_regex");
+}
+
+TEST_CASE("tools: offered functions, earlier calls and results, forced calls", "[api]") {
+  const std::string tools =
+      R"("tools":[{"type":"function","function":{"name":"f","description":"does f",
+          "parameters":{"type":"object","properties":{"x":{"type":"integer"}},"required":["x"]}}}])";
+  auto body = [&](const std::string& extra) {
+    return R"({"messages":[{"role":"user","content":"hi"},
+        {"role":"assistant","content":null,"tool_calls":[{"id":"call_1","type":"function","function":{"name":"f","arguments":"{\"x\": 1}"}}]},
+        {"role":"tool","tool_call_id":"call_1","content":"2"},{"role":"tool","tool_call_id":"call_2","content":"3"}],)" +
+           tools + extra + "}";
+  };
+  GenerationRequest r = ok(body(""), true);
+  REQUIRE(r.tools.size() == 1);
+  CHECK(r.tools_active());
+  REQUIRE(r.messages.size() == 4);  // the tools' system message first; the two results one turn
+  CHECK(r.messages[0].role == "system");
+  CHECK(r.messages[0].content.find("<tools>") != std::string::npos);
+  CHECK(r.messages[2].content.find("<tool_call>\n{\"name\":\"f\",\"arguments\":{\"x\":1}}\n</tool_call>") !=
+        std::string::npos);
+  CHECK(r.messages[3].content == "<tool_response>\n2\n</tool_response>\n<tool_response>\n3\n</tool_response>");
+  CHECK(r.seq.sampling.grammar.empty());  // auto: unconstrained
+  CHECK_FALSE(ok(body(R"(,"tool_choice":"required")"), true).seq.sampling.grammar.empty());
+  CHECK_FALSE(
+      ok(body(R"(,"tool_choice":{"type":"function","function":{"name":"f"}})"), true).seq.sampling.grammar.empty());
+  const auto none = ok(body(R"(,"tool_choice":"none")"), true);
+  CHECK_FALSE(none.tools_active());
+  CHECK(none.messages.size() == 4);  // the tools section still (the model sees the earlier calls' context)
+  CHECK(none.seq.sampling.grammar.empty());
+  CHECK_FALSE(ok(body(R"(,"parallel_tool_calls":false)"), true).parallel_tool_calls);
+  bad(body(R"(,"tool_choice":{"type":"function","function":{"name":"g"}})"), "tool_choice", true);
+  bad(body(R"(,"tool_choice":"maybe")"), "tool_choice", true);
+  bad(body(R"(,"tool_choice":"required","guided_regex":"a")"), "tool_choice", true);
+  bad(R"({"messages":[{"role":"user","content":"hi"}],"tool_choice":"required"})", "tool_choice", true);
+  bad(R"({"messages":[{"role":"user","content":"hi"}],"tools":[{"type":"function"}]})", "tools", true);
+  bad(R"({"messages":[{"role":"user","content":"hi"}],"tools":[{"type":"function","function":{"name":""}}]})", "tools",
+      true);
+  bad(R"({"messages":[{"role":"user","content":"hi"}],"tools":[{"type":"function","function":{"name":"f","parameters":3}}]})",
+      "tools", true);
+  bad(R"({"messages":[{"role":"assistant","tool_calls":[{"function":{"name":5}}]}]})", "messages", true);
+  bad(comp(R"("tools":[])"), "tools");  // completions: no tools
 }
 
 TEST_CASE("logit_bias", "[api]") {

@@ -88,6 +88,105 @@ def valid_instance(name, text):
         return False
 
 
+TOOLS = [
+    {"type": "function", "function": {
+        "name": "get_weather", "description": "Current weather in a city",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 40},
+                                                        "unit": {"enum": ["celsius", "fahrenheit"]}},
+                       "required": ["city", "unit"], "additionalProperties": False}}},
+    {"type": "function", "function": {
+        "name": "add", "description": "Add two integers",
+        "parameters": {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
+                       "required": ["a", "b"], "additionalProperties": False}}},
+]
+TOOL_SCHEMAS = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}
+
+
+def valid_call(call):
+    try:
+        jsonschema.validate(json.loads(call.function.arguments), TOOL_SCHEMAS[call.function.name])
+        return call.id.startswith("call_") and call.type == "function"
+    except (KeyError, ValueError, jsonschema.ValidationError) as e:
+        print(f"  invalid call {call}: {e}")
+        return False
+
+
+def tool_calls(client, base_url):
+    """tools / tool_choice / parallel_tool_calls: forced calls valid for their function's
+    schema (jsonschema), named and single calls, streamed tool_call deltas, a two-round loop
+    that sends the result back, and the 400s."""
+    user = [{"role": "user", "content": "What is the weather in Paris, in celsius?"}]
+    calls = 0
+    for seed in range(4):
+        r = client.chat.completions.create(model="default", messages=user, tools=TOOLS, tool_choice="required",
+                                           max_tokens=120, temperature=0.8, seed=seed)
+        c = r.choices[0]
+        check(c.finish_reason == "tool_calls" and c.message.tool_calls, f"required: {c.finish_reason} {c.message}")
+        for call in c.message.tool_calls or []:
+            calls += 1
+            check(valid_call(call), f"required seed {seed}: invalid call {call}")
+    r = client.chat.completions.create(model="default", messages=user, tools=TOOLS, max_tokens=120, temperature=0,
+                                       tool_choice={"type": "function", "function": {"name": "get_weather"}})
+    c, named_prompt = r.choices[0], r.usage.prompt_tokens
+    check(c.finish_reason == "tool_calls" and len(c.message.tool_calls) == 1 and
+          c.message.tool_calls[0].function.name == "get_weather" and valid_call(c.message.tool_calls[0]),
+          f"named: {c}")
+    first = c.message.tool_calls[0]
+    r = client.chat.completions.create(model="default", messages=[{"role": "user", "content": "Add 2 and 3, then 4 and 5."}],
+                                       tools=TOOLS, tool_choice="required", parallel_tool_calls=False, max_tokens=150,
+                                       temperature=0.7, seed=3)
+    check(len(r.choices[0].message.tool_calls or []) == 1, f"parallel_tool_calls false: {r.choices[0].message}")
+    # streamed: the call arrives as a tool_calls delta, no content
+    stream = client.chat.completions.create(model="default", messages=user, tools=TOOLS, max_tokens=120, temperature=0,
+                                            tool_choice={"type": "function", "function": {"name": "get_weather"}},
+                                            stream=True)
+    got, content, finish = [], "", None
+    for ev in stream:
+        if not ev.choices:
+            continue
+        d = ev.choices[0].delta
+        content += d.content or ""
+        got += d.tool_calls or []
+        finish = ev.choices[0].finish_reason or finish
+    check(finish == "tool_calls" and len(got) == 1 and got[0].function.name == "get_weather" and not content and
+          json.loads(got[0].function.arguments) == json.loads(first.function.arguments),
+          f"streamed named call: {finish} {got} {content!r}")
+    # round two: the result goes back, the model answers in prose
+    msgs = user + [{"role": "assistant", "content": None, "tool_calls": [
+        {"id": first.id, "type": "function",
+         "function": {"name": first.function.name, "arguments": first.function.arguments}}]},
+        {"role": "tool", "tool_call_id": first.id, "content": json.dumps({"temperature": 18, "sky": "sunny"})}]
+    r2 = client.chat.completions.create(model="default", messages=msgs, tools=TOOLS, tool_choice="none", max_tokens=60,
+                                        temperature=0)
+    c2 = r2.choices[0]
+    check(c2.message.content and not c2.message.tool_calls and c2.finish_reason in ("stop", "length"),
+          f"round two: {c2}")
+    check(r2.usage.prompt_tokens > named_prompt + 20, "round two's prompt does not carry the call and its result")
+    # auto: an answer either way, calls (if any) valid
+    r3 = client.chat.completions.create(model="default", messages=user, tools=TOOLS, max_tokens=120, temperature=0)
+    for call in r3.choices[0].message.tool_calls or []:
+        check(call.function.name in TOOL_SCHEMAS, f"auto call names no offered function: {call}")
+    check(r3.choices[0].message.content or r3.choices[0].message.tool_calls, f"auto: empty answer {r3.choices[0]}")
+    # bad
+    bad = [({"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "nope"}}}, "tool_choice"),
+           ({"tools": {"a": 1}}, "tools"), ({"tools": [{"type": "retrieval"}]}, "tools"),
+           ({"tool_choice": "required"}, "tool_choice"), ({"tools": TOOLS, "tool_choice": "sometimes"}, "tool_choice"),
+           ({"tools": [TOOLS[0], TOOLS[0]]}, "tools")]
+    for extra, param in bad:
+        body = {"model": "default", "messages": user, "max_tokens": 5}
+        body.update(extra)
+        req = urllib.request.Request(base_url + "/v1/chat/completions", data=json.dumps(body).encode(),
+                                     headers={"Content-Type": "application/json"})
+        try:
+            urllib.request.urlopen(req, timeout=30)
+            check(False, f"bad tools body accepted: {extra}")
+        except urllib.error.HTTPError as e:
+            err = json.loads(e.read())["error"]
+            check(e.code == 400 and err.get("param") == param, f"bad tools body {extra}: {e.code} {err}")
+    print(f"tools: {calls} forced calls valid for their schemas; named, single, streamed and a two-round loop; "
+          f"{len(bad)} bad bodies refused")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--base-url", required=True)
@@ -201,6 +300,8 @@ def main():
     again, _ = chat(client, "Write one sentence about the sea.", max_tokens=40)
     check(again == plain_alone, "the plain answer changed after the hostile requests")
     print(f"hostile: {len(hostile)} bodies refused with 400 naming the field, slowest {worst * 1000:.0f} ms")
+
+    tool_calls(client, args.base_url)
 
     if failures:
         print(f"{len(failures)} check(s) failed")
