@@ -74,7 +74,7 @@ def wait_health(port, proc, timeout=300):
 
 
 def one_request(port, prompt, schema):
-    body = {"model": "default", "messages": [{"role": "user", "content": prompt}], "max_tokens": 128,
+    body = {"messages": [{"role": "user", "content": prompt}], "max_tokens": 128,
             "temperature": 0, "stream": True}
     if schema:
         body["response_format"] = {"type": "json_schema", "json_schema": {"name": "cities", "schema": SCHEMA}}

@@ -1,6 +1,7 @@
 #include "runtime/sample/grammar_constraint.h"
 
 #include <algorithm>
+#include <functional>
 #include <limits>
 #include <numeric>
 
@@ -50,6 +51,73 @@ TokenTrie::TokenTrie(const TokenBytes& tb) {
   }
 }
 
+namespace {
+
+// The parse states one walk meets, numbered, with their byte transitions filled as the
+// walk needs them: most trie nodes lead to a state seen before (inside a string, after
+// any plain character the state is the same), so a node costs an array lookup instead of
+// advancing the stacks.
+class StateGraph {
+ public:
+  static constexpr size_t kMaxStates = 4096;  // then the walk advances stacks directly
+  explicit StateGraph(const GrammarState& start) { intern(start); }
+  // The state after byte b (-1: none takes it; -2: the graph is full).
+  int32_t step(int32_t id, uint8_t b) {
+    const size_t at = static_cast<size_t>(id) * 256 + b;
+    if (trans_[at] != kUnknown) return trans_[at];
+    GrammarState next = states_[static_cast<size_t>(id)].after(b);
+    const int32_t to = next.dead() ? -1 : intern(std::move(next));
+    trans_[at] = to;  // (after intern: it may grow trans_)
+    return to;
+  }
+  const GrammarState& state(int32_t id) const { return states_[static_cast<size_t>(id)]; }
+
+ private:
+  static constexpr int32_t kUnknown = -3;
+  int32_t intern(GrammarState s) {
+    std::string key = s.key();
+    if (auto it = ids_.find(key); it != ids_.end()) return it->second;
+    if (states_.size() >= kMaxStates) return -2;
+    const auto id = static_cast<int32_t>(states_.size());
+    ids_.emplace(std::move(key), id);
+    states_.push_back(std::move(s));
+    trans_.resize(states_.size() * 256, kUnknown);
+    return id;
+  }
+  std::vector<GrammarState> states_;
+  std::unordered_map<std::string, int32_t> ids_;
+  std::vector<int32_t> trans_;
+};
+
+void mark(const TokenTrie& trie, const TokenTrie::Node& n, GrammarTable::Mask& m) {
+  for (uint32_t k = n.tokens_begin; k < n.tokens_end; ++k) {
+    const auto t = static_cast<size_t>(trie.tokens[k]);
+    m.allowed[t >> 6] |= uint64_t{1} << (t & 63);
+    m.any = true;
+  }
+}
+
+void walk_graph(const TokenTrie& trie, uint32_t node, int32_t id, StateGraph& g, GrammarTable::Mask& m,
+                const std::function<void(uint32_t, const GrammarState&)>& direct) {
+  for (uint32_t c = trie.nodes[node].first_child; c; c = trie.nodes[c].next_sibling) {
+    const TokenTrie::Node& n = trie.nodes[c];
+    if (!g.state(id).takes(n.byte)) continue;
+    const int32_t next = g.step(id, n.byte);
+    if (next == -1) continue;
+    if (next == -2) {  // the graph is full: this subtree the slow way
+      const GrammarState st = g.state(id).after(n.byte);
+      if (st.dead()) continue;
+      mark(trie, n, m);
+      if (n.first_child) direct(c, st);
+      continue;
+    }
+    mark(trie, n, m);
+    if (n.first_child) walk_graph(trie, c, next, g, m, direct);
+  }
+}
+
+}  // namespace
+
 void GrammarTable::walk(uint32_t node, const GrammarState& st, Mask& m) const {
   for (uint32_t c = trie_->nodes[node].first_child; c; c = trie_->nodes[c].next_sibling) {
     const TokenTrie::Node& n = trie_->nodes[c];
@@ -69,7 +137,10 @@ std::shared_ptr<const GrammarTable::Mask> GrammarTable::compute(const GrammarSta
   auto m = std::make_shared<Mask>();
   m->allowed.assign((tb_->bytes.size() + 63) / 64, 0);
   m->accepting = st.accepting();
-  if (st.can_continue()) walk(0, st, *m);
+  if (st.can_continue()) {
+    StateGraph g(st);
+    walk_graph(*trie_, 0, 0, g, *m, [&](uint32_t node, const GrammarState& s) { walk(node, s, *m); });
+  }
   return m;
 }
 

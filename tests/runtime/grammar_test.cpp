@@ -414,3 +414,34 @@ TEST_CASE("sampling under a schema writes only valid instances", "[grammar]") {
   }
   CHECK(ended > 20);
 }
+
+TEST_CASE("grammar mask cost (hidden: run by hand)", "[.grammar-cost]") {
+  const Vocab& v = default_vocab();
+  GrammarCache cache(v.tb);
+  auto text = json_schema_to_gbnf(ojson::parse(R"({"type":"array","items":{"type":"object","properties":{"city":{"type":"string","maxLength":20},"country":{"type":"string","maxLength":20},"population":{"type":"integer"}},"required":["city","country","population"],"additionalProperties":false},"minItems":8,"maxItems":8})"));
+  REQUIRE(text.ok());
+  auto table = cache.get(*text);
+  REQUIRE(table.ok());
+  const char* cities[] = {"Tokyo", "Delhi", "Shanghai", "Sao Paulo", "Mexico City", "Cairo", "Mumbai", "Beijing"};
+  std::string sample = "[";
+  for (int i = 0; i < 8; ++i)
+    sample += std::string(i ? ", " : "") + R"({"city": ")" + cities[i] + R"(", "country": "Somewhere", "population": )" +
+              std::to_string(1000003 * (i + 7)) + "}";
+  sample += "]";
+  const auto ids = v.tok->encode(sample, false, false);
+  const auto vocab = static_cast<int32_t>(v.tb->bytes.size());
+  std::vector<float> logits(static_cast<size_t>(vocab));
+  for (int pass = 0; pass < 2; ++pass) {
+    GrammarConstraint c(*table);
+    const auto t0 = std::chrono::steady_clock::now();
+    for (int32_t id : ids) {
+      std::fill(logits.begin(), logits.end(), 0.0f);
+      c.mask(logits.data(), vocab);
+      INFO("token '" << v.tb->bytes[static_cast<size_t>(id)] << "'");
+      REQUIRE(c.accept(id));
+    }
+    const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    WARN("pass " << pass << ": " << ids.size() << " tokens, " << ms / ids.size() << " ms/token, hits " << (*table)->hits()
+                 << " misses " << (*table)->misses());
+  }
+}
