@@ -418,15 +418,16 @@ TEST_CASE("sampling under a schema writes only valid instances", "[grammar]") {
 TEST_CASE("grammar mask cost (hidden: run by hand)", "[.grammar-cost]") {
   const Vocab& v = default_vocab();
   GrammarCache cache(v.tb);
-  auto text = json_schema_to_gbnf(ojson::parse(R"({"type":"array","items":{"type":"object","properties":{"city":{"type":"string","maxLength":20},"country":{"type":"string","maxLength":20},"population":{"type":"integer"}},"required":["city","country","population"],"additionalProperties":false},"minItems":8,"maxItems":8})"));
+  auto text = json_schema_to_gbnf(ojson::parse(
+      R"({"type":"array","items":{"type":"object","properties":{"city":{"type":"string","maxLength":20},"country":{"type":"string","maxLength":20},"population":{"type":"integer"}},"required":["city","country","population"],"additionalProperties":false},"minItems":8,"maxItems":8})"));
   REQUIRE(text.ok());
   auto table = cache.get(*text);
   REQUIRE(table.ok());
   const char* cities[] = {"Tokyo", "Delhi", "Shanghai", "Sao Paulo", "Mexico City", "Cairo", "Mumbai", "Beijing"};
   std::string sample = "[";
   for (int i = 0; i < 8; ++i)
-    sample += std::string(i ? ", " : "") + R"({"city": ")" + cities[i] + R"(", "country": "Somewhere", "population": )" +
-              std::to_string(1000003 * (i + 7)) + "}";
+    sample += std::string(i ? ", " : "") + R"({"city": ")" + cities[i] +
+              R"(", "country": "Somewhere", "population": )" + std::to_string(1000003 * (i + 7)) + "}";
   sample += "]";
   const auto ids = v.tok->encode(sample, false, false);
   const auto vocab = static_cast<int32_t>(v.tb->bytes.size());
@@ -441,7 +442,7 @@ TEST_CASE("grammar mask cost (hidden: run by hand)", "[.grammar-cost]") {
       REQUIRE(c.accept(id));
     }
     const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-    WARN("pass " << pass << ": " << ids.size() << " tokens, " << ms / ids.size() << " ms/token, hits " << (*table)->hits()
-                 << " misses " << (*table)->misses());
+    WARN("pass " << pass << ": " << ids.size() << " tokens, " << ms / ids.size() << " ms/token, hits "
+                 << (*table)->hits() << " misses " << (*table)->misses());
   }
 }
