@@ -7,6 +7,7 @@
 #include <string_view>
 
 #include "apps/serve/openai_request.h"
+#include "runtime/grammar/grammar.h"
 
 using namespace troupe;
 
@@ -28,6 +29,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     if (g.n < 1 || g.n > lim.max_n || g.stop.size() > static_cast<size_t>(lim.max_stop)) std::abort();
     if (g.top_logprobs < 0 || g.top_logprobs > lim.max_top_logprobs) std::abort();
     if (g.seq.num_speculative_tokens < -1 || g.seq.num_speculative_tokens > lim.num_speculative_tokens) std::abort();
+    // a constraint the parser admits always compiles (the stage compiles it again)
+    if (!g.seq.sampling.grammar.empty() && !Grammar::compile(g.seq.sampling.grammar).ok()) std::abort();
     for (const auto& p : g.prompts)
       for (int32_t t : p.token_ids)
         if (t < 0 || t >= lim.vocab_size) std::abort();
