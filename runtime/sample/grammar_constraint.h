@@ -39,7 +39,9 @@ struct TokenTrie {
 // One grammar over one vocabulary, with its per-state masks.
 class GrammarTable {
  public:
-  static constexpr size_t kMaxMasks = 2048;  // then the table starts over (bounded memory)
+  // Then the table starts over: with the cache's 32 grammars, at most 32 x 1024 masks of
+  // vocab/8 bytes (6 KiB for a 49k vocabulary): about 200 MiB in the worst case.
+  static constexpr size_t kMaxMasks = 1024;
   struct Mask {
     std::vector<uint64_t> allowed;  // bit per token (end-of-generation tokens: `accepting`)
     bool accepting = false;         // the output may end here
@@ -69,7 +71,7 @@ class GrammarTable {
 // Compiled grammars by text, least recently used dropped past `capacity`.
 class GrammarCache {
  public:
-  explicit GrammarCache(std::shared_ptr<const TokenBytes> tb, size_t capacity = 64);
+  explicit GrammarCache(std::shared_ptr<const TokenBytes> tb, size_t capacity = 32);
   Result<std::shared_ptr<GrammarTable>> get(const std::string& gbnf);
   size_t size() const { return lru_.size(); }
 
