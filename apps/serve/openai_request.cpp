@@ -6,7 +6,6 @@
 // and error_json() replaces any invalid byte anyway.
 #include "apps/serve/openai_request.h"
 
-#include "runtime/grammar/grammar.h"
 #include "runtime/grammar/structured_output.h"
 #include "runtime/request/context_fit.h"
 
@@ -378,7 +377,7 @@ void parse_tools(const json& o, GenerationRequest& r) {
   auto g = tool_call_grammar(r.tools, r.tool_choice, r.parallel_tool_calls);
   const char* param = r.tool_choice.kind == ToolChoice::Kind::Named ? "tool_choice" : "tools";
   if (!g) reject(param, g.error().message);
-  if (auto c = Grammar::compile(*g); !c) reject(param, "tools: " + c.error().message);
+  if (std::string why = grammar_problem(*g); !why.empty()) reject(param, "tools: " + why);
   r.seq.sampling.grammar = std::move(*g);
 }
 

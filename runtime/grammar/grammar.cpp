@@ -620,15 +620,6 @@ bool GrammarState::takes(uint8_t b) const {
   return false;
 }
 
-void GrammarState::next_bytes(bool out[256]) const {
-  std::fill(out, out + 256, false);
-  for (const auto& s : stacks_) {
-    if (s.empty()) continue;
-    const uint32_t set = g_->code()[s.back()].arg;
-    for (int b = 0; b < 256; ++b) out[b] = out[b] || g_->has_byte(set, static_cast<uint8_t>(b));
-  }
-}
-
 std::string GrammarState::key() const {
   std::string k;
   for (const auto& s : stacks_) {

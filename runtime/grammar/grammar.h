@@ -85,8 +85,6 @@ class GrammarState {
   bool dead() const { return stacks_.empty(); }
   bool overflowed() const { return overflowed_; }
   size_t num_stacks() const { return stacks_.size(); }
-  // Bytes that some stack can take next (one pass over the tops).
-  void next_bytes(bool out[256]) const;
   // Canonical text of the stack set: equal for equal states.
   std::string key() const;
 

@@ -102,13 +102,18 @@ StructuredOutput structured_output(const ojson& body) {
                 "guided_json, guided_regex, guided_choice, guided_grammar or one structured_outputs key)");
   StructuredOutput out = std::move(found[0]);
   if (!out.ok()) return out;
-  auto g = Grammar::compile(out.grammar);
-  if (!g) return fail(out.param, "'" + out.param + "': " + g.error().message);
+  if (std::string why = grammar_problem(out.grammar); !why.empty())
+    return fail(out.param, "'" + out.param + "': " + why);
+  return out;
+}
+
+std::string grammar_problem(const std::string& gbnf) {
+  auto g = Grammar::compile(gbnf);
+  if (!g) return g.error().message;
   const GrammarState start(**g);
   if (start.overflowed() || start.dead())
-    return fail(out.param, "'" + out.param + "': the grammar is too ambiguous at its start (over " +
-                               std::to_string(GrammarState::kMaxStacks) + " parses)");
-  return out;
+    return "the grammar is too ambiguous at its start (over " + std::to_string(GrammarState::kMaxStacks) + " parses)";
+  return "";
 }
 
 }  // namespace troupe

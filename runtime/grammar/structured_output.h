@@ -21,6 +21,10 @@ struct StructuredOutput {
 // schema's order).
 StructuredOutput structured_output(const nlohmann::ordered_json& body);
 
+// Empty when the grammar compiles and its start is not too ambiguous; else the reason.
+// (Every grammar a request brings -- a constraint or forced tool calls -- passes this.)
+std::string grammar_problem(const std::string& gbnf);
+
 // Whether the body names any structured-output field (cheap: no grammar is built).
 bool has_structured_output(const nlohmann::json& body);
 

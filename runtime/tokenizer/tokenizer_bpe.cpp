@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <queue>
 
+#include "common/utf8.h"
 #include "runtime/tokenizer/tokenizer_internal.h"
 
 namespace troupe::tokenizer_detail {
@@ -117,23 +118,6 @@ Result<PreTokenizer> compile_pre_tokenizer(const std::vector<std::string>& patte
 // ---- GPT-2 byte alphabet ----
 
 namespace {
-void append_utf8(std::string& s, uint32_t cp) {
-  if (cp < 0x80) {
-    s += static_cast<char>(cp);
-  } else if (cp < 0x800) {
-    s += static_cast<char>(0xC0 | (cp >> 6));
-    s += static_cast<char>(0x80 | (cp & 0x3F));
-  } else if (cp < 0x10000) {
-    s += static_cast<char>(0xE0 | (cp >> 12));
-    s += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
-    s += static_cast<char>(0x80 | (cp & 0x3F));
-  } else {
-    s += static_cast<char>(0xF0 | (cp >> 18));
-    s += static_cast<char>(0x80 | ((cp >> 12) & 0x3F));
-    s += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
-    s += static_cast<char>(0x80 | (cp & 0x3F));
-  }
-}
 
 // Printable bytes map to themselves; the other 68 get code points 256, 257, ... in byte order.
 std::array<uint32_t, 256> make_byte_code_points() {
